@@ -1,0 +1,67 @@
+#include "testing/golden.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "base/json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+
+namespace keel::testing {
+namespace {
+
+using ::keel::base::Json;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+TEST(GoldenDiffTest, IntegerAndFloatOfSameValueMatch) {
+  EXPECT_THAT(GoldenDiff(Json::parse(R"({"lr": [0]})"), Json::parse(R"({"lr": [0.0]})"), 0),
+              IsEmpty());
+}
+
+TEST(GoldenDiffTest, ReportsEveryPathThatDiffers) {
+  const Json expected = Json::parse(R"({"a": [1.0, 2.0], "b": "x", "c": true})");
+  const Json actual = Json::parse(R"({"a": [1.0, 2.5], "b": "y", "d": true})");
+  EXPECT_THAT(GoldenDiff(expected, actual, 0),
+              ElementsAre(HasSubstr("$.a[1]: expected 2.0, got 2.5"),
+                          HasSubstr("$.b: expected \"x\", got \"y\""),
+                          HasSubstr("$: missing key \"c\""), HasSubstr("$: unexpected key \"d\"")));
+}
+
+TEST(GoldenDiffTest, UlpBoundIsInclusive) {
+  // 0.1 and 0.10000000000000002 are adjacent doubles: exactly 1 ulp apart.
+  const Json expected = Json::parse("[0.1]");
+  const Json actual = Json::parse("[0.10000000000000002]");
+  EXPECT_THAT(GoldenDiff(expected, actual, 0), ElementsAre(HasSubstr("(1 ulps)")));
+  EXPECT_THAT(GoldenDiff(expected, actual, 1), IsEmpty());
+}
+
+TEST(GoldenDiffTest, ArrayLengthMismatchIsReported) {
+  EXPECT_THAT(GoldenDiff(Json::parse("[1, 2]"), Json::parse("[1]"), 0),
+              ElementsAre(HasSubstr("expected 2 elements, got 1")));
+}
+
+TEST(MatchesGoldenTest, ExpectedErrorNeedsAMatchingStatusCode) {
+  const Json expected = Json::parse(R"({"error": "bad", "error_type": "AssertionError"})");
+  EXPECT_THAT(absl::StatusOr<Json>(absl::InvalidArgumentError("x")), MatchesGolden(expected, 0));
+  EXPECT_THAT(absl::StatusOr<Json>(absl::InternalError("x")), Not(MatchesGolden(expected, 0)));
+  EXPECT_THAT(absl::StatusOr<Json>(Json::object()), Not(MatchesGolden(expected, 0)));
+}
+
+TEST(MatchesGoldenTest, ExpectedValueNeedsOkAndNoDiff) {
+  const Json expected = Json::parse(R"({"value": 1.5})");
+  EXPECT_THAT(absl::StatusOr<Json>(Json::parse(R"({"value": 1.5})")), MatchesGolden(expected, 0));
+  EXPECT_THAT(absl::StatusOr<Json>(absl::InvalidArgumentError("x")), Not(MatchesGolden(expected, 0)));
+}
+
+TEST(LoadGoldenCasesTest, MissingFlagOrFileIsAnError) {
+  EXPECT_THAT(LoadGoldenCases(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--golden")));
+  EXPECT_THAT(LoadGoldenCases("/nonexistent.json"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent.json")));
+}
+
+}  // namespace
+}  // namespace keel::testing

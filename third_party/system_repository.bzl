@@ -1,0 +1,34 @@
+"""A repository rule that maps a system-installed library onto upstream-style Bazel labels.
+
+The root BUILD file comes from `build_file`; `aliases` adds packages so that upstream label
+paths such as `@com_google_absl//absl/status:statusor` resolve to targets of that root file;
+`symlinks` brings the few system files a rule must see as inputs (protoc, .proto sources).
+Nothing is downloaded: headers come from the compiler's default include path (/usr/include)
+and libraries from the linker's default path, as installed by tools/bootstrap.sh.
+"""
+
+def _system_repository_impl(rctx):
+    rctx.symlink(rctx.attr.build_file, "BUILD.bazel")
+    for system_path, repo_path in rctx.attr.symlinks.items():
+        if not rctx.path(system_path).exists:
+            fail("%s: %s is missing; run tools/bootstrap.sh" % (rctx.name, system_path))
+        rctx.symlink(system_path, repo_path)
+    packages = {}
+    for label, actual in rctx.attr.aliases.items():
+        package, name = label.split(":")
+        packages.setdefault(package, []).append((name, actual))
+    for package, targets in packages.items():
+        lines = ['package(default_visibility = ["//visibility:public"])', ""]
+        for name, actual in sorted(targets):
+            lines.append('alias(name = "%s", actual = "%s")' % (name, actual))
+        rctx.file(package + "/BUILD.bazel", "\n".join(lines) + "\n")
+
+keel_system_repository = repository_rule(
+    implementation = _system_repository_impl,
+    attrs = {
+        "build_file": attr.label(mandatory = True, allow_single_file = True),
+        "aliases": attr.string_dict(doc = "upstream 'package:target' -> label in the root BUILD file"),
+        "symlinks": attr.string_dict(doc = "absolute system path -> path inside the repository"),
+    },
+    local = True,
+)
