@@ -11,9 +11,9 @@
 #define KEEL_BASE_ENUM_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace keel::base {
 

@@ -49,10 +49,15 @@ absl::Status FromJson(const Json& json, absl::string_view what, double& out) {
   }
   if (json.is_string()) {
     const std::string& text = json.get_ref<const std::string&>();
-    if (text == "nan") out = std::numeric_limits<double>::quiet_NaN();
-    else if (text == "inf") out = std::numeric_limits<double>::infinity();
-    else if (text == "-inf") out = -std::numeric_limits<double>::infinity();
-    else return absl::InvalidArgumentError(absl::StrCat(what, " must be a number, got \"", text, "\""));
+    if (text == "nan")
+      out = std::numeric_limits<double>::quiet_NaN();
+    else if (text == "inf")
+      out = std::numeric_limits<double>::infinity();
+    else if (text == "-inf")
+      out = -std::numeric_limits<double>::infinity();
+    else
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " must be a number, got \"", text, "\""));
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(what, " must be a number, got ", json.dump()));
@@ -71,7 +76,8 @@ absl::Status FromJson(const Json& json, absl::string_view what, bool& out) {
     out = json.get<bool>();
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(what, " must be true or false, got ", json.dump()));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " must be true or false, got ", json.dump()));
 }
 
 absl::Status FromJson(const Json& json, absl::string_view what, std::string& out) {

@@ -83,16 +83,19 @@ TEST(JsonTest, ErrorsNameTheFieldAndTheAllowedValues) {
   EXPECT_THAT(ReadJsonFields(Json::parse(R"({"shape": "oval"})"), options),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(R"(shape: "oval" is not one of "round", "square")")));
-  EXPECT_THAT(ReadJsonFields(Json::parse(R"({"enabled": 1})"), options),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("enabled must be true or false")));
+  EXPECT_THAT(
+      ReadJsonFields(Json::parse(R"({"enabled": 1})"), options),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("enabled must be true or false")));
   EXPECT_THAT(ReadJsonFields(Json::parse(R"({"rate": "fast"})"), options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rate must be a number")));
-  EXPECT_THAT(ReadJsonFields(Json::parse("[1]"), options, "inputs"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inputs must be a JSON object")));
+  EXPECT_THAT(
+      ReadJsonFields(Json::parse("[1]"), options, "inputs"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inputs must be a JSON object")));
 }
 
 TEST(JsonTest, SyntaxErrorsAndMissingFilesAreStatuses) {
-  EXPECT_THAT(ParseJson("{\"a\": }"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid JSON")));
+  EXPECT_THAT(ParseJson("{\"a\": }"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid JSON")));
   EXPECT_THAT(ReadJsonFile("/nonexistent/keel.json"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/keel.json")));
 }

@@ -14,10 +14,10 @@
 #include "absl/status/statusor.h"
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define KEEL_RETURN_IF_ERROR(expr)                        \
-  do {                                                    \
-    ::absl::Status keel_status_ = (expr);                 \
-    if (!keel_status_.ok()) return keel_status_;          \
+#define KEEL_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status keel_status_ = (expr);        \
+    if (!keel_status_.ok()) return keel_status_; \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); returns its status if not OK, else moves the
@@ -25,8 +25,8 @@
 #define KEEL_ASSIGN_OR_RETURN(lhs, rexpr) \
   KEEL_ASSIGN_OR_RETURN_IMPL_(KEEL_STATUS_CONCAT_(keel_statusor_, __LINE__), lhs, rexpr)
 
-#define KEEL_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                                \
+#define KEEL_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)  \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

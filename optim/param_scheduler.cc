@@ -108,14 +108,15 @@ absl::Status Validate(const ParamSchedulerOptions& o) {
   }
   if (!(o.lr_warmup_steps < o.lr_decay_steps)) {
     return absl::InvalidArgumentError(absl::StrCat("lr_warmup_steps (", o.lr_warmup_steps,
-                                                   ") must be < lr_decay_steps (",
-                                                   o.lr_decay_steps, ")"));
+                                                   ") must be < lr_decay_steps (", o.lr_decay_steps,
+                                                   ")"));
   }
   if (o.lr_decay_style == LrDecayStyle::kWsd) {
     // Megatron asserts wsd_decay_steps here and fails on a missing lr_wsd_decay_style only
     // once the anneal phase is reached.
     if (!o.wsd_decay_steps.has_value()) {
-      return absl::InvalidArgumentError("wsd_decay_steps is required when lr_decay_style is \"WSD\"");
+      return absl::InvalidArgumentError(
+          "wsd_decay_steps is required when lr_decay_style is \"WSD\"");
     }
     if (!o.lr_wsd_decay_style.has_value()) {
       return absl::InvalidArgumentError(
@@ -137,9 +138,10 @@ absl::Status Validate(const ParamSchedulerOptions& o) {
   }
   // Megatron fails on these only when get_wd reaches them (a ZeroDivisionError at step 0).
   if (o.wd_incr_style != WdIncrStyle::kConstant && o.wd_incr_steps == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("wd_incr_steps (0) must be non-zero when "
-                                                   "wd_incr_style is \"",
-                                                   AbslUnparseFlag(o.wd_incr_style), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("wd_incr_steps (0) must be non-zero when "
+                     "wd_incr_style is \"",
+                     AbslUnparseFlag(o.wd_incr_style), "\""));
   }
   return Validate(o, ParamGroupOverrides{});
 }
@@ -149,8 +151,7 @@ absl::Status Validate(const ParamSchedulerOptions& o, const ParamGroupOverrides&
   const double end_wd = group.end_wd.value_or(o.end_wd);
   if (o.wd_incr_style == WdIncrStyle::kConstant && !(start_wd == end_wd)) {
     return absl::InvalidArgumentError(absl::StrCat("start_wd (", start_wd, ") must equal end_wd (",
-                                                   end_wd,
-                                                   ") when wd_incr_style is \"constant\""));
+                                                   end_wd, ") when wd_incr_style is \"constant\""));
   }
   return absl::OkStatus();
 }
@@ -160,10 +161,9 @@ absl::StatusOr<ParamScheduler> ParamScheduler::Create(
     std::vector<ParamGroupOverrides> group_overrides) {
   KEEL_RETURN_IF_ERROR(Validate(options));
   if (group_overrides.size() > optimizer.param_groups().size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group_overrides has ", group_overrides.size(),
-                     " entries but the optimizer has ", optimizer.param_groups().size(),
-                     " param groups"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group_overrides has ", group_overrides.size(), " entries but the optimizer has ",
+        optimizer.param_groups().size(), " param groups"));
   }
   for (size_t i = 0; i < group_overrides.size(); ++i) {
     absl::Status status = Validate(options, group_overrides[i]);
@@ -189,8 +189,8 @@ double ParamScheduler::GetLr(const ParamGroupOverrides& group) const {
   const int64_t n = num_steps_;
 
   if (o.lr_warmup_steps > 0 && n <= o.lr_warmup_steps) {
-    return o.init_lr + ((max_lr - o.init_lr) * static_cast<double>(n) /
-                        static_cast<double>(o.lr_warmup_steps));
+    return o.init_lr +
+           ((max_lr - o.init_lr) * static_cast<double>(n) / static_cast<double>(o.lr_warmup_steps));
   }
   if (o.lr_decay_style == LrDecayStyle::kConstant) return max_lr;
   if (n > o.lr_decay_steps) return min_lr;
@@ -292,15 +292,15 @@ absl::Status ParamScheduler::LoadStateDict(const ParamSchedulerState& state) {
                         CheckAndSet(options_, "max_lr", options_.max_lr, state.max_lr));
   KEEL_ASSIGN_OR_RETURN(lr_loaded.min_lr,
                         CheckAndSet(options_, "min_lr", options_.min_lr, state.min_lr));
-  KEEL_ASSIGN_OR_RETURN(lr_loaded.lr_warmup_steps,
-                        CheckAndSet(options_, "lr_warmup_steps", options_.lr_warmup_steps,
-                                    state.lr_warmup_steps));
-  KEEL_ASSIGN_OR_RETURN(lr_loaded.lr_decay_steps,
-                        CheckAndSet(options_, "lr_decay_steps", options_.lr_decay_steps,
-                                    state.lr_decay_steps));
-  KEEL_ASSIGN_OR_RETURN(lr_loaded.lr_decay_style,
-                        CheckAndSet(options_, "lr_decay_style", options_.lr_decay_style,
-                                    state.lr_decay_style));
+  KEEL_ASSIGN_OR_RETURN(
+      lr_loaded.lr_warmup_steps,
+      CheckAndSet(options_, "lr_warmup_steps", options_.lr_warmup_steps, state.lr_warmup_steps));
+  KEEL_ASSIGN_OR_RETURN(
+      lr_loaded.lr_decay_steps,
+      CheckAndSet(options_, "lr_decay_steps", options_.lr_decay_steps, state.lr_decay_steps));
+  KEEL_ASSIGN_OR_RETURN(
+      lr_loaded.lr_decay_style,
+      CheckAndSet(options_, "lr_decay_style", options_.lr_decay_style, state.lr_decay_style));
   if (state.num_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("load_state_dict: num_steps (", state.num_steps, ") must be >= 0"));
@@ -319,12 +319,12 @@ absl::Status ParamScheduler::LoadStateDict(const ParamSchedulerState& state) {
                           CheckAndSet(options_, "start_wd", options_.start_wd, *state.start_wd));
     KEEL_ASSIGN_OR_RETURN(all_loaded.end_wd,
                           CheckAndSet(options_, "end_wd", options_.end_wd, *state.end_wd));
-    KEEL_ASSIGN_OR_RETURN(all_loaded.wd_incr_steps,
-                          CheckAndSet(options_, "wd_incr_steps", options_.wd_incr_steps,
-                                      *state.wd_incr_steps));
-    KEEL_ASSIGN_OR_RETURN(all_loaded.wd_incr_style,
-                          CheckAndSet(options_, "wd_incr_style", options_.wd_incr_style,
-                                      *state.wd_incr_style));
+    KEEL_ASSIGN_OR_RETURN(
+        all_loaded.wd_incr_steps,
+        CheckAndSet(options_, "wd_incr_steps", options_.wd_incr_steps, *state.wd_incr_steps));
+    KEEL_ASSIGN_OR_RETURN(
+        all_loaded.wd_incr_style,
+        CheckAndSet(options_, "wd_incr_style", options_.wd_incr_style, *state.wd_incr_style));
   }
   // Both the schedule used by the Step below and the final one must be valid.
   for (const ParamSchedulerOptions* candidate : {&lr_loaded, &all_loaded}) {

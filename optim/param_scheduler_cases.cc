@@ -42,7 +42,8 @@ absl::Status RunOp(const Json& op, const std::string& what, ParamScheduler& sche
   if (name == "step") {
     int64_t increment = 0;
     int64_t repeat = 1;
-    KEEL_RETURN_IF_ERROR(base::FromJson(op.value("increment", Json()), what + ".increment", increment));
+    KEEL_RETURN_IF_ERROR(
+        base::FromJson(op.value("increment", Json()), what + ".increment", increment));
     if (op.contains("repeat")) {
       KEEL_RETURN_IF_ERROR(base::FromJson(op["repeat"], what + ".repeat", repeat));
     }
@@ -52,13 +53,14 @@ absl::Status RunOp(const Json& op, const std::string& what, ParamScheduler& sche
     }
     for (int64_t i = 0; i < repeat; ++i) {
       scheduler.Step(increment);
-      Json record = {{"op", "step"}, {"increment", increment}, {"num_steps", scheduler.num_steps()}};
+      Json record = {
+          {"op", "step"}, {"increment", increment}, {"num_steps", scheduler.num_steps()}};
       RecordGroups(optimizer, record);
       trace.push_back(std::move(record));
     }
   } else if (name == "state_dict") {
-    trace.push_back({{"op", "state_dict"},
-                     {"state_dict", ParamSchedulerStateToJson(scheduler.StateDict())}});
+    trace.push_back(
+        {{"op", "state_dict"}, {"state_dict", ParamSchedulerStateToJson(scheduler.StateDict())}});
   } else if (name == "load_state_dict") {
     KEEL_ASSIGN_OR_RETURN(ParamSchedulerState state,
                           ParamSchedulerStateFromJson(op.value("state_dict", Json())));
@@ -82,8 +84,9 @@ absl::Status RunOp(const Json& op, const std::string& what, ParamScheduler& sche
     }
     trace.push_back({{"op", name}, {"value", base::DoubleToJson(value)}});
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ".op \"", name, "\" is not one of step, state_dict, load_state_dict, get_lr, get_wd"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".op \"", name,
+                     "\" is not one of step, state_dict, load_state_dict, get_lr, get_wd"));
   }
   return absl::OkStatus();
 }
@@ -115,7 +118,8 @@ absl::StatusOr<Json> RunParamSchedulerCase(const Json& inputs) {
   Json trace = Json::array();
   const Json ops = inputs.value("ops", Json::array());
   for (size_t i = 0; i < ops.size(); ++i) {
-    KEEL_RETURN_IF_ERROR(RunOp(ops[i], absl::StrCat("inputs.ops[", i, "]"), scheduler, optimizer, trace));
+    KEEL_RETURN_IF_ERROR(
+        RunOp(ops[i], absl::StrCat("inputs.ops[", i, "]"), scheduler, optimizer, trace));
   }
   return Json{{"after_init", std::move(after_init)}, {"trace", std::move(trace)}};
 }

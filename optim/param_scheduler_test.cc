@@ -72,13 +72,13 @@ TEST_F(ParamSchedulerTest, WarmupThenLinearDecayThenMinLr) {
   scheduler.Step(5);
   EXPECT_DOUBLE_EQ(Lr(0), 1.0);  // end of warmup: max_lr
   scheduler.Step(45);
-  EXPECT_DOUBLE_EQ(Lr(0), 0.55);  // ratio 45/90 = 0.5: 0.1 + 0.5 * 0.9
+  EXPECT_DOUBLE_EQ(Lr(0), 0.55);   // ratio 45/90 = 0.5: 0.1 + 0.5 * 0.9
   EXPECT_DOUBLE_EQ(Wd(0), 0.055);  // 55/100 of the way to 0.1
   scheduler.Step(45);
   EXPECT_DOUBLE_EQ(Lr(0), 0.1);  // step 100: min_lr exactly at the end of decay
   scheduler.Step(1);
-  EXPECT_EQ(Lr(0), 0.1);   // past lr_decay_steps: min_lr
-  EXPECT_EQ(Wd(0), 0.1);   // past wd_incr_steps: end_wd
+  EXPECT_EQ(Lr(0), 0.1);  // past lr_decay_steps: min_lr
+  EXPECT_EQ(Wd(0), 0.1);  // past wd_incr_steps: end_wd
 }
 
 TEST_F(ParamSchedulerTest, CosineIsHalfwayAtTheMidpoint) {
@@ -136,7 +136,7 @@ TEST_F(ParamSchedulerTest, GroupOverridesAndMultipliersApplyPerGroup) {
   EXPECT_DOUBLE_EQ(Lr(0), 1.0);
   EXPECT_DOUBLE_EQ(Lr(1), 0.5);  // max_lr 2.0 times lr_mult 0.25
   EXPECT_DOUBLE_EQ(Wd(0), 0.01);
-  EXPECT_DOUBLE_EQ(Wd(1), 0.01);  // 10/100 of 0.2, times wd_mult 0.5
+  EXPECT_DOUBLE_EQ(Wd(1), 0.01);                   // 10/100 of 0.2, times wd_mult 0.5
   EXPECT_DOUBLE_EQ(scheduler.GetLr(second), 2.0);  // get_lr: no multiplier
   EXPECT_DOUBLE_EQ(scheduler.GetWd(second), 0.02);
 }
@@ -149,7 +149,8 @@ TEST(ParamSchedulerOptimizerTest, SetsWeightDecayWhereTheOptionsHaveOne) {
   EXPECT_DOUBLE_EQ(sgd_options.weight_decay(), 0.05);
 
   torch::optim::LBFGS lbfgs(std::vector<torch::Tensor>{torch::zeros({1})});
-  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler on_lbfgs, ParamScheduler::Create(LinearOptions(), lbfgs));
+  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler on_lbfgs,
+                            ParamScheduler::Create(LinearOptions(), lbfgs));
   on_lbfgs.Step(10);
   EXPECT_DOUBLE_EQ(lbfgs.param_groups()[0].options().get_lr(), 1.0);  // no weight decay to set
 }
@@ -170,11 +171,16 @@ struct RejectCase {
 
 TEST(ParamSchedulerValidationTest, RejectsEveryInputMegatronRejects) {
   const RejectCase cases[] = {
-      {"negative min_lr", [](ParamSchedulerOptions& o) { o.min_lr = -0.1; }, "min_lr (-0.1) must be >= 0"},
-      {"NaN min_lr", [](ParamSchedulerOptions& o) { o.min_lr = std::nan(""); }, "min_lr (nan) must be >= 0"},
-      {"max below min", [](ParamSchedulerOptions& o) { o.max_lr = 0.05; }, "max_lr (0.05) must be >= min_lr (0.1)"},
-      {"init above max", [](ParamSchedulerOptions& o) { o.init_lr = 2.0; }, "init_lr (2) must be <= max_lr (1)"},
-      {"zero decay steps", [](ParamSchedulerOptions& o) { o.lr_decay_steps = 0; }, "lr_decay_steps (0) must be > 0"},
+      {"negative min_lr", [](ParamSchedulerOptions& o) { o.min_lr = -0.1; },
+       "min_lr (-0.1) must be >= 0"},
+      {"NaN min_lr", [](ParamSchedulerOptions& o) { o.min_lr = std::nan(""); },
+       "min_lr (nan) must be >= 0"},
+      {"max below min", [](ParamSchedulerOptions& o) { o.max_lr = 0.05; },
+       "max_lr (0.05) must be >= min_lr (0.1)"},
+      {"init above max", [](ParamSchedulerOptions& o) { o.init_lr = 2.0; },
+       "init_lr (2) must be <= max_lr (1)"},
+      {"zero decay steps", [](ParamSchedulerOptions& o) { o.lr_decay_steps = 0; },
+       "lr_decay_steps (0) must be > 0"},
       {"warmup not below decay", [](ParamSchedulerOptions& o) { o.lr_warmup_steps = 100; },
        "lr_warmup_steps (100) must be < lr_decay_steps (100)"},
       {"WSD without steps",
@@ -189,8 +195,10 @@ TEST(ParamSchedulerValidationTest, RejectsEveryInputMegatronRejects) {
          o.wsd_decay_steps = 10;
        },
        "lr_wsd_decay_style is required"},
-      {"negative start_wd", [](ParamSchedulerOptions& o) { o.start_wd = -1.0; }, "start_wd (-1) must be >= 0"},
-      {"end below start", [](ParamSchedulerOptions& o) { o.start_wd = 0.2; }, "end_wd (0.1) must be >= start_wd (0.2)"},
+      {"negative start_wd", [](ParamSchedulerOptions& o) { o.start_wd = -1.0; },
+       "start_wd (-1) must be >= 0"},
+      {"end below start", [](ParamSchedulerOptions& o) { o.start_wd = 0.2; },
+       "end_wd (0.1) must be >= start_wd (0.2)"},
       {"override and use-checkpoint",
        [](ParamSchedulerOptions& o) { o.override_opt_param_scheduler = true; },
        "both override_opt_param_scheduler and use_checkpoint_opt_param_scheduler are set"},
@@ -245,7 +253,8 @@ TEST(ParamSchedulerStyleTest, ParsesExactlyTheReferenceSpellings) {
 }
 
 TEST_F(ParamSchedulerTest, StateDictRoundTripResumesTheExactTrace) {
-  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler first, ParamScheduler::Create(LinearOptions(), optimizer_));
+  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler first,
+                            ParamScheduler::Create(LinearOptions(), optimizer_));
   first.Step(37);
   const ParamSchedulerState state = first.StateDict();
   EXPECT_EQ(state.num_steps, 37);
@@ -259,8 +268,9 @@ TEST_F(ParamSchedulerTest, StateDictRoundTripResumesTheExactTrace) {
   KEEL_ASSERT_OK(resumed.LoadStateDict(state));
   resumed.Step(1);
   EXPECT_EQ(fresh.param_groups()[0].options().get_lr(), lr_38);
-  EXPECT_EQ(static_cast<torch::optim::AdamWOptions&>(fresh.param_groups()[0].options()).weight_decay(),
-            wd_38);
+  EXPECT_EQ(
+      static_cast<torch::optim::AdamWOptions&>(fresh.param_groups()[0].options()).weight_decay(),
+      wd_38);
 }
 
 TEST_F(ParamSchedulerTest, LoadAddsToStepsAlreadyTakenAsMegatronDoes) {
@@ -307,10 +317,11 @@ TEST_F(ParamSchedulerTest, LoadPolicyUseCheckpointOverrideOrRequireEqual) {
   ParamSchedulerState state = scheduler.StateDict();
   state.lr_warmup_steps = 20;
   state.num_steps = 7;
-  EXPECT_THAT(scheduler.LoadStateDict(state),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("lr_warmup_steps is 10 in the scheduler but 20 in the checkpoint"),
-                             HasSubstr("use_checkpoint_opt_param_scheduler"))));
+  EXPECT_THAT(
+      scheduler.LoadStateDict(state),
+      StatusIs(StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("lr_warmup_steps is 10 in the scheduler but 20 in the checkpoint"),
+                     HasSubstr("use_checkpoint_opt_param_scheduler"))));
   EXPECT_EQ(scheduler.num_steps(), 0);  // nothing changed
 
   ParamSchedulerOptions keep = strict;
@@ -320,7 +331,8 @@ TEST_F(ParamSchedulerTest, LoadPolicyUseCheckpointOverrideOrRequireEqual) {
   EXPECT_EQ(overriding.options().lr_warmup_steps, 10);
   EXPECT_EQ(overriding.num_steps(), 7);  // num_steps always comes from the checkpoint
 
-  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler taking, ParamScheduler::Create(LinearOptions(), optimizer_));
+  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler taking,
+                            ParamScheduler::Create(LinearOptions(), optimizer_));
   KEEL_ASSERT_OK(taking.LoadStateDict(state));
   EXPECT_EQ(taking.options().lr_warmup_steps, 20);
 }

@@ -51,14 +51,15 @@ void Diff(const Json& expected, const Json& actual, int64_t max_ulps, const std:
       }
     }
     for (const auto& [key, value] : actual.items()) {
-      if (!expected.contains(key)) out.push_back(absl::StrCat(path, ": unexpected key \"", key, "\""));
+      if (!expected.contains(key))
+        out.push_back(absl::StrCat(path, ": unexpected key \"", key, "\""));
     }
     return;
   }
   if (expected.is_array() && actual.is_array()) {
     if (expected.size() != actual.size()) {
-      out.push_back(absl::StrCat(path, ": expected ", expected.size(), " elements, got ",
-                                 actual.size()));
+      out.push_back(
+          absl::StrCat(path, ": expected ", expected.size(), " elements, got ", actual.size()));
     }
     for (size_t i = 0; i < std::min(expected.size(), actual.size()); ++i) {
       Diff(expected[i], actual[i], max_ulps, absl::StrCat(path, "[", i, "]"), out);

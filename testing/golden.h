@@ -13,10 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/json.h"
 #include "gmock/gmock.h"
+
+// --golden=<file>: the golden file a parity test reads (set in the test's BUILD args).
+ABSL_DECLARE_FLAG(std::string, golden);
 
 namespace keel::testing {
 

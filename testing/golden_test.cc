@@ -55,12 +55,15 @@ TEST(MatchesGoldenTest, ExpectedErrorNeedsAMatchingStatusCode) {
 TEST(MatchesGoldenTest, ExpectedValueNeedsOkAndNoDiff) {
   const Json expected = Json::parse(R"({"value": 1.5})");
   EXPECT_THAT(absl::StatusOr<Json>(Json::parse(R"({"value": 1.5})")), MatchesGolden(expected, 0));
-  EXPECT_THAT(absl::StatusOr<Json>(absl::InvalidArgumentError("x")), Not(MatchesGolden(expected, 0)));
+  EXPECT_THAT(absl::StatusOr<Json>(absl::InvalidArgumentError("x")),
+              Not(MatchesGolden(expected, 0)));
 }
 
 TEST(LoadGoldenCasesTest, MissingFlagOrFileIsAnError) {
-  EXPECT_THAT(LoadGoldenCases(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--golden")));
-  EXPECT_THAT(LoadGoldenCases("/nonexistent.json"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent.json")));
+  EXPECT_THAT(LoadGoldenCases(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--golden")));
+  EXPECT_THAT(LoadGoldenCases("/nonexistent.json"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent.json")));
 }
 
 }  // namespace

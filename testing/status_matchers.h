@@ -29,8 +29,8 @@ MATCHER_P2(StatusIs, code, message,
                         ::testing::DescribeMatcher<std::string>(message))) {
   const absl::Status& status = GetStatus(arg);
   *result_listener << "whose status is " << status;
-  return status.code() == code &&
-         ::testing::Matches(::testing::Matcher<std::string>(message))(std::string(status.message()));
+  return status.code() == code && ::testing::Matches(::testing::Matcher<std::string>(message))(
+                                      std::string(status.message()));
 }
 
 // Matches an OK Status or StatusOr.

@@ -2,7 +2,8 @@
 
 The root BUILD file comes from `build_file`; `aliases` adds packages so that upstream label
 paths such as `@com_google_absl//absl/status:statusor` resolve to targets of that root file;
-`symlinks` brings the few system files a rule must see as inputs (protoc, .proto sources).
+`symlinks` brings the few system files a rule must see as inputs (protoc, .proto sources);
+`files` writes small shims such as a .bzl that forwards to a native rule.
 Nothing is downloaded: headers come from the compiler's default include path (/usr/include)
 and libraries from the linker's default path, as installed by tools/bootstrap.sh.
 """
@@ -13,6 +14,8 @@ def _system_repository_impl(rctx):
         if not rctx.path(system_path).exists:
             fail("%s: %s is missing; run tools/bootstrap.sh" % (rctx.name, system_path))
         rctx.symlink(system_path, repo_path)
+    for repo_path, content in rctx.attr.files.items():
+        rctx.file(repo_path, content)
     packages = {}
     for label, actual in rctx.attr.aliases.items():
         package, name = label.split(":")
@@ -29,6 +32,7 @@ keel_system_repository = repository_rule(
         "build_file": attr.label(mandatory = True, allow_single_file = True),
         "aliases": attr.string_dict(doc = "upstream 'package:target' -> label in the root BUILD file"),
         "symlinks": attr.string_dict(doc = "absolute system path -> path inside the repository"),
+        "files": attr.string_dict(doc = "path inside the repository -> content (small shims)"),
     },
     local = True,
 )

@@ -10,6 +10,7 @@ _TARGETS = [
     "absl/container:flat_hash_map",
     "absl/container:flat_hash_set",
     "absl/container:inlined_vector",
+    "absl/flags:declare",
     "absl/flags:flag",
     "absl/flags:parse",
     "absl/flags:usage",

@@ -13,7 +13,14 @@ def _first_existing(rctx, root, candidates):
     return None
 
 def local_toolkit_impl(rctx, root, lib_candidates, lib_name):
-    """Symlinks root/include and the folder holding lib_name; renders the BUILD template."""
+    """Symlinks root/include and lib_name into the repository and renders its BUILD template.
+
+    Args:
+      rctx: the repository context; its `_build_tpl` attribute is the template.
+      root: toolkit root holding include/ and one of `lib_candidates`.
+      lib_candidates: library folders under `root` to search, in order.
+      lib_name: the shared library to link, e.g. "libcudart.so".
+    """
     if rctx.path(root + "/include").exists:
         rctx.symlink(root + "/include", "include")
     lib_dir = _first_existing(rctx, root, [d + "/" + lib_name for d in lib_candidates])

@@ -47,7 +47,13 @@ def _libtorch_impl(rctx):
         "%{layout}": layout,
         "%{libs}": ", ".join(libs),
         "%{linkopts}": ", ".join(linkopts),
-        "%{cuda_enabled}": str(rctx.attr._cuda_enabled),
+        # Spelled with an explicit repository ("@//..." when Keel is the main workspace), so it
+        # does not resolve inside @libtorch.
+        "%{cuda_enabled}": "@%s//%s:%s" % (
+            rctx.attr._cuda_enabled.workspace_name,
+            rctx.attr._cuda_enabled.package,
+            rctx.attr._cuda_enabled.name,
+        ),
     })
 
 _libtorch = repository_rule(

@@ -8,6 +8,11 @@ def protobuf_repository():
         keel_system_repository,
         name = "com_google_protobuf",
         build_file = Label("//third_party/protobuf:system.BUILD.bazel"),
+        # Upstream protobuf's load path for proto_library, forwarding to Bazel 4.2.3's native rule.
+        files = {
+            "bazel/BUILD.bazel": "",
+            "bazel/proto_library.bzl": "proto_library = native.proto_library\n",
+        },
         symlinks = {
             "/usr/bin/protoc": "bin/protoc",
             "/usr/include/google/protobuf": "google/protobuf",
