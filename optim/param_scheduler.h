@@ -162,6 +162,12 @@ void VisitFields(O& o, V&& v) {
 
 // Sets every param group's learning rate and, where its options have one (Adam, AdamW, SGD,
 // RMSprop, Adagrad), weight decay, as a function of the step count.
+//
+// Values equal Megatron's bit for bit. Where Keel deliberately differs, it refuses earlier
+// or more cleanly, never computes differently: inputs Megatron rejects only when a step
+// reaches them (an unknown style, wd_incr_steps = 0, WSD without lr_wsd_decay_style, a
+// group's uneven constant weight decay) are rejected by Create; LoadStateDict checks every
+// field before changing anything, where Megatron may fail half-way through a load.
 class ParamScheduler {
  public:
   // Validates `options` and `group_overrides` (entry i applies to param group i; groups
