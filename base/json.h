@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,6 +59,20 @@ template <typename E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
   return absl::OkStatus();
 }
 
+// A JSON array, element by element ("<what>[i]" in errors).
+template <typename T>
+[[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what, std::vector<T>& out) {
+  if (!json.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be an array, got ", json.dump()));
+  }
+  out.assign(json.size(), T{});
+  for (size_t i = 0; i < json.size(); ++i) {
+    absl::Status status = FromJson(json[i], absl::StrCat(what, "[", i, "]"), out[i]);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
 // JSON null is nullopt; anything else is read as T.
 template <typename T>
 [[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what,
@@ -79,6 +94,12 @@ inline Json ToJson(const std::string& value) { return value; }
 template <typename E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 Json ToJson(E value) {
   return AbslUnparseFlag(value);
+}
+template <typename T>
+Json ToJson(const std::vector<T>& values) {
+  Json json = Json::array();
+  for (const T& value : values) json.push_back(ToJson(value));
+  return json;
 }
 template <typename T>
 Json ToJson(const std::optional<T>& value) {

@@ -7,6 +7,7 @@
 //
 // A case whose inputs Keel refuses gets `actual: {"error": "<message>"}`.
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -22,9 +23,11 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "optim/param_scheduler_cases.h"
+#include "scheduling/step_scheduler_cases.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
-ABSL_FLAG(std::string, component, "all", "Component whose cases to run: param_scheduler, or all.");
+ABSL_FLAG(std::string, component, "all",
+          "Component whose cases to run: param_scheduler, step_scheduler, or all.");
 ABSL_FLAG(
     std::string, cases, "",
     "Case file in the golden format; default: the vendored testdata/golden/<component>.json.");
@@ -45,6 +48,7 @@ struct Component {
 
 constexpr Component kComponents[] = {
     {"param_scheduler", &optim::RunParamSchedulerCase},
+    {"step_scheduler", &scheduling::RunStepSchedulerCase},
 };
 
 // A user-given path, relative to where `bazel run` was invoked.
@@ -100,6 +104,14 @@ absl::Status Main(const std::string& argv0) {
   std::string error;
   std::unique_ptr<Runfiles> runfiles(Runfiles::Create(argv0, &error));
   const std::string out = UserPath(absl::GetFlag(FLAGS_out));
+  if (!out.empty() && components.size() > 1) {
+    std::error_code error_code;
+    std::filesystem::create_directories(out, error_code);
+    if (error_code) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create ", out, ": ", error_code.message()));
+    }
+  }
   Json all = Json::object();
   for (const Component* component : components) {
     std::string path = UserPath(cases);

@@ -46,6 +46,18 @@ TEST(ParityToolTest, WritesActualBesideExpectedForEveryCase) {
   }
 }
 
+TEST(ParityToolTest, AllComponentsWriteOneFileEachIntoTheOutputFolder) {
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/all/nested");
+  ASSERT_EQ(RunParity(absl::StrCat("--out=", out)), 0);
+  for (const char* component : {"param_scheduler", "step_scheduler"}) {
+    SCOPED_TRACE(component);
+    KEEL_ASSERT_OK_AND_ASSIGN(Json written,
+                              base::ReadJsonFile(absl::StrCat(out, "/", component, ".json")));
+    EXPECT_EQ(written["component"], component);
+    EXPECT_FALSE(written["cases"].empty());
+  }
+}
+
 TEST(ParityToolTest, RejectsAnUnknownComponent) {
   EXPECT_NE(RunParity("--component=nonexistent"), 0);
 }

@@ -1,0 +1,29 @@
+// The one place where Keel's code differs between LibTorch 1.13 (Debian) and 2.x (PyTorch
+// wheels): c10d process-group construction. In 1.13 ProcessGroupGloo is a ProcessGroup; in
+// 2.x it is a Backend that a ProcessGroup wraps. Keel APIs take `c10d::ProcessGroup&`, whose
+// collectives have the same signatures in both.
+//
+//   auto store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
+//   c10::intrusive_ptr<c10d::ProcessGroup> group =
+//       keel::base::CreateGlooProcessGroup(store, rank, world_size, std::chrono::seconds(60));
+#ifndef KEEL_BASE_TORCH_COMPAT_H_
+#define KEEL_BASE_TORCH_COMPAT_H_
+
+#include <chrono>
+#include <string>
+
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "torch/csrc/distributed/c10d/Store.hpp"
+
+namespace keel::base {
+
+// A Gloo process group of `size` ranks rendezvousing through `store`, using the network
+// interface that `hostname` resolves to. Every rank must call it (it is a rendezvous).
+// Throws c10::Error when the rendezvous fails (callers convert with CallTorch).
+c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout, const std::string& hostname = "127.0.0.1");
+
+}  // namespace keel::base
+
+#endif  // KEEL_BASE_TORCH_COMPAT_H_

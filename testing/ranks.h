@@ -1,0 +1,34 @@
+// Runs a function on several ranks at once, each on its own thread with its own c10d Gloo
+// process group over one shared in-process store, so multi-rank behaviour is tested for real.
+//
+//   std::vector<double> norms(world);
+//   KEEL_ASSERT_OK(keel::testing::RunOnRanks(world, [&](keel::testing::Rank& r) {
+//     KEEL_ASSIGN_OR_RETURN(norms[r.rank], ClipGradNorm(..., *r.group));
+//     return absl::OkStatus();
+//   }));
+#ifndef KEEL_TESTING_RANKS_H_
+#define KEEL_TESTING_RANKS_H_
+
+#include <chrono>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+
+namespace keel::testing {
+
+struct Rank {
+  int rank = 0;
+  int world_size = 1;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+// Runs `fn` on ranks 0..world_size-1 concurrently. Group construction and collectives time
+// out after `timeout`, so a deadlock fails instead of hanging. Returns the first non-OK status
+// in rank order (prefixed "rank N: "), including exceptions a rank threw.
+[[nodiscard]] absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>& fn,
+                                      std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+}  // namespace keel::testing
+
+#endif  // KEEL_TESTING_RANKS_H_
