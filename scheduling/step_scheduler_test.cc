@@ -368,7 +368,9 @@ TEST(StepSchedulerSignalTest, SigtermFromAnotherProcessStopsAtTheNextStepWithACh
   close(to_child[0]);
   char step;
   while (read(to_parent[0], &step, 1) == 1) {
-    if (step == 2) ASSERT_EQ(kill(child, SIGTERM), 0);
+    if (step == 2) {
+      ASSERT_EQ(kill(child, SIGTERM), 0);
+    }
     const char go = 1;
     ASSERT_EQ(write(to_child[1], &go, 1), 1);
   }
