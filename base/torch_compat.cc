@@ -1,7 +1,12 @@
 #include "base/torch_compat.h"
 
+#include "ATen/ATen.h"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
 #include "torch/version.h"
+
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+#include "c10/cuda/CUDACachingAllocator.h"
+#endif
 
 namespace keel::base {
 
@@ -18,6 +23,20 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
   return group;
 #else
   return gloo;
+#endif
+}
+
+void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {
+#if (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1) || TORCH_VERSION_MAJOR > 2
+  at::_foreach_mul_(tensors, scalar);
+#else
+  for (const at::Tensor& tensor : tensors) tensor.mul_(scalar);
+#endif
+}
+
+void ReleaseCachedCudaMemory() {
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+  c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }
 

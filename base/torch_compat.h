@@ -1,5 +1,6 @@
 // The one place where Keel's code differs between LibTorch 1.13 (Debian) and 2.x (PyTorch
-// wheels): c10d process-group construction. In 1.13 ProcessGroupGloo is a ProcessGroup; in
+// wheels): c10d process-group construction, multi-tensor kernels that 1.13 lacks, and the CUDA
+// allocator, present only in a CUDA LibTorch. In 1.13 ProcessGroupGloo is a ProcessGroup; in
 // 2.x it is a Backend that a ProcessGroup wraps. Keel APIs take `c10d::ProcessGroup&`, whose
 // collectives have the same signatures in both.
 //
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <string>
 
+#include "ATen/core/Tensor.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 
@@ -23,6 +25,15 @@ namespace keel::base {
 c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, const std::string& hostname = "127.0.0.1");
+
+// tensors[i] *= scalar (a 0-d tensor on their device) without a host synchronization: one
+// multi-tensor kernel where LibTorch has the Tensor overload of _foreach_mul_ (2.x), one
+// mul_ per tensor otherwise (1.13).
+void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar);
+
+// Releases the CUDA caching allocator's unused blocks (torch.cuda.empty_cache()); nothing to
+// do with a LibTorch built without CUDA.
+void ReleaseCachedCudaMemory();
 
 }  // namespace keel::base
 

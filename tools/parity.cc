@@ -22,12 +22,13 @@
 #include "absl/strings/str_join.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "gradients/grad_utils_cases.h"
 #include "optim/param_scheduler_cases.h"
 #include "scheduling/step_scheduler_cases.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
 ABSL_FLAG(std::string, component, "all",
-          "Component whose cases to run: param_scheduler, step_scheduler, or all.");
+          "Component whose cases to run: grad_utils, param_scheduler, step_scheduler, or all.");
 ABSL_FLAG(
     std::string, cases, "",
     "Case file in the golden format; default: the vendored testdata/golden/<component>.json.");
@@ -47,6 +48,7 @@ struct Component {
 };
 
 constexpr Component kComponents[] = {
+    {"grad_utils", &gradients::RunGradUtilsCase},
     {"param_scheduler", &optim::RunParamSchedulerCase},
     {"step_scheduler", &scheduling::RunStepSchedulerCase},
 };

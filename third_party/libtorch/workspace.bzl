@@ -42,11 +42,13 @@ def _libtorch_impl(rctx):
         fail("no libtorch.so in %s" % lib_dir)
 
     linkopts = ['"-Wl,-rpath,%s"' % lib_dir, '"-pthread"']
+    defines = ['"KEEL_LIBTORCH_HAS_CUDA"'] if '"lib/libtorch_cuda.so"' in libs else []
     rctx.template("BUILD.bazel", rctx.attr._build_tpl, {
         "%{root}": root,
         "%{layout}": layout,
         "%{libs}": ", ".join(libs),
         "%{linkopts}": ", ".join(linkopts),
+        "%{defines}": ", ".join(defines),
         # Spelled with an explicit repository ("@//..." when Keel is the main workspace), so it
         # does not resolve inside @libtorch.
         "%{cuda_enabled}": "@%s//%s:%s" % (

@@ -1,0 +1,226 @@
+#include "gradients/clip_grad_norm.h"
+
+#include <cmath>
+#include <map>
+#include <regex>
+#include <tuple>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "base/torch_compat.h"
+#include "base/torch_status.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+
+namespace keel::gradients {
+namespace {
+
+// Every tensor expression below is the ATen op sequence NeMo runs (same ops, same dtypes,
+// same order), so results equal NeMo's bit for bit on the same LibTorch build.
+
+using GroupKey = std::vector<std::tuple<c10d::ProcessGroup*, Placement>>;
+
+absl::Status AllReduce(at::Tensor& scalar, c10d::ReduceOp::RedOpType op,
+                       c10d::ProcessGroup& group) {
+  std::vector<at::Tensor> tensors = {scalar};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  return base::CallTorch(absl::StatusCode::kUnavailable, "all-reducing a gradient norm",
+                         [&] { group.allreduce(tensors, options)->wait(); });
+}
+
+// max if finite and non-zero, else 1: NeMo's scale for the max-scaled p-norm.
+at::Tensor SafeScale(const at::Tensor& max) {
+  return at::where(at::isfinite(max).logical_and(max.ne(0)), max, at::ones_like(max));
+}
+
+// Each non-replicated dimension of a group's layout (after Partial resolution).
+std::vector<c10d::ProcessGroup*> ShardedGroups(const GroupKey& key) {
+  std::vector<c10d::ProcessGroup*> groups;
+  for (const auto& [group, placement] : key) {
+    if (placement.kind != Placement::Kind::kReplicate) groups.push_back(group);
+  }
+  return groups;
+}
+
+absl::StatusOr<at::Tensor> GroupNorm(const std::vector<at::Tensor>& grads, const GroupKey& key,
+                                     double norm_type, const at::Device& device) {
+  const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor local_max = at::zeros({}, f64);
+  for (const at::Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    local_max = at::maximum(local_max, g.detach().abs().max().to(device, at::kDouble));
+  }
+  const std::vector<c10d::ProcessGroup*> sharded = ShardedGroups(key);
+  for (c10d::ProcessGroup* group : sharded) {
+    KEEL_RETURN_IF_ERROR(AllReduce(local_max, c10d::ReduceOp::MAX, *group));
+  }
+  if (std::isinf(norm_type)) return local_max;
+
+  const at::Tensor scale = SafeScale(local_max);
+  at::Tensor local_val = at::zeros({}, f64);
+  for (const at::Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    const at::Tensor scaled = g.detach().abs().div(scale);
+    local_val =
+        local_val + (norm_type == 2.0 ? scaled.square() : scaled.pow(norm_type)).sum(at::kDouble);
+  }
+  for (c10d::ProcessGroup* group : sharded) {
+    KEEL_RETURN_IF_ERROR(AllReduce(local_val, c10d::ReduceOp::SUM, *group));
+  }
+  return local_max * local_val.pow(1.0 / norm_type);
+}
+
+at::Tensor CombineNorms(const std::vector<at::Tensor>& norms, double norm_type,
+                        const at::Device& device) {
+  if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  std::vector<at::Tensor> converted;
+  for (const at::Tensor& n : norms) converted.push_back(n.to(device, at::kDouble));
+  const at::Tensor stack = at::stack(converted);
+  if (std::isinf(norm_type)) return stack.max();
+  const at::Tensor max_norm = stack.abs().max();
+  return max_norm * stack.div(SafeScale(max_norm)).pow(norm_type).sum().pow(1.0 / norm_type);
+}
+
+// torch 2.6's clip_grads_with_norm_: coef = clamp(max_norm / (total + 1e-6), max=1), where a
+// Python float divided by a tensor is reciprocal() * float. No host synchronization.
+void ScaleGrads(const std::vector<at::Tensor>& grads, double max_norm, const at::Tensor& total,
+                bool foreach) {
+  const at::Tensor coef = (total + 1e-6).reciprocal().mul(max_norm).clamp_max(1.0);
+  std::vector<at::Tensor> batched;
+  for (const at::Tensor& g : grads) {
+    // float32/float64 times the 0-d float64 coefficient computes in the gradient's dtype either
+    // way; reduced-precision dtypes keep the per-tensor op NeMo's values come from.
+    const bool exact_in_batch = g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble;
+    if (foreach && exact_in_batch && g.device() == coef.device()) {
+      batched.push_back(g);
+    } else {
+      g.mul_(coef.to(g.device()));
+    }
+  }
+  if (!batched.empty()) base::ForeachMulInPlace(batched, coef);
+}
+
+}  // namespace
+
+std::vector<NamedParameter> TrainableParameters(
+    const std::vector<torch::nn::Module*>& model_parts) {
+  std::vector<NamedParameter> parameters;
+  for (torch::nn::Module* part : model_parts) {
+    for (const auto& item : part->named_parameters()) {
+      if (item.value().requires_grad()) parameters.push_back({item.key(), item.value()});
+    }
+  }
+  return parameters;
+}
+
+absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
+                                        const std::vector<NamedParameter>& parameters,
+                                        const ClipGradNormOptions& options,
+                                        const ShardingSpec& sharding) {
+  const double p = options.norm_type;
+  if (!max_norm.has_value()) return at::zeros({}, at::kDouble);
+  if (p == 0.0 || std::isnan(p)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("norm_type (", p, ") must be non-zero and not NaN"));
+  }
+
+  // Resolve Partial gradients into replicated ones, then group by layout (insertion order).
+  std::vector<GroupKey> keys;
+  std::map<GroupKey, std::vector<at::Tensor>> groups;
+  std::optional<at::Device> device;
+  for (const NamedParameter& parameter : parameters) {
+    at::Tensor grad = parameter.param.grad();
+    if (!grad.defined()) continue;
+    if (!device.has_value()) device = grad.device();
+    GroupKey key;
+    if (const GradLayout* layout = sharding.Find(parameter.name)) {
+      for (const MeshDim& dim : layout->dims) {
+        Placement placement = dim.placement;
+        if (placement.kind == Placement::Kind::kPartial) {
+          KEEL_RETURN_IF_ERROR(AllReduce(grad, c10d::ReduceOp::SUM, *dim.group));
+          placement = Placement::Replicate();
+        }
+        key.emplace_back(dim.group, placement);
+      }
+    }
+    auto [it, inserted] = groups.try_emplace(key);
+    if (inserted) keys.push_back(key);
+    it->second.push_back(grad);
+  }
+  const at::Device target = device.value_or(at::Device(at::kCPU));
+
+  std::vector<at::Tensor> norms;
+  for (const GroupKey& key : keys) {
+    KEEL_ASSIGN_OR_RETURN(at::Tensor norm, GroupNorm(groups[key], key, p, target));
+    norms.push_back(norm);
+  }
+  at::Tensor total = CombineNorms(norms, p, target);
+
+  if (options.pp_group != nullptr) {
+    if (std::isinf(p)) {
+      KEEL_RETURN_IF_ERROR(AllReduce(total, c10d::ReduceOp::MAX, *options.pp_group));
+    } else {
+      at::Tensor pp_max = total.abs().clone();
+      KEEL_RETURN_IF_ERROR(AllReduce(pp_max, c10d::ReduceOp::MAX, *options.pp_group));
+      total = total.div(SafeScale(pp_max)).pow(p);
+      KEEL_RETURN_IF_ERROR(AllReduce(total, c10d::ReduceOp::SUM, *options.pp_group));
+      total = pp_max * total.pow(1.0 / p);
+    }
+  }
+
+  if (options.error_if_nonfinite && !at::isfinite(total).item<bool>()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "The total norm of order ", p,
+        " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable "
+        "this error and scale the gradients by the non-finite norm anyway, set "
+        "`error_if_nonfinite=False`"));
+  }
+  for (const GroupKey& key : keys) ScaleGrads(groups[key], *max_norm, total, options.foreach);
+  return total;
+}
+
+absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(std::optional<double> max_norm,
+                                                     const std::vector<NamedParameter>& parameters,
+                                                     const GradScalingOptions& scaling,
+                                                     const ClipGradNormOptions& options,
+                                                     const ShardingSpec& sharding) {
+  if (scaling.expert_tp_replication_factor < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert_tp_replication_factor (", scaling.expert_tp_replication_factor, ") must be >= 1"));
+  }
+  std::optional<double> pp_divisor;
+  if (scaling.pp_enabled && scaling.num_label_tokens.has_value() &&
+      scaling.dp_group_size.has_value() && *scaling.dp_group_size != 0) {
+    const double candidate = static_cast<double>(*scaling.num_label_tokens) /
+                             static_cast<double>(*scaling.dp_group_size);
+    if (candidate != 0) pp_divisor = candidate;
+  }
+  std::optional<double> ep_ratio;
+  if (scaling.ep_shard_size.has_value() && scaling.dp_group_size.has_value() &&
+      *scaling.ep_shard_size > 0) {
+    ep_ratio =
+        static_cast<double>(*scaling.dp_group_size) / static_cast<double>(*scaling.ep_shard_size);
+    *ep_ratio *= static_cast<double>(scaling.expert_tp_replication_factor);
+  }
+  if (pp_divisor.has_value() || ep_ratio.has_value()) {
+    static const std::regex kTeExpertParam(
+        R"((^|\.)mlp\.experts\.(gate_up_linear|down_linear)\.(weight|bias)\d+)");
+    for (const NamedParameter& parameter : parameters) {
+      at::Tensor grad = parameter.param.grad();
+      if (!grad.defined()) continue;
+      if (pp_divisor.has_value()) grad.div_(*pp_divisor);
+      if (!ep_ratio.has_value()) continue;
+      bool is_expert = std::regex_search(parameter.name, kTeExpertParam);
+      if (const GradLayout* layout = sharding.Find(parameter.name);
+          layout != nullptr && !scaling.ep_axis_name.empty()) {
+        for (const MeshDim& dim : layout->dims) is_expert |= dim.name == scaling.ep_axis_name;
+      }
+      if (is_expert) grad.div_(*ep_ratio);
+    }
+  }
+  return ClipGradNorm(max_norm, parameters, options, sharding);
+}
+
+}  // namespace keel::gradients

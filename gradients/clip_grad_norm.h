@@ -1,0 +1,94 @@
+// Sharding-aware gradient-norm clipping and PP/EP gradient scaling, value for value with NeMo
+// AutoModel's clip_grad_norm, _clip_grad_norm_impl and scale_grads_and_clip_grad_norm
+// (nemo_automodel/components/training/utils.py), for gradients laid out by a ShardingSpec.
+//
+//   std::vector<NamedParameter> params = TrainableParameters({&model});
+//   keel::gradients::ClipGradNormOptions options;
+//   options.pp_group = pp_group;  // or nullptr
+//   KEEL_ASSIGN_OR_RETURN(torch::Tensor norm, ClipGradNorm(1.0, params, options, spec));
+#ifndef KEEL_GRADIENTS_CLIP_GRAD_NORM_H_
+#define KEEL_GRADIENTS_CLIP_GRAD_NORM_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
+#include "gradients/sharding.h"
+#include "torch/nn/module.h"
+
+namespace keel::gradients {
+
+// A parameter by fully qualified name; its grad() is read and scaled in place.
+struct NamedParameter {
+  std::string name;
+  at::Tensor param;
+};
+
+// The parameters with requires_grad of each module, in order (NeMo's parameter collection).
+std::vector<NamedParameter> TrainableParameters(const std::vector<torch::nn::Module*>& model_parts);
+
+// _clip_grad_norm_impl's options.
+struct ClipGradNormOptions {
+  // p of the p-norm; infinity for the max norm. Must be non-zero. Default: 2.
+  double norm_type = 2.0;
+  // Pipeline stages whose norms combine into the total; nullptr for none. Default: nullptr.
+  c10d::ProcessGroup* pp_group = nullptr;
+  // Scale the gradients with one multi-tensor kernel where it gives the same values. Default: true.
+  bool foreach = true;
+  // A non-finite total norm is an error instead of being applied. Default: false.
+  bool error_if_nonfinite = false;
+};
+
+// Computes the total p-norm of the gradients, then multiplies every gradient in place by
+// min(1, max_norm / (total_norm + 1e-6)), as NeMo does: parameters grouped by identical
+// layout; Partial gradients first all-reduced (SUM) in place over their group into
+// replicated ones;
+// per group the local max |g| and the max-scaled sum of |g|^p in float64, all-reduced (MAX,
+// SUM) over every sharded dimension's group; groups combined with the max-scaled formula,
+// then across `pp_group`. Parameters without a gradient are skipped; empty gradients,
+// mixed dtypes (float32, float64, bfloat16, float16) are fine. Returns the total norm as a
+// 0-d float64 tensor on the gradients' device (no host sync), or 0 when `max_norm` is absent
+// (nothing is clipped then). A non-finite norm is applied as PyTorch does (NaN gradients).
+// Errors: kInvalidArgument for norm_type 0 or NaN; kFailedPrecondition for a non-finite norm with
+// error_if_nonfinite (PyTorch's message); kUnavailable when a collective fails.
+// Requires: every rank of each group calls it with the same groups, layouts and options.
+[[nodiscard]] absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
+                                                      const std::vector<NamedParameter>& parameters,
+                                                      const ClipGradNormOptions& options = {},
+                                                      const ShardingSpec& sharding = {});
+
+// scale_grads_and_clip_grad_norm's scaling inputs (its device meshes become group sizes and
+// the sharding description).
+struct GradScalingOptions {
+  // PP scaling applies only when enabled and both counts are given. Default: false.
+  bool pp_enabled = false;
+  // Label tokens in the global batch, for PP scaling. Default: nullopt.
+  std::optional<int64_t> num_label_tokens;
+  // Data-parallel group size, for PP and EP scaling. Default: nullopt.
+  std::optional<int64_t> dp_group_size;
+  // Size of the MoE mesh's "ep_shard" dimension (1 if it has none); nullopt: no MoE mesh,
+  // no EP scaling. Default: nullopt.
+  std::optional<int64_t> ep_shard_size;
+  // Identical TP token replicas gathered inside EP; an integer >= 1. Default: 1.
+  int64_t expert_tp_replication_factor = 1;
+  // Expert parameters are those whose layout has a dimension of this name, or whose name
+  // matches NeMo's TE grouped-experts pattern. Default: "" (names only).
+  std::string ep_axis_name;
+};
+
+// Divides every gradient by num_label_tokens / dp_group_size (PP), and expert gradients by
+// (dp_group_size / ep_shard_size) * expert_tp_replication_factor (EP), in one pass over the
+// parameters, then clips as ClipGradNorm. Errors: kInvalidArgument for
+// expert_tp_replication_factor < 1; ClipGradNorm's errors.
+[[nodiscard]] absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(
+    std::optional<double> max_norm, const std::vector<NamedParameter>& parameters,
+    const GradScalingOptions& scaling, const ClipGradNormOptions& options = {},
+    const ShardingSpec& sharding = {});
+
+}  // namespace keel::gradients
+
+#endif  // KEEL_GRADIENTS_CLIP_GRAD_NORM_H_
