@@ -1,0 +1,139 @@
+// Clipping gradients sharded over Gloo ranks (threads) gives the norm and the clipped values
+// of the same gradients unsharded on one rank.
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "gmock/gmock.h"
+#include "gradients/clip_grad_norm.h"
+#include "gradients/sharding.h"
+#include "gtest/gtest.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+
+namespace keel::gradients {
+namespace {
+
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+
+constexpr double kMaxNorm = 1.0;
+
+// The full gradients; integer-valued so that splitting a Partial gradient into per-rank
+// parts is exact.
+std::map<std::string, at::Tensor> FullGrads() {
+  at::manual_seed(3);
+  return {{"w_rows", at::randint(-9, 10, {8, 6}).to(at::kFloat)},
+          {"w_cols", at::randint(-9, 10, {6, 4}).to(at::kFloat)},
+          {"p_partial", at::randint(-9, 10, {12}).to(at::kFloat)},
+          {"r_plain", at::randint(-9, 10, {3}).to(at::kFloat)},
+          {"b_replicate", at::randint(-9, 10, {4}).to(at::kFloat)}};
+}
+
+NamedParameter Param(const std::string& name, const at::Tensor& grad) {
+  at::Tensor param = at::zeros_like(grad).requires_grad_(true);
+  param.mutable_grad() = grad.clone();
+  return {name, param};
+}
+
+// What rank `rank` of `world` holds of each full gradient.
+at::Tensor LocalGrad(const std::string& name, const at::Tensor& full, int rank, int world) {
+  if (name == "w_rows") return full.chunk(world, 0)[rank];
+  if (name == "w_cols") return full.chunk(world, 1)[rank];
+  if (name == "p_partial") {  // element i belongs to rank i % world; the others hold zeros
+    at::Tensor mine = at::arange(full.numel()).remainder(world).eq(rank);
+    return full * mine.to(at::kFloat);
+  }
+  return full;
+}
+
+ShardingSpec Spec(c10d::ProcessGroup* group) {
+  ShardingSpec spec;
+  spec.Set("w_rows", {{{"tp", group, Placement::Shard(0)}}});
+  spec.Set("w_cols", {{{"tp", group, Placement::Shard(1)}}});
+  spec.Set("p_partial", {{{"tp", group, Placement::Partial()}}});
+  spec.Set("b_replicate", {{{"tp", group, Placement::Replicate()}}});
+  return spec;
+}
+
+TEST(ClipGradNormMultiRankTest, ShardedPartialAndReplicatedGradsMatchTheUnshardedOnes) {
+  for (double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    // The unsharded reference on one rank.
+    std::map<std::string, at::Tensor> reference;
+    std::vector<NamedParameter> full;
+    for (const auto& [name, grad] : FullGrads()) full.push_back(Param(name, grad));
+    ClipGradNormOptions options;
+    options.norm_type = norm_type;
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor reference_norm, ClipGradNorm(kMaxNorm, full, options));
+    for (const NamedParameter& p : full) reference[p.name] = p.param.grad();
+
+    for (int world : {2, 4}) {
+      SCOPED_TRACE(absl::StrCat("norm_type=", norm_type, " world=", world));
+      std::vector<double> norms(world);
+      std::vector<std::map<std::string, at::Tensor>> clipped(world);
+      KEEL_ASSERT_OK(RunOnRanks(world, [&](Rank& r) -> absl::Status {
+        std::vector<NamedParameter> local;
+        for (const auto& [name, grad] : FullGrads()) {
+          local.push_back(Param(name, LocalGrad(name, grad, r.rank, world)));
+        }
+        KEEL_ASSIGN_OR_RETURN(at::Tensor norm,
+                              ClipGradNorm(kMaxNorm, local, options, Spec(r.group.get())));
+        norms[r.rank] = norm.item<double>();
+        for (const NamedParameter& p : local) clipped[r.rank][p.name] = p.param.grad();
+        return absl::OkStatus();
+      }));
+      for (int rank = 0; rank < world; ++rank) {
+        EXPECT_EQ(norms[rank], norms[0]);  // ranks agree exactly
+        // Sharding changes only the float64 summation order.
+        EXPECT_NEAR(norms[rank], reference_norm.item<double>(),
+                    1e-12 * reference_norm.item<double>());
+        for (const auto& [name, grad] : FullGrads()) {
+          SCOPED_TRACE(name);
+          // A Partial gradient becomes the full (replicated) one before clipping.
+          const at::Tensor expected =
+              name == "p_partial" ? reference[name] : LocalGrad(name, reference[name], rank, world);
+          // The clip coefficient may differ in its last float64 bit: float32 results agree to
+          // about one float32 ulp.
+          EXPECT_TRUE(at::allclose(clipped[rank][name], expected, /*rtol=*/1e-6, /*atol=*/0))
+              << clipped[rank][name] << expected;
+        }
+      }
+    }
+  }
+}
+
+TEST(ClipGradNormMultiRankTest, TwoPipelineStagesCombineIntoTheUnshardedNorm) {
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(norm_type);
+    std::vector<NamedParameter> full;
+    for (const auto& [name, grad] : FullGrads()) full.push_back(Param(name, grad));
+    ClipGradNormOptions options;
+    options.norm_type = norm_type;
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor reference_norm, ClipGradNorm(kMaxNorm, full, options));
+
+    std::vector<double> norms(2);
+    KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+      // Stage 0 holds the first two parameters (by name), stage 1 the rest.
+      std::vector<NamedParameter> stage;
+      int index = 0;
+      for (const auto& [name, grad] : FullGrads()) {
+        if ((index++ < 2) == (r.rank == 0)) stage.push_back(Param(name, grad));
+      }
+      ClipGradNormOptions pp = options;
+      pp.pp_group = r.group.get();
+      KEEL_ASSIGN_OR_RETURN(at::Tensor norm, ClipGradNorm(kMaxNorm, stage, pp));
+      norms[r.rank] = norm.item<double>();
+      return absl::OkStatus();
+    }));
+    EXPECT_EQ(norms[0], norms[1]);
+    EXPECT_NEAR(norms[0], reference_norm.item<double>(), 1e-12 * reference_norm.item<double>());
+  }
+}
+
+}  // namespace
+}  // namespace keel::gradients

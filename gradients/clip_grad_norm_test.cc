@@ -1,0 +1,171 @@
+#include "gradients/clip_grad_norm.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+#include "torch/nn/modules/linear.h"
+
+namespace keel::gradients {
+namespace {
+
+using ::absl::StatusCode;
+using ::keel::testing::StatusIs;
+using ::testing::HasSubstr;
+
+NamedParameter WithGrad(const char* name, std::vector<double> grad,
+                        at::ScalarType dtype = at::kFloat) {
+  at::Tensor param = at::zeros({static_cast<int64_t>(grad.size())}, dtype).requires_grad_(true);
+  param.mutable_grad() = at::tensor(grad, at::kDouble).to(dtype);
+  return {name, param};
+}
+
+std::vector<double> Grad(const NamedParameter& p) {
+  const at::Tensor g = p.param.grad().to(at::kDouble).contiguous();
+  return std::vector<double>(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
+}
+
+TEST(ClipGradNormTest, TwoNormOfThreeFourIsFiveAndClipsByMaxOverNorm) {
+  std::vector<NamedParameter> params = {WithGrad("w", {3.0, -4.0})};
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(1.0, params));
+  EXPECT_EQ(norm.scalar_type(), at::kDouble);
+  EXPECT_EQ(norm.dim(), 0);
+  EXPECT_DOUBLE_EQ(norm.item<double>(), 5.0);
+  const double coef = 1.0 / (5.0 + 1e-6);
+  EXPECT_NEAR(Grad(params[0])[0], 3.0 * coef, 1e-6);
+  EXPECT_NEAR(Grad(params[0])[1], -4.0 * coef, 1e-6);
+}
+
+TEST(ClipGradNormTest, OneAndInfinityNormsOverSeveralParameters) {
+  std::vector<NamedParameter> params = {WithGrad("a", {1.0, -2.0}),
+                                        WithGrad("b", {-3.0}, at::kDouble)};
+  ClipGradNormOptions options;
+  options.norm_type = 1.0;
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor l1, ClipGradNorm(100.0, params, options));
+  // NeMo divides float32 gradients by the max (3) in float32 before the float64 sum: 1/3 and
+  // 2/3 round there, so the L1 norm is 6 to float32 precision only.
+  EXPECT_NEAR(l1.item<double>(), 6.0, 6.0 * 1e-7);
+  options.norm_type = std::numeric_limits<double>::infinity();
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor linf, ClipGradNorm(100.0, params, options));
+  EXPECT_DOUBLE_EQ(linf.item<double>(), 3.0);
+  EXPECT_EQ(Grad(params[1])[0], -3.0);  // max_norm above the norm: coefficient clamped to 1
+}
+
+TEST(ClipGradNormTest, AbsentMaxNormSkipsEverythingAndReturnsZero) {
+  std::vector<NamedParameter> params = {WithGrad("w", {30.0, 40.0})};
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(std::nullopt, params));
+  EXPECT_EQ(norm.item<double>(), 0.0);
+  EXPECT_EQ(Grad(params[0])[1], 40.0);
+}
+
+TEST(ClipGradNormTest, ParametersWithoutGradientsAndEmptyGradientsAreFine) {
+  at::Tensor no_grad = at::zeros({3}).requires_grad_(true);
+  std::vector<NamedParameter> params = {
+      {"none", no_grad}, WithGrad("empty", {}), WithGrad("w", {0.0, 2.0})};
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(1.0, params));
+  EXPECT_DOUBLE_EQ(norm.item<double>(), 2.0);
+  EXPECT_FALSE(no_grad.grad().defined());
+  std::vector<NamedParameter> nothing = {{"none", no_grad}};
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor zero, ClipGradNorm(1.0, nothing));
+  EXPECT_EQ(zero.item<double>(), 0.0);
+}
+
+TEST(ClipGradNormTest, NonFiniteNormIsAppliedOrRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<NamedParameter> params = {WithGrad("w", {1.0, nan})};
+  ClipGradNormOptions options;
+  options.error_if_nonfinite = true;
+  EXPECT_THAT(
+      ClipGradNorm(1.0, params, options),
+      StatusIs(
+          StatusCode::kFailedPrecondition,
+          HasSubstr("The total norm of order 2 for gradients from `parameters` is non-finite")));
+  EXPECT_EQ(Grad(params[0])[0], 1.0);  // refused before any scaling
+  options.error_if_nonfinite = false;
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(1.0, params, options));
+  EXPECT_TRUE(std::isnan(norm.item<double>()));
+  EXPECT_TRUE(std::isnan(Grad(params[0])[0]));
+}
+
+TEST(ClipGradNormTest, ZeroOrNanNormTypeIsAnError) {
+  std::vector<NamedParameter> params = {WithGrad("w", {1.0})};
+  ClipGradNormOptions options;
+  options.norm_type = 0.0;
+  EXPECT_THAT(ClipGradNorm(1.0, params, options),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("norm_type (0) must be non-zero")));
+  options.norm_type = std::nan("");
+  EXPECT_THAT(ClipGradNorm(1.0, params, options),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("NaN")));
+}
+
+TEST(ClipGradNormTest, ForeachAndPerTensorScalingGiveIdenticalValues) {
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(7);
+    const at::Tensor values = at::randn({1000}, at::kDouble) * 3;
+    std::vector<double> raw(values.data_ptr<double>(), values.data_ptr<double>() + 1000);
+    std::vector<NamedParameter> batched = {WithGrad("w", raw, dtype)};
+    std::vector<NamedParameter> single = {WithGrad("w", raw, dtype)};
+    ClipGradNormOptions options;
+    options.foreach = true;
+    KEEL_ASSERT_OK(ClipGradNorm(0.5, batched, options).status());
+    options.foreach = false;
+    KEEL_ASSERT_OK(ClipGradNorm(0.5, single, options).status());
+    EXPECT_TRUE(at::equal(batched[0].param.grad(), single[0].param.grad()));
+  }
+}
+
+TEST(TrainableParametersTest, NamesEveryParameterThatRequiresGrad) {
+  torch::nn::Linear linear(3, 2);
+  linear->bias.set_requires_grad(false);
+  const std::vector<NamedParameter> params = TrainableParameters({linear.get()});
+  ASSERT_EQ(params.size(), 1u);
+  EXPECT_EQ(params[0].name, "weight");
+}
+
+TEST(ScaleGradsAndClipGradNormTest, PipelineScalingDividesEveryGradByTokensPerDpRank) {
+  std::vector<NamedParameter> params = {WithGrad("w", {8.0}), WithGrad("b", {-4.0})};
+  GradScalingOptions scaling;
+  scaling.pp_enabled = true;
+  scaling.num_label_tokens = 8;
+  scaling.dp_group_size = 2;  // divide by 8 / 2 = 4
+  KEEL_ASSERT_OK(ScaleGradsAndClipGradNorm(std::nullopt, params, scaling).status());
+  EXPECT_EQ(Grad(params[0])[0], 2.0);
+  EXPECT_EQ(Grad(params[1])[0], -1.0);
+  scaling.pp_enabled = false;  // no PP: no scaling
+  KEEL_ASSERT_OK(ScaleGradsAndClipGradNorm(std::nullopt, params, scaling).status());
+  EXPECT_EQ(Grad(params[0])[0], 2.0);
+}
+
+TEST(ScaleGradsAndClipGradNormTest, ExpertScalingSelectsByNamePatternOrLayoutAxis) {
+  std::vector<NamedParameter> params = {
+      WithGrad("model.layers.0.mlp.experts.gate_up_linear.weight0", {12.0}),
+      WithGrad("layers.1.moe.w", {12.0}), WithGrad("layers.1.attn.w", {12.0})};
+  ShardingSpec spec;
+  spec.Set("layers.1.moe.w", {{{"ep", nullptr, Placement::Replicate()}}});
+  GradScalingOptions scaling;
+  scaling.dp_group_size = 8;
+  scaling.ep_shard_size = 2;
+  scaling.expert_tp_replication_factor = 3;  // divide experts by (8 / 2) * 3 = 12
+  scaling.ep_axis_name = "ep";
+  KEEL_ASSERT_OK(ScaleGradsAndClipGradNorm(std::nullopt, params, scaling, {}, spec).status());
+  EXPECT_EQ(Grad(params[0])[0], 1.0);   // TE grouped-experts name
+  EXPECT_EQ(Grad(params[1])[0], 1.0);   // layout on the "ep" axis
+  EXPECT_EQ(Grad(params[2])[0], 12.0);  // not an expert
+}
+
+TEST(ScaleGradsAndClipGradNormTest, ReplicationFactorBelowOneIsAnError) {
+  std::vector<NamedParameter> params = {WithGrad("w", {1.0})};
+  GradScalingOptions scaling;
+  scaling.expert_tp_replication_factor = 0;
+  EXPECT_THAT(ScaleGradsAndClipGradNorm(1.0, params, scaling),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("expert_tp_replication_factor (0) must be >= 1")));
+}
+
+}  // namespace
+}  // namespace keel::gradients

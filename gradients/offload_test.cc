@@ -1,0 +1,53 @@
+#include "gradients/offload.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+#include "torch/cuda.h"
+#include "torch/nn/modules/batchnorm.h"
+
+namespace keel::gradients {
+namespace {
+
+using ::absl::StatusCode;
+using ::keel::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(OffloadTest, DisabledOffloadingLeavesTheModuleAlone) {
+  torch::nn::BatchNorm1d module(4);
+  {
+    KEEL_ASSERT_OK_AND_ASSIGN(auto scope,
+                              ScopedModuleOffloading::Enter(*module, /*enabled=*/false));
+    EXPECT_TRUE(module->weight.device().is_cpu());
+    KEEL_EXPECT_OK(scope.Exit());
+  }
+  EXPECT_TRUE(module->running_mean.device().is_cpu());
+}
+
+TEST(OffloadTest, MovingToTheCpuMovesParametersAndBuffers) {
+  torch::nn::BatchNorm1d module(4);
+  KEEL_ASSERT_OK(MoveToDevice(*module, c10::Device(c10::DeviceType::CPU)));
+  EXPECT_TRUE(module->running_var.device().is_cpu());
+}
+
+TEST(OffloadTest, EnabledOffloadingWithoutCudaIsAClearError) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has CUDA";
+  torch::nn::BatchNorm1d module(4);
+  EXPECT_THAT(ScopedModuleOffloading::Enter(*module, /*enabled=*/true),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("has no CUDA")));
+}
+
+TEST(OffloadGpuTest, RoundTripsTheModuleThroughCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a GPU";
+  torch::nn::BatchNorm1d module(4);
+  {
+    KEEL_ASSERT_OK_AND_ASSIGN(auto scope, ScopedModuleOffloading::Enter(*module, /*enabled=*/true));
+    EXPECT_TRUE(module->weight.device().is_cuda());
+    EXPECT_TRUE(module->running_mean.device().is_cuda());
+  }
+  EXPECT_TRUE(module->weight.device().is_cpu());
+  EXPECT_TRUE(module->running_mean.device().is_cpu());
+}
+
+}  // namespace
+}  // namespace keel::gradients
