@@ -1,12 +1,15 @@
 #include "gradients/clip_grad_norm.h"
 
 #include <cmath>
+#include <functional>
 #include <map>
+#include <optional>
 #include <regex>
 #include <tuple>
 #include <utility>
 
 #include "ATen/ATen.h"
+#include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
@@ -70,6 +73,56 @@ absl::StatusOr<at::Tensor> GroupNorm(const std::vector<at::Tensor>& grads, const
     KEEL_RETURN_IF_ERROR(AllReduce(local_val, c10d::ReduceOp::SUM, *group));
   }
   return local_max * local_val.pow(1.0 / norm_type);
+}
+
+// Sum of squares of a contiguous CPU tensor in float64, in one pass: eight independent
+// accumulators per thread keep the floating-point adds from serializing (and vectorize).
+template <typename T>
+double SumOfSquares(const T* data, int64_t n) {
+  return at::parallel_reduce(
+      0, n, /*grain_size=*/int64_t{1} << 16, 0.0,
+      [data](int64_t begin, int64_t end, double partial) {
+        constexpr int kLanes = 8;
+        double lanes[kLanes] = {};
+        int64_t i = begin;
+        for (; i + kLanes <= end; i += kLanes) {
+#pragma omp simd
+          for (int k = 0; k < kLanes; ++k) {
+            const double v = static_cast<double>(static_cast<float>(data[i + k]));
+            lanes[k] += v * v;
+          }
+        }
+        double sum = 0.0;
+        for (; i < end; ++i) {
+          const double v = static_cast<double>(static_cast<float>(data[i]));
+          sum += v * v;
+        }
+        for (double lane : lanes) sum += lane;
+        return partial + sum;
+      },
+      std::plus<double>());
+}
+
+// The fused 2-norm of an unsharded group, or nullopt where only the exact path applies.
+std::optional<at::Tensor> FusedTwoNorm(const std::vector<at::Tensor>& grads) {
+  double sum = 0.0;
+  for (const at::Tensor& g : grads) {
+    if (!g.device().is_cpu() || !g.is_contiguous()) return std::nullopt;
+    switch (g.scalar_type()) {
+      case at::kFloat:
+        sum += SumOfSquares(g.data_ptr<float>(), g.numel());
+        break;
+      case at::kBFloat16:
+        sum += SumOfSquares(g.data_ptr<at::BFloat16>(), g.numel());
+        break;
+      case at::kHalf:
+        sum += SumOfSquares(g.data_ptr<at::Half>(), g.numel());
+        break;
+      default:  // float64 squares can overflow: NeMo's max-scaled path handles them
+        return std::nullopt;
+    }
+  }
+  return at::scalar_tensor(std::sqrt(sum), at::kDouble);
 }
 
 at::Tensor CombineNorms(const std::vector<at::Tensor>& norms, double norm_type,
@@ -153,6 +206,12 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
 
   std::vector<at::Tensor> norms;
   for (const GroupKey& key : keys) {
+    if (options.fused && p == 2.0 && ShardedGroups(key).empty() && target.is_cpu()) {
+      if (std::optional<at::Tensor> norm = FusedTwoNorm(groups[key])) {
+        norms.push_back(*norm);
+        continue;
+      }
+    }
     KEEL_ASSIGN_OR_RETURN(at::Tensor norm, GroupNorm(groups[key], key, p, target));
     norms.push_back(norm);
   }

@@ -119,6 +119,30 @@ TEST(ClipGradNormTest, ForeachAndPerTensorScalingGiveIdenticalValues) {
   }
 }
 
+TEST(ClipGradNormTest, FusedTwoNormAgreesWithTheExactPathToRounding) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(11);
+    std::vector<NamedParameter> exact;
+    std::vector<NamedParameter> fused;
+    for (int64_t n : {0, 1, 7, 100003}) {
+      const at::Tensor values = (at::randn({n}, at::kDouble) * 2).to(dtype).to(at::kDouble);
+      std::vector<double> raw(values.data_ptr<double>(), values.data_ptr<double>() + n);
+      exact.push_back(WithGrad("w", raw, dtype));
+      fused.push_back(WithGrad("w", raw, dtype));
+    }
+    ClipGradNormOptions options;
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor exact_norm, ClipGradNorm(1.0, exact, options));
+    options.fused = true;
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor fused_norm, ClipGradNorm(1.0, fused, options));
+    // NeMo's path rounds |g| / max in the gradient's dtype (2^-8 relative for bfloat16); the
+    // fused sum of squares is exact per element in float64.
+    const double tolerance = dtype == at::kBFloat16 ? 1e-2 : dtype == at::kHalf ? 2e-3 : 1e-6;
+    EXPECT_NEAR(fused_norm.item<double>(), exact_norm.item<double>(),
+                tolerance * exact_norm.item<double>());
+  }
+}
+
 TEST(TrainableParametersTest, NamesEveryParameterThatRequiresGrad) {
   torch::nn::Linear linear(3, 2);
   linear->bias.set_requires_grad(false);

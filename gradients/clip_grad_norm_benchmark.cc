@@ -1,0 +1,139 @@
+// Clipping ~150 gradient tensors totalling ~250M elements: Keel (NeMo-exact and fused paths)
+// side by side with LibTorch's clip_grad_norm_ and the memory floor (one read pass, and one
+// read+write pass, over the same bytes). Gradients are restored outside the timed region, so
+// every iteration really clips.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/Parallel.h"
+#include "benchmark/benchmark.h"
+#include "gradients/clip_grad_norm.h"
+#include "torch/nn/utils/clip_grad.h"
+
+namespace keel::gradients {
+namespace {
+
+struct Grads {
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> originals;
+  int64_t bytes = 0;
+};
+
+// 60 x [4096, 896] + 30 x [1M] + 60 x [4096]: 150 tensors, 250.4M elements.
+Grads& MakeGrads(at::ScalarType dtype) {
+  static Grads* cached = nullptr;
+  static at::ScalarType cached_dtype = at::kFloat;
+  if (cached != nullptr && cached_dtype == dtype) return *cached;
+  delete cached;
+  cached = new Grads;
+  cached_dtype = dtype;
+  at::manual_seed(0);
+  std::vector<std::vector<int64_t>> shapes;
+  for (int i = 0; i < 60; ++i) shapes.push_back({4096, 896});
+  for (int i = 0; i < 30; ++i) shapes.push_back({1 << 20});
+  for (int i = 0; i < 60; ++i) shapes.push_back({4096});
+  for (const auto& shape : shapes) {
+    at::Tensor param = at::zeros(shape, dtype).requires_grad_(true);
+    param.mutable_grad() = at::randn(shape, dtype);
+    cached->originals.push_back(param.grad().clone());
+    cached->params.push_back(param);
+    cached->bytes += param.grad().nbytes();
+  }
+  return *cached;
+}
+
+void Restore(benchmark::State& state, Grads& grads) {
+  state.PauseTiming();
+  for (size_t i = 0; i < grads.params.size(); ++i) grads.params[i].grad().copy_(grads.originals[i]);
+  state.ResumeTiming();
+}
+
+void BM_ReadFloor(benchmark::State& state, at::ScalarType dtype) {
+  Grads& grads = MakeGrads(dtype);
+  for (auto _ : state) {
+    uint64_t x = 0;
+    for (const at::Tensor& p : grads.params) {
+      const auto* words = static_cast<const uint64_t*>(p.grad().data_ptr());
+      const int64_t n = p.grad().nbytes() / 8;
+      x ^= at::parallel_reduce(
+          0, n, int64_t{1} << 16, uint64_t{0},
+          [words](int64_t b, int64_t e, uint64_t acc) {
+            for (int64_t i = b; i < e; ++i) acc ^= words[i];
+            return acc;
+          },
+          [](uint64_t a, uint64_t b) { return a ^ b; });
+    }
+    benchmark::DoNotOptimize(x);
+  }
+  state.SetBytesProcessed(state.iterations() * grads.bytes);
+}
+
+void BM_ReadWriteFloor(benchmark::State& state, at::ScalarType dtype) {
+  Grads& grads = MakeGrads(dtype);
+  for (auto _ : state) {
+    for (const at::Tensor& p : grads.params) {
+      auto* words = static_cast<uint64_t*>(p.grad().data_ptr());
+      at::parallel_for(0, p.grad().nbytes() / 8, int64_t{1} << 16, [words](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) words[i] ^= 1;  // flips one mantissa bit, twice per pair
+      });
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * grads.bytes);
+}
+
+void BM_TorchClipGradNorm(benchmark::State& state, at::ScalarType dtype) {
+  Grads& grads = MakeGrads(dtype);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(torch::nn::utils::clip_grad_norm_(grads.params, 1.0));
+    Restore(state, grads);
+  }
+  state.SetBytesProcessed(state.iterations() * grads.bytes);
+}
+
+void BM_KeelClipGradNorm(benchmark::State& state, at::ScalarType dtype, bool fused) {
+  Grads& grads = MakeGrads(dtype);
+  std::vector<NamedParameter> params;
+  for (const at::Tensor& p : grads.params) params.push_back({"w", p});
+  ClipGradNormOptions options;
+  options.fused = fused;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(ClipGradNorm(1.0, params, options));
+    Restore(state, grads);
+  }
+  state.SetBytesProcessed(state.iterations() * grads.bytes);
+}
+
+BENCHMARK_CAPTURE(BM_ReadFloor, float32, at::kFloat)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_ReadWriteFloor, float32, at::kFloat)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TorchClipGradNorm, float32, at::kFloat)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact, at::kFloat, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused, at::kFloat, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_ReadFloor, bfloat16, at::kBFloat16)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_ReadWriteFloor, bfloat16, at::kBFloat16)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TorchClipGradNorm, bfloat16, at::kBFloat16)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_exact, at::kBFloat16, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused, at::kBFloat16, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace keel::gradients
