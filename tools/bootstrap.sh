@@ -17,6 +17,8 @@ readonly PACKAGES=(
   libgmock-dev        # GoogleMock
   libbenchmark-dev    # Google Benchmark
   nlohmann-json3-dev  # JSON behind //base:json (golden files, parity tool)
+  clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
+  libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
 )
 
 sudo_cmd=()

@@ -49,7 +49,7 @@ TEST(ParityToolTest, WritesActualBesideExpectedForEveryCase) {
 TEST(ParityToolTest, AllComponentsWriteOneFileEachIntoTheOutputFolder) {
   const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/all/nested");
   ASSERT_EQ(RunParity(absl::StrCat("--out=", out)), 0);
-  for (const char* component : {"grad_utils", "param_scheduler", "step_scheduler"}) {
+  for (const char* component : {"grad_utils", "param_scheduler", "samplers", "step_scheduler"}) {
     SCOPED_TRACE(component);
     KEEL_ASSERT_OK_AND_ASSIGN(Json written,
                               base::ReadJsonFile(absl::StrCat(out, "/", component, ".json")));

@@ -1,0 +1,166 @@
+// Megatron's indexed token datasets: <prefix>.bin (the tokens of every sequence, back to
+// back) and <prefix>.idx (the "MMIDIDX" index), as megatron/core/datasets/indexed_dataset.py
+// reads (IndexedDataset) and writes (IndexedDatasetBuilder) them. The reader maps both files,
+// validates the whole index once, and hands out sequences as zero-copy tensors.
+//
+//   KEEL_ASSIGN_OR_RETURN(auto dataset, keel::sampling::IndexedDataset::Open("data/wiki_text"));
+//   KEEL_ASSIGN_OR_RETURN(at::Tensor tokens, dataset.Get(/*index=*/42));
+#ifndef KEEL_SAMPLING_INDEXED_DATASET_H_
+#define KEEL_SAMPLING_INDEXED_DATASET_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace keel::sampling {
+namespace internal {
+class MappedFile;
+}  // namespace internal
+
+// Megatron's DType: the token type of a .bin, by its code in the index. Spellings are the
+// NumPy names: "uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16".
+enum class TokenDtype : uint8_t {
+  kUint8 = 1,
+  kInt8 = 2,
+  kInt16 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kFloat64 = 6,
+  kFloat32 = 7,
+  kUint16 = 8,
+};
+
+bool AbslParseFlag(absl::string_view text, TokenDtype* out, std::string* error);
+std::string AbslUnparseFlag(TokenDtype dtype);
+
+// Bytes per token.
+int64_t TokenDtypeSize(TokenDtype dtype);
+
+// DType.optimal_dtype: uint16 for a vocabulary of fewer than 65500 tokens, else int32.
+TokenDtype OptimalTokenDtype(std::optional<int64_t> cardinality);
+
+// A read-only view of one indexed dataset. Copies share the mappings, which stay alive as
+// long as a copy or a tensor from Get() does. Thread-safe (all methods are const).
+class IndexedDataset {
+ public:
+  // Maps <path_prefix>.idx and <path_prefix>.bin and validates the index in one pass over it
+  // (Megatron checks only the magic and version): the magic, version 1, a known dtype code, a
+  // file size of exactly 34 + 12N + 8D bytes (+ N with `multimodal`, which the header does
+  // not record), non-negative lengths, pointers that are multiples of the token size,
+  // non-decreasing, non-overlapping and inside the .bin, and document indices from 0 to N,
+  // never decreasing. Errors: kNotFound if a file is missing; kUnavailable if one cannot be
+  // read or mapped; kDataLoss naming the file and the first wrong field.
+  [[nodiscard]] static absl::StatusOr<IndexedDataset> Open(const std::string& path_prefix,
+                                                           bool multimodal = false);
+
+  // Sequences in the dataset (len(dataset)).
+  int64_t size() const { return sequence_count_; }
+  // Documents: document_indices entries minus one.
+  int64_t num_documents() const { return document_count_ - 1; }
+  TokenDtype dtype() const { return dtype_; }
+  bool multimodal() const { return modes_ != nullptr; }
+  // Tokens in all sequences.
+  int64_t num_tokens() const { return num_tokens_; }
+  // Whether the sequences lie back to back from the start of the .bin in index order (as
+  // Megatron writes them), so that any run of consecutive sequences is one byte range.
+  bool contiguous() const { return contiguous_; }
+
+  // The index arrays, entry by entry. Requires: 0 <= i < size(), 0 <= j <= num_documents().
+  int32_t sequence_length(int64_t i) const;
+  int64_t sequence_pointer(int64_t i) const;
+  int64_t document_index(int64_t j) const;
+  // Requires: multimodal().
+  int8_t sequence_mode(int64_t i) const;
+
+  // Megatron's get(idx, offset, length): `length` tokens (default: to the end) of sequence
+  // `index` from token `offset`, as a 1-D tensor sharing the mapping (writes to it are
+  // private copy-on-write pages). Its dtype is the file's, except uint16, which LibTorch 1.13
+  // lacks: those tokens are copied into an int32 tensor. Errors: kOutOfRange for an index,
+  // offset or length outside the sequence.
+  [[nodiscard]] absl::StatusOr<at::Tensor> Get(int64_t index, int64_t offset = 0,
+                                               std::optional<int64_t> length = std::nullopt) const;
+
+  // The whole .bin, unconverted. Requires: the dataset (or a copy) outlives the span.
+  absl::Span<const uint8_t> bin_bytes() const;
+
+  // A tensor of `count` tokens starting at byte `byte_offset` of the .bin, zero-copy as in
+  // Get(). Requires: the range lies inside the .bin and byte_offset is a multiple of the
+  // token size.
+  at::Tensor TokensAt(int64_t byte_offset, int64_t count) const;
+
+ private:
+  IndexedDataset() = default;
+
+  std::shared_ptr<const internal::MappedFile> idx_;
+  std::shared_ptr<const internal::MappedFile> bin_;
+  TokenDtype dtype_ = TokenDtype::kUint8;
+  int64_t item_size_ = 1;
+  int64_t sequence_count_ = 0;
+  int64_t document_count_ = 0;
+  const uint8_t* lengths_ = nullptr;
+  const uint8_t* pointers_ = nullptr;
+  const uint8_t* documents_ = nullptr;
+  const uint8_t* modes_ = nullptr;
+  int64_t num_tokens_ = 0;
+  bool contiguous_ = true;
+};
+
+// Megatron's IndexedDatasetBuilder, for tests and small tools: appends sequences to
+// <prefix>.bin as they come and writes <prefix>.idx on Finalize. Not atomic: a failed or
+// unfinished writer leaves partial files.
+class IndexedDatasetWriter {
+ public:
+  // Creates (truncates) <path_prefix>.bin. Errors: kUnavailable if it cannot be created.
+  [[nodiscard]] static absl::StatusOr<IndexedDatasetWriter> Create(const std::string& path_prefix,
+                                                                   TokenDtype dtype,
+                                                                   bool multimodal = false);
+
+  IndexedDatasetWriter(IndexedDatasetWriter&& other) noexcept;
+  IndexedDatasetWriter& operator=(IndexedDatasetWriter&& other) noexcept;
+  ~IndexedDatasetWriter();
+
+  // add_item: appends one sequence. Errors: kInvalidArgument if a token does not fit the
+  // dtype (integers must be in range; floats must be exact) or a mode is given to a dataset
+  // that is not multimodal; kUnavailable on a write error; kFailedPrecondition after
+  // Finalize.
+  [[nodiscard]] absl::Status AddItem(absl::Span<const int64_t> tokens, int8_t mode = 0);
+
+  // end_document: the sequences added since the last call form one document.
+  void EndDocument();
+
+  // add_document: appends one sequence per entry of `lengths` (which must add up to
+  // tokens.size()) and ends the document. Errors: as AddItem, and kInvalidArgument for
+  // lengths that do not add up.
+  [[nodiscard]] absl::Status AddDocument(absl::Span<const int64_t> tokens,
+                                         absl::Span<const int64_t> lengths);
+
+  // Closes the .bin and writes <path_prefix>.idx. Errors: kFailedPrecondition if called
+  // twice, or if sequences were added after the last EndDocument (Megatron writes that
+  // index, and its reader then rejects it); kUnavailable on a write error.
+  [[nodiscard]] absl::Status Finalize();
+
+ private:
+  IndexedDatasetWriter(std::string path_prefix, TokenDtype dtype, bool multimodal, std::FILE* bin);
+
+  std::string path_prefix_;
+  TokenDtype dtype_;
+  bool multimodal_;
+  std::FILE* bin_;
+  std::vector<int32_t> lengths_;
+  std::vector<int64_t> document_indices_ = {0};
+  std::vector<int8_t> modes_;
+  std::vector<uint8_t> buffer_;
+};
+
+}  // namespace keel::sampling
+
+#endif  // KEEL_SAMPLING_INDEXED_DATASET_H_
