@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "gmock/gmock.h"
@@ -25,14 +26,20 @@ using ::keel::testing::RunOnRanks;
 constexpr double kMaxNorm = 1.0;
 
 // The full gradients; integer-valued so that splitting a Partial gradient into per-rank
-// parts is exact.
-std::map<std::string, at::Tensor> FullGrads() {
-  at::manual_seed(3);
-  return {{"w_rows", at::randint(-9, 10, {8, 6}).to(at::kFloat)},
-          {"w_cols", at::randint(-9, 10, {6, 4}).to(at::kFloat)},
-          {"p_partial", at::randint(-9, 10, {12}).to(at::kFloat)},
-          {"r_plain", at::randint(-9, 10, {3}).to(at::kFloat)},
-          {"b_replicate", at::randint(-9, 10, {4}).to(at::kFloat)}};
+// parts is exact. A local generator: rank threads must not share the default one.
+const std::map<std::string, at::Tensor>& FullGrads() {
+  static const auto* const grads = [] {
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/3);
+    auto draw = [&](std::vector<int64_t> shape) {
+      return at::randint(-9, 10, shape, generator, at::kFloat);
+    };
+    return new std::map<std::string, at::Tensor>{{"w_rows", draw({8, 6})},
+                                                 {"w_cols", draw({6, 4})},
+                                                 {"p_partial", draw({12})},
+                                                 {"r_plain", draw({3})},
+                                                 {"b_replicate", draw({4})}};
+  }();
+  return *grads;
 }
 
 NamedParameter Param(const std::string& name, const at::Tensor& grad) {
@@ -62,6 +69,7 @@ ShardingSpec Spec(c10d::ProcessGroup* group) {
 }
 
 TEST(ClipGradNormMultiRankTest, ShardedPartialAndReplicatedGradsMatchTheUnshardedOnes) {
+  FullGrads();  // drawn once, before any rank thread reads it
   for (double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
     // The unsharded reference on one rank.
     std::map<std::string, at::Tensor> reference;
