@@ -1,0 +1,133 @@
+// Data-parallel gradient synchronisation with gradient accumulation, the C++ counterpart of
+// NeMo AutoModel's prepare_for_grad_accumulation / prepare_for_final_backward
+// (nemo_automodel/components/training/utils.py) over a DDP-style replica: backward passes
+// after PrepareForGradAccumulation() only accumulate locally; the backward after
+// PrepareForFinalBackward() averages the gradients over the group in buckets whose
+// all-reduce starts from gradient hooks while backward is still running, as PyTorch DDP does.
+//
+// Not c10d's Reducer: Debian 1.13's reducer.hpp includes a header it does not ship
+// (distributed/autograd/context/context.h), and the constructor changed in 2.x. So buckets are
+// Keel's own, filled from Tensor::register_hook, whose API is the same in 1.13 and 2.x.
+//
+//   KEEL_ASSIGN_OR_RETURN(auto sync, DataParallelGradSync::Create(*model, *dp_group));
+//   sync->PrepareForGradAccumulation();
+//   for (int i = 0; i < grad_acc_steps; ++i) {
+//     if (i == grad_acc_steps - 1) sync->PrepareForFinalBackward();
+//     (Loss(model->forward(inputs[i])) / grad_acc_steps).backward();
+//   }
+//   KEEL_RETURN_IF_ERROR(sync->Wait());  // then optimizer.step()
+#ifndef KEEL_GRADIENTS_DP_SYNC_H_
+#define KEEL_GRADIENTS_DP_SYNC_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "torch/nn/module.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::gradients {
+
+// Mirrors the DistributedDataParallel arguments that matter without Python: same names and
+// defaults.
+struct DataParallelGradSyncOptions {
+  // Target size of one all-reduce bucket, in MiB; the first bucket (the last parameters, whose
+  // gradients arrive first) is capped at 1 MiB as in DDP. Default: 25.
+  double bucket_cap_mb = 25;
+  // Broadcast rank 0's parameters and buffers to every rank in Create. Default: true.
+  bool init_sync = true;
+};
+
+// Averages the gradients of a module's parameters over a data-parallel process group once per
+// optimizer step. Only dense floating-point parameters that require grad are synchronised;
+// every one of them must receive a gradient in the synchronised backward (no unused
+// parameters, no sparse gradients: both are errors reported by Wait()).
+//
+// Requires: `module` and `group` outlive this object; every rank of `group` holds a replica
+// with the same parameters (names, shapes, dtypes, order) and calls Create, the Prepare*
+// methods, backward and Wait in the same order.
+class DataParallelGradSync {
+ public:
+  // Assigns the parameters to buckets, checks that the ranks agree on them and, with
+  // init_sync, copies rank 0's parameters and buffers to the others. Collective: every rank
+  // calls it.
+  // Errors: kInvalidArgument for bad options, a module without trainable parameters, sparse
+  // or non-floating-point parameters, or ranks whose parameters differ; kUnavailable when a
+  // collective fails.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallelGradSync>> Create(
+      torch::nn::Module& module, c10d::ProcessGroup& group,
+      const DataParallelGradSyncOptions& options = {});
+
+  DataParallelGradSync(const DataParallelGradSync&) = delete;
+  DataParallelGradSync& operator=(const DataParallelGradSync&) = delete;
+  // Removes the gradient hooks. Reductions still in flight are abandoned, not awaited.
+  ~DataParallelGradSync();
+
+  // Following backward passes accumulate gradients locally, with no communication.
+  void PrepareForGradAccumulation();
+  // The next backward pass reduces gradients over the group; call Wait() after it. This is
+  // the state after Create, so without accumulation every backward is synchronised.
+  void PrepareForFinalBackward();
+
+  // Finishes the synchronised backward: waits for every bucket's all-reduce and writes the
+  // group average (sum / world size) into each parameter's grad, identical on every rank.
+  // Collective: all buckets are reduced even on error, so the ranks stay in step.
+  // Errors: kFailedPrecondition when called in accumulation mode with nothing pending, or when a
+  // parameter got no gradient (unused) or two (two backward passes before Wait); the message
+  // names the parameter. kInvalidArgument for a sparse gradient. kUnavailable when an
+  // all-reduce fails (peer lost, timeout). After an error the gradients are unspecified.
+  [[nodiscard]] absl::Status Wait();
+
+  // Number of all-reduce buckets, each reduced by one collective per synchronised backward.
+  size_t num_buckets() const;
+  // Bytes all-reduced per synchronised backward (the parameters' total size).
+  int64_t bucket_bytes() const { return total_bytes_; }
+
+ private:
+  struct Bucket;
+  struct Slot {
+    size_t bucket = 0;
+    int64_t offset = 0;  // in elements, into the bucket's flat contents
+  };
+
+  DataParallelGradSync(c10d::ProcessGroup& group, std::vector<std::string> names,
+                       std::vector<at::Tensor> params);
+  [[nodiscard]] absl::Status AssignBuckets(double bucket_cap_mb);
+  [[nodiscard]] absl::Status CheckRanksAgree();
+  [[nodiscard]] absl::Status BroadcastFromRank0(torch::nn::Module& module);
+  void RegisterHooks();
+  void OnGradient(size_t index, const at::Tensor& grad);
+  [[nodiscard]] absl::Status AddGradientLocked(size_t index, const at::Tensor& grad);
+  void MarkReadyLocked(size_t index);
+  void LaunchReadyBucketsLocked();
+  at::Tensor SlotView(size_t index) const;
+
+  c10d::ProcessGroup* group_;
+  const std::vector<std::string> names_;
+  const std::vector<at::Tensor> params_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<unsigned> hook_handles_;
+  int64_t total_bytes_ = 0;
+
+  std::atomic<bool> sync_enabled_{true};
+  std::mutex mu_;  // guards the per-backward state below, written by autograd hooks
+  std::vector<bool> ready_;
+  size_t num_ready_ = 0;
+  size_t next_bucket_ = 0;  // buckets are launched in index order on every rank
+  absl::Status hook_status_;
+};
+
+}  // namespace keel::gradients
+
+#endif  // KEEL_GRADIENTS_DP_SYNC_H_
