@@ -1,7 +1,6 @@
 #include "gradients/clip_grad_norm.h"
 
 #include <cmath>
-#include <functional>
 #include <map>
 #include <optional>
 #include <regex>
@@ -9,7 +8,6 @@
 #include <utility>
 
 #include "ATen/ATen.h"
-#include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
@@ -75,54 +73,22 @@ absl::StatusOr<at::Tensor> GroupNorm(const std::vector<at::Tensor>& grads, const
   return local_max * local_val.pow(1.0 / norm_type);
 }
 
-// Sum of squares of a contiguous CPU tensor in float64, in one pass: eight independent
-// accumulators per thread keep the floating-point adds from serializing (and vectorize).
-template <typename T>
-double SumOfSquares(const T* data, int64_t n) {
-  return at::parallel_reduce(
-      0, n, /*grain_size=*/int64_t{1} << 16, 0.0,
-      [data](int64_t begin, int64_t end, double partial) {
-        constexpr int kLanes = 8;
-        double lanes[kLanes] = {};
-        int64_t i = begin;
-        for (; i + kLanes <= end; i += kLanes) {
-#pragma omp simd
-          for (int k = 0; k < kLanes; ++k) {
-            const double v = static_cast<double>(static_cast<float>(data[i + k]));
-            lanes[k] += v * v;
-          }
-        }
-        double sum = 0.0;
-        for (; i < end; ++i) {
-          const double v = static_cast<double>(static_cast<float>(data[i]));
-          sum += v * v;
-        }
-        for (double lane : lanes) sum += lane;
-        return partial + sum;
-      },
-      std::plus<double>());
-}
-
-// The fused 2-norm of an unsharded group, or nullopt where only the exact path applies.
-std::optional<at::Tensor> FusedTwoNorm(const std::vector<at::Tensor>& grads) {
-  double sum = 0.0;
+// The fused 2-norm of an unsharded group: LibTorch's vectorized per-tensor norm kernel (one
+// read pass, float accumulation for float32 as torch.nn.utils.clip_grad_norm_), combined in
+// float64. float64 gradients take the exact path (their squares can overflow unscaled).
+std::optional<at::Tensor> FusedTwoNorm(const std::vector<at::Tensor>& grads,
+                                       const at::Device& device) {
+  std::vector<at::Tensor> norms;
   for (const at::Tensor& g : grads) {
-    if (!g.device().is_cpu() || !g.is_contiguous()) return std::nullopt;
-    switch (g.scalar_type()) {
-      case at::kFloat:
-        sum += SumOfSquares(g.data_ptr<float>(), g.numel());
-        break;
-      case at::kBFloat16:
-        sum += SumOfSquares(g.data_ptr<at::BFloat16>(), g.numel());
-        break;
-      case at::kHalf:
-        sum += SumOfSquares(g.data_ptr<at::Half>(), g.numel());
-        break;
-      default:  // float64 squares can overflow: NeMo's max-scaled path handles them
-        return std::nullopt;
-    }
+    if (g.scalar_type() == at::kDouble) return std::nullopt;
+    if (g.numel() == 0) continue;
+    // Reduced-precision norms are computed in float: a float16 sum of squares overflows.
+    const at::Tensor norm =
+        g.scalar_type() == at::kFloat ? g.detach().norm() : at::norm(g.detach(), 2, at::kFloat);
+    norms.push_back(norm.to(device, at::kDouble));
   }
-  return at::scalar_tensor(std::sqrt(sum), at::kDouble);
+  if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  return at::stack(norms).norm();
 }
 
 at::Tensor CombineNorms(const std::vector<at::Tensor>& norms, double norm_type,
@@ -206,8 +172,8 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
 
   std::vector<at::Tensor> norms;
   for (const GroupKey& key : keys) {
-    if (options.fused && p == 2.0 && ShardedGroups(key).empty() && target.is_cpu()) {
-      if (std::optional<at::Tensor> norm = FusedTwoNorm(groups[key])) {
+    if (options.fused && p == 2.0 && ShardedGroups(key).empty()) {
+      if (std::optional<at::Tensor> norm = FusedTwoNorm(groups[key], target)) {
         norms.push_back(*norm);
         continue;
       }

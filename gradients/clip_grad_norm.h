@@ -41,10 +41,11 @@ struct ClipGradNormOptions {
   bool foreach = true;
   // A non-finite total norm is an error instead of being applied. Default: false.
   bool error_if_nonfinite = false;
-  // Keel's fast path for the 2-norm of dense CPU gradients: one read pass per tensor summing
-  // squares in float64 (no max pass, no temporaries). The norm equals NeMo's up to rounding
-  // (it skips NeMo's division by the max in the gradient's dtype), not bit for bit; other
-  // norms, devices and layouts fall back to the exact path. Default: false.
+  // Fast path for the 2-norm of unsharded float32/bfloat16/float16 gradients: LibTorch's
+  // per-tensor norm kernel (one read pass, no temporaries, as torch.nn.utils.clip_grad_norm_)
+  // combined in float64, instead of NeMo's max pass plus four-op scaled sum. Equal to NeMo's
+  // norm up to rounding, not bit for bit; other norms, dtypes and layouts take the exact
+  // path. Default: false.
   bool fused = false;
 };
 

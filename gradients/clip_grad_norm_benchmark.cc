@@ -60,8 +60,17 @@ void BM_ReadFloor(benchmark::State& state, at::ScalarType dtype) {
       x ^= at::parallel_reduce(
           0, n, int64_t{1} << 16, uint64_t{0},
           [words](int64_t b, int64_t e, uint64_t acc) {
-            for (int64_t i = b; i < e; ++i) acc ^= words[i];
-            return acc;
+            // Four independent lanes: memory, not latency, bounds it.
+            uint64_t l0 = 0, l1 = 0, l2 = 0, l3 = 0;
+            int64_t i = b;
+            for (; i + 4 <= e; i += 4) {
+              l0 ^= words[i];
+              l1 ^= words[i + 1];
+              l2 ^= words[i + 2];
+              l3 ^= words[i + 3];
+            }
+            for (; i < e; ++i) acc ^= words[i];
+            return acc ^ l0 ^ l1 ^ l2 ^ l3;
           },
           [](uint64_t a, uint64_t b) { return a ^ b; });
     }
