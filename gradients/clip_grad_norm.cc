@@ -9,9 +9,9 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
-#include "base/torch_status.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::gradients {
@@ -21,15 +21,6 @@ namespace {
 // same order), so results equal NeMo's bit for bit on the same LibTorch build.
 
 using GroupKey = std::vector<std::tuple<c10d::ProcessGroup*, Placement>>;
-
-absl::Status AllReduce(at::Tensor& scalar, c10d::ReduceOp::RedOpType op,
-                       c10d::ProcessGroup& group) {
-  std::vector<at::Tensor> tensors = {scalar};
-  c10d::AllreduceOptions options;
-  options.reduceOp = op;
-  return base::CallTorch(absl::StatusCode::kUnavailable, "all-reducing a gradient norm",
-                         [&] { group.allreduce(tensors, options)->wait(); });
-}
 
 // max if finite and non-zero, else 1: NeMo's scale for the max-scaled p-norm.
 at::Tensor SafeScale(const at::Tensor& max) {
@@ -55,7 +46,7 @@ absl::StatusOr<at::Tensor> GroupNorm(const std::vector<at::Tensor>& grads, const
   }
   const std::vector<c10d::ProcessGroup*> sharded = ShardedGroups(key);
   for (c10d::ProcessGroup* group : sharded) {
-    KEEL_RETURN_IF_ERROR(AllReduce(local_max, c10d::ReduceOp::MAX, *group));
+    KEEL_RETURN_IF_ERROR(base::AllReduce(local_max, base::Reduce::kMax, *group, "a gradient norm"));
   }
   if (std::isinf(norm_type)) return local_max;
 
@@ -68,7 +59,7 @@ absl::StatusOr<at::Tensor> GroupNorm(const std::vector<at::Tensor>& grads, const
         local_val + (norm_type == 2.0 ? scaled.square() : scaled.pow(norm_type)).sum(at::kDouble);
   }
   for (c10d::ProcessGroup* group : sharded) {
-    KEEL_RETURN_IF_ERROR(AllReduce(local_val, c10d::ReduceOp::SUM, *group));
+    KEEL_RETURN_IF_ERROR(base::AllReduce(local_val, base::Reduce::kSum, *group, "a gradient norm"));
   }
   return local_max * local_val.pow(1.0 / norm_type);
 }
@@ -158,7 +149,8 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
       for (const MeshDim& dim : layout->dims) {
         Placement placement = dim.placement;
         if (placement.kind == Placement::Kind::kPartial) {
-          KEEL_RETURN_IF_ERROR(AllReduce(grad, c10d::ReduceOp::SUM, *dim.group));
+          KEEL_RETURN_IF_ERROR(
+              base::AllReduce(grad, base::Reduce::kSum, *dim.group, "a Partial gradient"));
           placement = Placement::Replicate();
         }
         key.emplace_back(dim.group, placement);
@@ -185,12 +177,15 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
 
   if (options.pp_group != nullptr) {
     if (std::isinf(p)) {
-      KEEL_RETURN_IF_ERROR(AllReduce(total, c10d::ReduceOp::MAX, *options.pp_group));
+      KEEL_RETURN_IF_ERROR(
+          base::AllReduce(total, base::Reduce::kMax, *options.pp_group, "a gradient norm"));
     } else {
       at::Tensor pp_max = total.abs().clone();
-      KEEL_RETURN_IF_ERROR(AllReduce(pp_max, c10d::ReduceOp::MAX, *options.pp_group));
+      KEEL_RETURN_IF_ERROR(
+          base::AllReduce(pp_max, base::Reduce::kMax, *options.pp_group, "a gradient norm"));
       total = total.div(SafeScale(pp_max)).pow(p);
-      KEEL_RETURN_IF_ERROR(AllReduce(total, c10d::ReduceOp::SUM, *options.pp_group));
+      KEEL_RETURN_IF_ERROR(
+          base::AllReduce(total, base::Reduce::kSum, *options.pp_group, "a gradient norm"));
       total = pp_max * total.pow(1.0 / p);
     }
   }

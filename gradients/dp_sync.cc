@@ -15,6 +15,7 @@
 #include "ATen/ops/empty.h"
 #include "ATen/ops/tensor.h"
 #include "absl/strings/str_cat.h"
+#include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -154,17 +155,12 @@ absl::Status DataParallelGradSync::CheckRanksAgree() {
   }
   const std::vector<int64_t> local = {static_cast<int64_t>(params_.size()), numel,
                                       Fingerprint(layout)};
-  std::vector<int64_t> reduced;
-  KEEL_RETURN_IF_ERROR(base::CallTorch(
-      absl::StatusCode::kUnavailable, "checking that the ranks agree on the parameters", [&] {
-        std::vector<at::Tensor> tensors = {
-            at::tensor({local[0], local[1], local[2], -local[0], -local[1], -local[2]}, at::kLong)};
-        c10d::AllreduceOptions max;
-        max.reduceOp = c10d::ReduceOp::MAX;
-        group_->allreduce(tensors, max)->wait();
-        const int64_t* data = tensors[0].data_ptr<int64_t>();
-        reduced.assign(data, data + 6);
-      }));
+  at::Tensor agreement =
+      at::tensor({local[0], local[1], local[2], -local[0], -local[1], -local[2]}, at::kLong);
+  KEEL_RETURN_IF_ERROR(base::AllReduce(agreement, base::Reduce::kMax, *group_,
+                                       "the check that the ranks agree on the parameters"));
+  const int64_t* data = agreement.data_ptr<int64_t>();
+  const std::vector<int64_t> reduced(data, data + 6);
   for (int k = 0; k < 3; ++k) {
     if (reduced[k] != -reduced[k + 3]) {
       return absl::InvalidArgumentError(absl::StrCat(

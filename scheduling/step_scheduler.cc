@@ -5,8 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/torch_status.h"
-#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "base/collectives.h"
 #include "torch/types.h"
 
 namespace keel::scheduling {
@@ -174,13 +173,10 @@ bool StepSchedule::SigtermReceived() {
   sig_polled_step_ = step_;
   bool received = runtime_.preemption->Received();
   if (runtime_.process_group != nullptr) {
-    std::vector<at::Tensor> flag = {torch::full({1}, received ? 1 : 0, torch::kInt32)};
-    c10d::AllreduceOptions max;
-    max.reduceOp = c10d::ReduceOp::MAX;
+    at::Tensor flag = torch::full({1}, received ? 1 : 0, torch::kInt32);
     preemption_status_ =
-        base::CallTorch(absl::StatusCode::kUnavailable, "all-reducing the preemption flag",
-                        [&] { runtime_.process_group->allreduce(flag, max)->wait(); });
-    received = !preemption_status_.ok() || flag[0].item<int32_t>() != 0;
+        base::AllReduce(flag, base::Reduce::kMax, *runtime_.process_group, "the preemption flag");
+    received = !preemption_status_.ok() || flag.item<int32_t>() != 0;
   }
   sigterm_flag_ = received;
   return sigterm_flag_;
