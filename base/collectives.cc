@@ -1,8 +1,12 @@
 #include "base/collectives.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "base/torch_status.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -15,6 +19,35 @@ absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
   options.reduceOp = op == Reduce::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
   return CallTorch(absl::StatusCode::kUnavailable, absl::StrCat("all-reducing ", context),
                    [&] { group.allreduce(tensors, options)->wait(); });
+}
+
+absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
+                                                         c10d::ProcessGroup& group,
+                                                         absl::string_view context) {
+  const int world = group.getSize();
+  std::vector<std::string> gathered(world);
+  KEEL_RETURN_IF_ERROR(CallTorch(
+      absl::StatusCode::kUnavailable, absl::StrCat("all-gathering ", context), [&] {
+        // Lengths first, then the payloads padded to the longest (list-based all-gather: the
+        // only form Gloo offers on LibTorch 1.13).
+        std::vector<at::Tensor> length = {at::full({1}, static_cast<int64_t>(bytes.size()),
+                                                   at::kLong)};
+        std::vector<std::vector<at::Tensor>> lengths(1);
+        for (int r = 0; r < world; ++r) lengths[0].push_back(at::empty({1}, at::kLong));
+        group.allgather(lengths, length)->wait();
+        int64_t longest = 0;
+        for (const at::Tensor& l : lengths[0]) longest = std::max(longest, l.item<int64_t>());
+        std::vector<at::Tensor> payload = {at::zeros({std::max<int64_t>(longest, 1)}, at::kByte)};
+        std::memcpy(payload[0].data_ptr(), bytes.data(), bytes.size());
+        std::vector<std::vector<at::Tensor>> payloads(1);
+        for (int r = 0; r < world; ++r) payloads[0].push_back(at::empty_like(payload[0]));
+        group.allgather(payloads, payload)->wait();
+        for (int r = 0; r < world; ++r) {
+          gathered[r].assign(static_cast<const char*>(payloads[0][r].data_ptr()),
+                             lengths[0][r].item<int64_t>());
+        }
+      }));
+  return gathered;
 }
 
 }  // namespace keel::base

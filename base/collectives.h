@@ -1,5 +1,5 @@
-// Blocking c10d collectives that report failure as a Status, for Keel's few small reductions
-// (norm scalars, agreement flags).
+// Blocking c10d collectives that report failure as a Status, for Keel's few small exchanges
+// (norm scalars, agreement flags, checkpoint plans).
 //
 //   at::Tensor flag = at::ones({1}, at::kInt);
 //   KEEL_RETURN_IF_ERROR(keel::base::AllReduce(flag, keel::base::Reduce::kMax, group, "stop
@@ -7,7 +7,11 @@
 #ifndef KEEL_BASE_COLLECTIVES_H_
 #define KEEL_BASE_COLLECTIVES_H_
 
+#include <string>
+#include <vector>
+
 #include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -24,6 +28,13 @@ enum class Reduce { kSum, kMax };
 // Requires: every rank of `group` calls it with a tensor of the same shape and dtype.
 [[nodiscard]] absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
                                      absl::string_view context);
+
+// Gathers every rank's `bytes` (any length) on every rank, in rank order. Errors: kUnavailable,
+// "all-gathering <context>: ...", when a peer or the backend fails.
+// Requires: every rank of `group` calls it.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
+                                                                     c10d::ProcessGroup& group,
+                                                                     absl::string_view context);
 
 }  // namespace keel::base
 

@@ -17,6 +17,7 @@ readonly PACKAGES=(
   libgmock-dev        # GoogleMock
   libbenchmark-dev    # Google Benchmark
   nlohmann-json3-dev  # JSON behind //base:json (golden files, parity tool)
+  libxxhash-dev       # XXH3 checksums of checkpoint shards and manifests
   clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
 )
