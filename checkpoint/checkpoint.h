@@ -1,0 +1,169 @@
+// Distributed, atomic, verified checkpoints: a directory per step holding a protobuf manifest
+// (checkpoint/manifest.proto) and one shard file per writing rank, as PyTorch DCP's
+// FileSystemWriter/Reader do for NeMo AutoModel's Checkpointer, plus checksums, an atomic
+// commit, retention and resharding loads.
+//
+//   keel::checkpoint::CheckpointerOptions options;
+//   options.checkpoint_dir = "/runs/gpt/checkpoints";
+//   KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, ckpt_group));
+//   KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &model_state}, {"optim", &optim_state}},
+//                                           scheduler.step(), scheduler.epoch()));
+//   KEEL_ASSIGN_OR_RETURN(FindResult found, FindLatest(options.checkpoint_dir));
+//   if (found.latest) KEEL_RETURN_IF_ERROR(checkpointer->Load(found.latest->path,
+//   statefuls).status());
+//
+// Layout: <checkpoint_dir>/step_<step, 10 digits>/{manifest.pb, __<rank>.keel | .safetensors},
+// and <checkpoint_dir>/latest naming the newest committed step directory. Saves are written
+// into ".step_<step>.tmp" and renamed into place after every file is durable.
+#ifndef KEEL_CHECKPOINT_CHECKPOINT_H_
+#define KEEL_CHECKPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/manifest.pb.h"
+#include "checkpoint/state_dict.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::checkpoint {
+
+// Mirrors the fields of NeMo AutoModel's CheckpointingConfig that apply to Keel, plus
+// retention.
+struct CheckpointerOptions {
+  // Directory holding the step directories. Required.
+  std::string checkpoint_dir;
+  // Shard file format. Default: kKeel.
+  SerializationFormat model_save_format = SerializationFormat::kKeel;
+  // Save() snapshots the state and returns; a background thread writes and commits it.
+  // Default: false.
+  bool is_async = false;
+  // After each commit, keep only the newest keep_last_k checkpoints (0 keeps all). Default: 0.
+  int64_t keep_last_k = 0;
+  // Also keep every checkpoint whose step is a multiple of this (0: none). Default: 0.
+  int64_t keep_every_n_steps = 0;
+};
+
+// Saves and loads the checkpoints of one training run, on every rank of `group`.
+//
+// Each rank writes the blocks it holds into its own shard file; a block held by several ranks
+// (a replicated tensor) is written once, the work balanced by bytes. Rank 0 writes the
+// manifest once every rank's file is durable, then renames the directory into place. Every
+// rank returns the same status. Non-tensor values are taken from rank 0.
+class Checkpointer {
+ public:
+  // `group` is the ranks that checkpoint together; nullptr for a single process. With is_async
+  // the background writer runs collectives on it, so give it a group no other thread uses
+  // while a save is in flight. Errors: kInvalidArgument for bad options.
+  // Requires: `group` outlives the Checkpointer.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(
+      const CheckpointerOptions& options, c10d::ProcessGroup* group);
+  // Waits for an in-flight save; its error, if any, is lost: call Wait() first.
+  ~Checkpointer();
+
+  // Saves `statefuls` as step `step`. Synchronous saves return once the checkpoint is
+  // committed; asynchronous ones once their tensors are copied to host memory (pinned for CUDA
+  // tensors). Either way a previous asynchronous save is finished first and its error returned.
+  // Errors: kAlreadyExists if the step directory exists; kInvalidArgument if ranks disagree on
+  // a tensor; kResourceExhausted for a full disk; kUnavailable for peers; what StateDict() returns.
+  [[nodiscard]] absl::Status Save(const Statefuls& statefuls, int64_t step, int64_t epoch);
+  // Finishes the in-flight asynchronous save, if any, and returns its status.
+  [[nodiscard]] absl::Status Wait();
+
+  // Loads the checkpoint at `path` into `statefuls`, each rank reading only the chunks that
+  // overlap its blocks (any world size). Retention never deletes a checkpoint loaded here.
+  // Errors: as LoadCheckpoint, agreed across ranks.
+  [[nodiscard]] absl::StatusOr<LoadReport> Load(const std::string& path, const Statefuls& statefuls,
+                                                const LoadOptions& options = {});
+
+  // The directory of the last save committed and waited for, if any.
+  std::optional<std::string> last_saved() const;
+
+ private:
+  class Impl;
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+// Loads the checkpoint at `path` into `statefuls` in this process, without collectives.
+// Errors: kNotFound (no checkpoint at `path`); kDataLoss naming the file and tensor for corrupt,
+// truncated or missing data; kFailedPrecondition for a newer format version; kInvalidArgument
+// listing missing/unexpected keys and mismatches when strict.
+[[nodiscard]] absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path,
+                                                        const Statefuls& statefuls,
+                                                        const LoadOptions& options = {});
+
+// The manifest of the checkpoint at `path`, checked (checksum, version, structure).
+// Errors: as LoadCheckpoint.
+[[nodiscard]] absl::StatusOr<Manifest> ReadManifest(const std::string& path);
+
+enum class VerifyLevel {
+  // The manifest checks out and every shard file exists with its recorded size.
+  kStructure,
+  // Also every byte: each file's and each chunk's XXH3-64.
+  kChecksums,
+};
+
+// Checks the checkpoint at `path`. Errors: kDataLoss listing every problem found, one per line.
+[[nodiscard]] absl::Status Verify(const std::string& path, VerifyLevel level);
+
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;
+  int64_t epoch = 0;
+};
+
+struct FindResult {
+  // The newest checkpoint that passed verification, if any.
+  std::optional<CheckpointInfo> latest;
+  // One line per newer checkpoint that was skipped, saying why.
+  std::vector<std::string> warnings;
+};
+
+// The newest committed checkpoint under `checkpoint_dir` that passes Verify(level); newer
+// ones that fail are skipped with a warning. Unfinished saves are never considered.
+// Errors: kNotFound if `checkpoint_dir` does not exist (an empty one gives no latest).
+[[nodiscard]] absl::StatusOr<FindResult> FindLatest(const std::string& checkpoint_dir,
+                                                    VerifyLevel level = VerifyLevel::kStructure);
+
+// Deletes committed checkpoints beyond keep_last_k (keeping multiples of keep_every_n_steps),
+// and leftovers of interrupted saves. Never deletes a path in `keep` or the newest checkpoint
+// that verifies. Deletion renames a directory out of the committed namespace first, so a crash
+// leaves no half-deleted checkpoint behind.
+[[nodiscard]] absl::Status ApplyRetention(const std::string& checkpoint_dir,
+                                          const CheckpointerOptions& options,
+                                          const std::vector<std::string>& keep);
+
+// Whole tensors of a checkpoint, for tools (inspect, diff, export).
+class CheckpointReader {
+ public:
+  // Errors: as ReadManifest.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
+      const std::string& path);
+  ~CheckpointReader();
+
+  const Manifest& manifest() const;
+  // The whole tensor `name` ("<object>/<key>"), on the CPU, checksums checked.
+  // Errors: kNotFound for an unknown name; kDataLoss.
+  [[nodiscard]] absl::StatusOr<at::Tensor> ReadTensor(const std::string& name) const;
+  // The non-tensor values of the object `name`. Errors: kNotFound.
+  [[nodiscard]] absl::StatusOr<base::Json> ReadValues(const std::string& name) const;
+
+ private:
+  class Impl;
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel::checkpoint
+
+#endif  // KEEL_CHECKPOINT_CHECKPOINT_H_

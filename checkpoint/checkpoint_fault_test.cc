@@ -1,0 +1,140 @@
+// Real faults during a save, in forked children: SIGKILL at many points, a file-size limit
+// standing in for a full disk. The previous checkpoint must stay loadable and a partial one
+// must never be picked.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "ATen/ATen.h"
+#include "ATen/Parallel.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_testutil.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+
+namespace keel::checkpoint {
+namespace {
+
+using ::keel::checkpoint::testing::TensorsState;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_XXXXXX");
+  EXPECT_NE(::mkdtemp(dir.data()), nullptr);
+  return dir;
+}
+
+// ~24 MiB over several tensors, so a save spends a while writing; `seed` sets the values.
+TensorsState BigState(int seed) {
+  at::manual_seed(seed);
+  TensorsState state;
+  for (int i = 0; i < 6; ++i) state.tensors[absl::StrCat("layer", i)] = {at::randn({1 << 20})};
+  state.values = {{"seed", seed}};
+  return state;
+}
+
+absl::Status SaveStep(const std::string& dir, int64_t step, int seed) {
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  options.keep_last_k = 2;
+  KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState state = BigState(seed);
+  return checkpointer->Save({{"model", &state}}, step, 0);
+}
+
+// The latest checkpoint loads, verifies byte for byte, and holds the state of its step.
+void ExpectLatestIsIntact(const std::string& dir, int64_t min_step) {
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir, VerifyLevel::kChecksums));
+  ASSERT_TRUE(found.latest.has_value());
+  EXPECT_GE(found.latest->step, min_step);
+  EXPECT_TRUE(found.warnings.empty()) << found.warnings[0];  // a partial save is never visible
+  const int seed = static_cast<int>(found.latest->step);
+  TensorsState loaded = BigState(seed).EmptyLike();
+  KEEL_ASSERT_OK(LoadCheckpoint(found.latest->path, {{"model", &loaded}}).status());
+  const TensorsState expected = BigState(seed);
+  for (const auto& [name, ref] : expected.tensors) {
+    EXPECT_TRUE(at::equal(loaded.tensors.at(name).tensor, ref.tensor)) << name;
+  }
+  EXPECT_EQ(loaded.values["seed"], seed);
+}
+
+TEST(CheckpointFaultTest, SigkillAnywhereInASaveLeavesTheLastCheckpointLoadable) {
+  at::set_num_threads(1);  // no OpenMP team in the parent: children fork cleanly
+  const std::string dir = TempDir("sigkill");
+  KEEL_ASSERT_OK(SaveStep(dir, 1, 1));
+  // Measure one save, then kill children at points spread over its whole length.
+  const auto start = std::chrono::steady_clock::now();
+  KEEL_ASSERT_OK(SaveStep(dir, 2, 2));
+  const auto duration = std::chrono::steady_clock::now() - start;
+  std::mt19937 random(12345);
+  int64_t step = 3;
+  int killed = 0;
+  for (int trial = 0; trial < 30; ++trial, ++step) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::_exit(SaveStep(dir, step, static_cast<int>(step)).ok() ? 0 : 1);
+    }
+    // Fault injection, not synchronization: the kill lands at a random point of the save.
+    std::uniform_int_distribution<int64_t> delay(
+        0, std::chrono::duration_cast<std::chrono::microseconds>(duration).count() * 3 / 2);
+    std::this_thread::sleep_for(std::chrono::microseconds(delay(random)));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    if (WIFSIGNALED(status)) ++killed;
+    SCOPED_TRACE(absl::StrCat("trial ", trial, WIFSIGNALED(status) ? " killed" : " finished"));
+    ExpectLatestIsIntact(dir, 2);
+  }
+  EXPECT_GT(killed, 10);  // most kills land inside a save
+  // Saving still works after all those leftovers, and retention cleans them.
+  KEEL_ASSERT_OK(SaveStep(dir, 1000, 1000));
+  ExpectLatestIsIntact(dir, 1000);
+}
+
+TEST(CheckpointFaultTest, FullDiskFailsClearlyAndKeepsEarlierCheckpoints) {
+  at::set_num_threads(1);
+  const std::string dir = TempDir("full_disk");
+  KEEL_ASSERT_OK(SaveStep(dir, 1, 1));
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The disk "fills" at 8 MiB: writes past it fail with EFBIG (SIGXFSZ ignored).
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit limit = {8 << 20, 8 << 20};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    const absl::Status status = SaveStep(dir, 2, 2);
+    const std::string message = status.ToString();
+    (void)!::write(pipe_fds[1], message.data(), message.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string message;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) message.append(buffer, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_THAT(message, AllOf(HasSubstr("RESOURCE_EXHAUSTED"), HasSubstr("File too large"),
+                             HasSubstr("__0.keel"), HasSubstr("tensor \"model/layer"),
+                             HasSubstr("step_0000000002")));
+  ExpectLatestIsIntact(dir, 1);
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir));
+  EXPECT_EQ(found.latest->step, 1);
+}
+
+}  // namespace
+}  // namespace keel::checkpoint

@@ -1,0 +1,404 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/checkpoint_testutil.h"
+#include "checkpoint/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+#include "xxhash.h"
+
+namespace keel::checkpoint {
+namespace {
+
+using ::keel::checkpoint::testing::TensorsState;
+using ::keel::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::string TempDir(const std::string& name) {
+  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_XXXXXX");
+  char* made = ::mkdtemp(dir.data());
+  EXPECT_NE(made, nullptr);
+  return dir;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Flips one bit of the byte at `offset`.
+void FlipBit(const std::string& path, off_t offset) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  unsigned char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
+  byte ^= 0x10;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
+  ::close(fd);
+}
+
+// Tensors of every kind a checkpoint meets, and values of every JSON type.
+TensorsState MixedState() {
+  at::manual_seed(3);
+  TensorsState state;
+  state.tensors["w"] = {at::randn({33, 17})};
+  state.tensors["half"] = {at::randn({5, 3}).to(at::kBFloat16)};
+  state.tensors["ids"] = {at::arange(10, at::kLong)};
+  state.tensors["mask"] = {at::rand({7}) > 0.5};
+  state.tensors["scalar"] = {at::scalar_tensor(2.5, at::kDouble)};
+  state.tensors["empty"] = {at::empty({0, 4})};
+  state.tensors["strided"] = {at::randn({6, 4}).t()};  // not contiguous
+  state.values = {{"step", 12},
+                  {"lr", 0.1},
+                  {"name", "gpt"},
+                  {"flags", {true, false}},
+                  {"nested", {{"a", nullptr}, {"b", -3}}}};
+  return state;
+}
+
+void ExpectSameTensors(const TensorsState& a, const TensorsState& b) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [key, ref] : a.tensors) {
+    SCOPED_TRACE(key);
+    EXPECT_TRUE(at::equal(ref.tensor, b.tensors.at(key).tensor));
+  }
+}
+
+class CheckpointFormatTest : public ::testing::TestWithParam<SerializationFormat> {};
+
+TEST_P(CheckpointFormatTest, RoundTripsEveryDtypeAndValue) {
+  const std::string dir = TempDir("round_trip");
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  options.model_save_format = GetParam();
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState saved = MixedState();
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &saved}}, /*step=*/100, /*epoch=*/2));
+
+  const std::string path = dir + "/step_0000000100";
+  EXPECT_EQ(checkpointer->last_saved(), path);
+  EXPECT_EQ(ReadText(dir + "/latest"), "step_0000000100\n");
+  KEEL_EXPECT_OK(Verify(path, VerifyLevel::kChecksums));
+
+  TensorsState loaded = saved.EmptyLike();
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                            checkpointer->Load(path, {{"model", &loaded}}, LoadOptions{}));
+  EXPECT_TRUE(report.clean()) << report.ToString();
+  ExpectSameTensors(saved, loaded);
+  EXPECT_EQ(loaded.values, saved.values);
+
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(path));
+  EXPECT_EQ(manifest.format_version(), 1u);
+  EXPECT_EQ(manifest.step(), 100);
+  EXPECT_EQ(manifest.epoch(), 2);
+  EXPECT_EQ(manifest.world_size(), 1);
+  ASSERT_EQ(manifest.files_size(), 1);
+  EXPECT_EQ(manifest.tensors_size(), 7);
+  EXPECT_EQ(manifest.tensors(0).name(), "model/empty");  // sorted by name
+}
+
+TEST_P(CheckpointFormatTest, ShardFilesFollowTheirFormat) {
+  const std::string dir = TempDir("shard_format");
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  options.model_save_format = GetParam();
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState saved = MixedState();
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &saved}}, 1, 0));
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(dir + "/step_0000000001"));
+  if (GetParam() == SerializationFormat::kKeel) {
+    EXPECT_EQ(manifest.shard_format(), ShardFormat::KEEL);
+    EXPECT_EQ(manifest.files(0).name(), "__0.keel");
+    for (const TensorEntry& tensor : manifest.tensors()) {
+      EXPECT_EQ(tensor.chunks(0).byte_offset() % 4096, 0u) << tensor.name();  // direct-I/O aligned
+    }
+    return;
+  }
+  EXPECT_EQ(manifest.shard_format(), ShardFormat::SAFETENSORS);
+  ASSERT_EQ(manifest.files(0).name(), "__0.safetensors");
+  // Any safetensors reader opens the shard: every tensor under its full name.
+  KEEL_ASSERT_OK_AND_ASSIGN(auto tensors,
+                            ReadSafetensorsFile(dir + "/step_0000000001/__0.safetensors"));
+  ASSERT_EQ(tensors.size(), saved.tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(name.rfind("model/", 0), 0u);
+    EXPECT_TRUE(at::equal(tensor, saved.tensors.at(name.substr(6)).tensor));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CheckpointFormatTest,
+                         ::testing::Values(SerializationFormat::kKeel,
+                                           SerializationFormat::kSafetensors),
+                         [](const auto& info) {
+                           return info.param == SerializationFormat::kKeel ? "Keel" : "Safetensors";
+                         });
+
+TEST(CheckpointTest, RefusesToOverwriteAStep) {
+  const std::string dir = TempDir("overwrite");
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState state = MixedState();
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, 5, 0));
+  EXPECT_THAT(checkpointer->Save({{"model", &state}}, 5, 0),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("step_0000000005")));
+}
+
+TEST(CheckpointTest, CreateRejectsBadOptions) {
+  CheckpointerOptions options;
+  EXPECT_THAT(Checkpointer::Create(options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("checkpoint_dir")));
+  options.checkpoint_dir = "/tmp/x";
+  options.keep_last_k = -1;
+  EXPECT_THAT(Checkpointer::Create(options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keep_last_k (-1)")));
+  options.keep_last_k = 0;
+  options.keep_every_n_steps = -2;
+  EXPECT_THAT(Checkpointer::Create(options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keep_every_n_steps (-2)")));
+}
+
+class SavedCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir("saved");
+    CheckpointerOptions options;
+    options.checkpoint_dir = dir_;
+    KEEL_ASSERT_OK_AND_ASSIGN(checkpointer_, Checkpointer::Create(options, nullptr));
+    state_ = MixedState();
+    KEEL_ASSERT_OK(checkpointer_->Save({{"model", &state_}}, 10, 0));
+    KEEL_ASSERT_OK(checkpointer_->Save({{"model", &state_}}, 20, 0));
+    path_ = dir_ + "/step_0000000020";
+    KEEL_ASSERT_OK_AND_ASSIGN(manifest_, ReadManifest(path_));
+  }
+
+  const TensorEntry& Tensor(const std::string& name) {
+    for (const TensorEntry& tensor : manifest_.tensors()) {
+      if (tensor.name() == name) return tensor;
+    }
+    ADD_FAILURE() << name;
+    return manifest_.tensors(0);
+  }
+
+  std::string dir_, path_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  TensorsState state_;
+  Manifest manifest_;
+};
+
+TEST_F(SavedCheckpointTest, StrictLoadListsMissingAndUnexpectedKeys) {
+  TensorsState other = state_.EmptyLike();
+  other.tensors.erase("w");
+  other.tensors["extra"] = {at::zeros({2})};
+  EXPECT_THAT(
+      LoadCheckpoint(path_, {{"model", &other}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("missing keys: model/extra"),
+                                                         HasSubstr("unexpected keys: model/w"))));
+  TensorsState sampler;
+  EXPECT_THAT(LoadCheckpoint(path_, {{"model", &other}, {"sampler", &sampler}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sampler")));
+}
+
+TEST_F(SavedCheckpointTest, MismatchesNameTheTensorAndBothValues) {
+  TensorsState other = state_.EmptyLike();
+  other.tensors["w"] = {at::zeros({33, 18})};
+  other.tensors["ids"] = {at::zeros({10}, at::kInt)};
+  EXPECT_THAT(LoadCheckpoint(path_, {{"model", &other}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model/w: shape [33, 17] in the checkpoint, [33, 18] here"),
+                             HasSubstr("model/ids: dtype Long in the checkpoint, Int here"))));
+}
+
+TEST_F(SavedCheckpointTest, NonStrictLoadReportsAndLoadsTheRest) {
+  TensorsState other = state_.EmptyLike();
+  other.tensors["w"] = {at::zeros({1})};
+  other.tensors.erase("ids");
+  LoadOptions options;
+  options.strict = false;
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, LoadCheckpoint(path_, {{"model", &other}}, options));
+  EXPECT_THAT(report.missing_keys, IsEmpty());
+  EXPECT_THAT(report.unexpected_keys, ElementsAre("model/ids"));
+  ASSERT_EQ(report.mismatches.size(), 1u);
+  EXPECT_THAT(report.mismatches[0], HasSubstr("model/w"));
+  EXPECT_TRUE(at::equal(other.tensors["half"].tensor, state_.tensors["half"].tensor));
+  EXPECT_TRUE(at::equal(other.tensors["w"].tensor, at::zeros({1})));  // left untouched
+}
+
+TEST_F(SavedCheckpointTest, FlippedBitIsCaughtNamingFileAndTensor) {
+  FlipBit(path_ + "/__0.keel", static_cast<off_t>(Tensor("model/w").chunks(0).byte_offset() + 5));
+  TensorsState other = state_.EmptyLike();
+  EXPECT_THAT(
+      LoadCheckpoint(path_, {{"model", &other}}),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr("__0.keel"), HasSubstr("\"model/w\""), HasSubstr("checksum"))));
+  EXPECT_THAT(Verify(path_, VerifyLevel::kChecksums),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("__0.keel"), HasSubstr("\"model/w\""))));
+  // Structure alone cannot see it; checksums can, and FindLatest then falls back.
+  KEEL_EXPECT_OK(Verify(path_, VerifyLevel::kStructure));
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir_, VerifyLevel::kChecksums));
+  ASSERT_TRUE(found.latest.has_value());
+  EXPECT_EQ(found.latest->step, 10);
+  ASSERT_EQ(found.warnings.size(), 1u);
+  EXPECT_THAT(found.warnings[0], AllOf(HasSubstr("step_0000000020"), HasSubstr("checksum")));
+}
+
+TEST_F(SavedCheckpointTest, TruncatedShardIsSkippedByFindLatest) {
+  ASSERT_EQ(::truncate((path_ + "/__0.keel").c_str(), 4096), 0);
+  TensorsState other = state_.EmptyLike();
+  EXPECT_THAT(LoadCheckpoint(path_, {{"model", &other}}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir_));
+  ASSERT_TRUE(found.latest.has_value());
+  EXPECT_EQ(found.latest->path, dir_ + "/step_0000000010");
+  ASSERT_EQ(found.warnings.size(), 1u);
+  EXPECT_THAT(found.warnings[0], HasSubstr("__0.keel: 4096 bytes, the manifest says"));
+}
+
+TEST_F(SavedCheckpointTest, MissingShardIsDataLoss) {
+  ASSERT_EQ(::unlink((path_ + "/__0.keel").c_str()), 0);
+  TensorsState other = state_.EmptyLike();
+  EXPECT_THAT(LoadCheckpoint(path_, {{"model", &other}}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("__0.keel")));
+  EXPECT_THAT(Verify(path_, VerifyLevel::kStructure),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("__0.keel: missing")));
+}
+
+TEST_F(SavedCheckpointTest, GarbageManifestIsDataLoss) {
+  const std::string manifest = path_ + "/manifest.pb";
+  FlipBit(manifest, 30);
+  EXPECT_THAT(ReadManifest(path_),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("manifest.pb"), HasSubstr("checksum"))));
+  std::ofstream(manifest, std::ios::trunc) << "not a manifest at all";
+  EXPECT_THAT(ReadManifest(path_),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("is not a Keel manifest")));
+  EXPECT_THAT(ReadManifest(dir_ + "/nowhere"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no checkpoint at")));
+}
+
+TEST_F(SavedCheckpointTest, ManifestFromTheFutureIsRefused) {
+  // Rewrite the manifest as a later Keel would: same content, format version 2.
+  Manifest future = manifest_;
+  future.set_format_version(2);
+  future.set_keel_version("9.0.0");
+  std::string body;
+  future.SerializeToString(&body);
+  // manifest.pb framing: "KEELMFST", body length and XXH3-64 of the body (uint64 LE each).
+  std::string bytes = "KEELMFST";
+  auto put = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(body.size());
+  put(XXH3_64bits(body.data(), body.size()));
+  bytes += body;
+  std::ofstream(path_ + "/manifest.pb", std::ios::trunc | std::ios::binary) << bytes;
+  EXPECT_THAT(ReadManifest(path_), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            AllOf(HasSubstr("format version 2"), HasSubstr("9.0.0"),
+                                                  HasSubstr("reads versions up to 1"))));
+}
+
+TEST(FindLatestTest, IgnoresUnfinishedSavesAndEmptyDirectories) {
+  const std::string dir = TempDir("find");
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult none, FindLatest(dir));
+  EXPECT_FALSE(none.latest.has_value());
+  EXPECT_THAT(FindLatest(dir + "/absent"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("absent")));
+
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState state = MixedState();
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, 3, 1));
+  // An interrupted save of step 4 (temporary name) and a step directory without a manifest.
+  ASSERT_EQ(::mkdir((dir + "/.step_0000000004.tmp").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/step_0000000005").c_str(), 0755), 0);
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir));
+  ASSERT_TRUE(found.latest.has_value());
+  EXPECT_EQ(found.latest->step, 3);
+  EXPECT_EQ(found.latest->epoch, 1);
+  ASSERT_EQ(found.warnings.size(), 1u);
+  EXPECT_THAT(found.warnings[0], HasSubstr("step_0000000005: no checkpoint at"));
+}
+
+TEST(RetentionTest, KeepsLastKEveryNthTheLoadedAndTheNewestGood) {
+  const std::string dir = TempDir("retention");
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  options.keep_last_k = 2;
+  options.keep_every_n_steps = 4;
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState state = MixedState();
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, 1, 0));
+  TensorsState loaded = state.EmptyLike();
+  KEEL_ASSERT_OK(checkpointer->Load(dir + "/step_0000000001", {{"model", &loaded}}).status());
+  for (int64_t step = 2; step <= 7; ++step) {
+    KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, step, 0));
+  }
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (int64_t step = 1; step <= 7; ++step) {
+      const std::string name = absl::StrFormat("step_%010d", step);
+      if (::access((dir + "/" + name).c_str(), F_OK) == 0) names.push_back(name);
+    }
+    return names;
+  };
+  // 6 and 7: the last two; 4: a multiple of 4; 1: loaded by this checkpointer.
+  EXPECT_THAT(listing(), ElementsAre("step_0000000001", "step_0000000004", "step_0000000006",
+                                     "step_0000000007"));
+
+  // When the newest checkpoints are corrupt, the newest good one survives retention.
+  ASSERT_EQ(::truncate((dir + "/step_0000000007/__0.keel").c_str(), 1), 0);
+  ASSERT_EQ(::truncate((dir + "/step_0000000006/__0.keel").c_str(), 1), 0);
+  options.keep_every_n_steps = 0;
+  options.keep_last_k = 2;
+  KEEL_ASSERT_OK(ApplyRetention(dir, options, {}));
+  EXPECT_THAT(listing(), ElementsAre("step_0000000004", "step_0000000006", "step_0000000007"));
+}
+
+TEST(AsyncSaveTest, SnapshotsAtSaveAndCommitsInTheBackground) {
+  const std::string dir = TempDir("async");
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  options.is_async = true;
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState state = MixedState();
+  const at::Tensor before = state.tensors["w"].tensor.clone();
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, 1, 0));
+  state.tensors["w"].tensor.add_(1);  // training goes on while the save is written
+  KEEL_ASSERT_OK(checkpointer->Wait());
+  EXPECT_EQ(checkpointer->last_saved(), dir + "/step_0000000001");
+  TensorsState loaded = state.EmptyLike();
+  KEEL_ASSERT_OK(LoadCheckpoint(dir + "/step_0000000001", {{"model", &loaded}}).status());
+  EXPECT_TRUE(at::equal(loaded.tensors["w"].tensor, before));
+
+  // The next Save finishes the previous one first; its error surfaces there.
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, 2, 0));
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, 3, 0));
+  KEEL_ASSERT_OK(checkpointer->Wait());
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir, VerifyLevel::kChecksums));
+  EXPECT_EQ(found.latest->step, 3);
+  EXPECT_THAT(checkpointer->Save({{"model", &state}}, 3, 0),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("step_0000000003")));
+}
+
+}  // namespace
+}  // namespace keel::checkpoint

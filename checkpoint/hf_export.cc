@@ -1,0 +1,137 @@
+#include "checkpoint/hf_export.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "c10/core/ScalarType.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/internal/dtype.h"
+#include "checkpoint/internal/files.h"
+#include "checkpoint/manifest.pb.h"
+#include "checkpoint/safetensors.h"
+
+namespace keel::checkpoint {
+namespace {
+
+constexpr char kIndexName[] = "model.safetensors.index.json";
+
+// A tensor to export: its full name in the checkpoint, its key in the export, and its bytes.
+struct ExportedTensor {
+  std::string name;
+  std::string key;
+  int64_t bytes = 0;
+};
+
+// Greedy split in order: a file takes tensors until the next one would exceed `max_bytes`.
+std::vector<std::vector<const ExportedTensor*>> AssignToFiles(
+    const std::vector<ExportedTensor>& tensors, int64_t max_bytes) {
+  std::vector<std::vector<const ExportedTensor*>> files;
+  int64_t file_bytes = 0;
+  for (const ExportedTensor& tensor : tensors) {
+    if (files.empty() || (!files.back().empty() && file_bytes + tensor.bytes > max_bytes)) {
+      files.emplace_back();
+      file_bytes = 0;
+    }
+    files.back().push_back(&tensor);
+    file_bytes += tensor.bytes;
+  }
+  return files;
+}
+
+absl::Status CheckNoExport(const std::string& output_dir) {
+  KEEL_ASSIGN_OR_RETURN(std::vector<std::string> names, internal::ListDirectory(output_dir));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (name == kIndexName ||
+        (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"))) {
+      return absl::AlreadyExistsError(absl::StrCat(output_dir, " already holds an export (", name,
+                                                   "); remove it or choose an empty directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint_path,
+                                                   const std::string& output_dir,
+                                                   const HfExportOptions& options) {
+  if (options.max_shard_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_shard_bytes (", options.max_shard_bytes, ") must be >= 1"));
+  }
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(checkpoint_path));
+  const Manifest& manifest = reader->manifest();
+  const std::string prefix = absl::StrCat(options.object, "/");
+  std::vector<ExportedTensor> tensors;
+  std::set<std::string> objects;
+  for (const ObjectEntry& object : manifest.objects()) objects.insert(object.name());
+  for (const TensorEntry& entry : manifest.tensors()) {
+    objects.insert(entry.name().substr(0, entry.name().find('/')));
+    if (!absl::StartsWith(entry.name(), prefix)) continue;
+    KEEL_ASSIGN_OR_RETURN(at::ScalarType dtype, internal::ParseDtype(entry.dtype()));
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+    for (int64_t dim : entry.shape()) bytes *= dim;
+    tensors.push_back({entry.name(), entry.name().substr(prefix.size()), bytes});
+  }
+  if (tensors.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "object \"", options.object, "\" has no tensors in ", checkpoint_path,
+        "; objects with state there: ", objects.empty() ? "none" : absl::StrJoin(objects, ", ")));
+  }
+  std::sort(tensors.begin(), tensors.end(),
+            [](const ExportedTensor& a, const ExportedTensor& b) { return a.key < b.key; });
+
+  std::error_code error;
+  std::filesystem::create_directories(output_dir, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", output_dir, ": ", error.message()));
+  }
+  KEEL_RETURN_IF_ERROR(CheckNoExport(output_dir));
+
+  const std::vector<std::vector<const ExportedTensor*>> files =
+      AssignToFiles(tensors, options.max_shard_bytes);
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  HfExportResult result;
+  base::Json weight_map = base::Json::object();
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string file_name =
+        absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
+    std::vector<std::pair<std::string, at::Tensor>> contents;
+    for (const ExportedTensor* tensor : files[f]) {
+      KEEL_ASSIGN_OR_RETURN(at::Tensor whole, reader->ReadTensor(tensor->name));
+      contents.emplace_back(tensor->key, std::move(whole));
+      weight_map[tensor->key] = file_name;
+      result.total_size += tensor->bytes;
+      ++result.num_tensors;
+    }
+    KEEL_RETURN_IF_ERROR(
+        WriteSafetensorsFile(internal::JoinPath(output_dir, file_name), contents, metadata));
+    result.files.push_back(file_name);
+  }
+  const base::Json index = {{"metadata", {{"total_size", result.total_size}}},
+                            {"weight_map", std::move(weight_map)}};
+  KEEL_RETURN_IF_ERROR(internal::WriteFileAtomically(internal::JoinPath(output_dir, kIndexName),
+                                                     absl::StrCat(index.dump(2), "\n")));
+  result.files.push_back(kIndexName);
+  return result;
+}
+
+}  // namespace keel::checkpoint

@@ -1,0 +1,55 @@
+// Consolidated Hugging Face export of one object of a Keel checkpoint: whole tensors in
+// "model-0000N-of-0000M.safetensors" files plus "model.safetensors.index.json", the layout
+// NeMo AutoModel's consolidated safetensors export writes (nemo_automodel
+// _backports/consolidate_hf_safetensors.py, file names from _backports/hf_utils.py), which
+// transformers' from_pretrained reads.
+//
+//   keel::checkpoint::HfExportOptions options;
+//   options.max_shard_bytes = int64_t{2} << 30;
+//   KEEL_ASSIGN_OR_RETURN(HfExportResult result,
+//                         ExportHfSafetensors("/runs/gpt/step_0000001000", "/export/gpt",
+//                         options));
+#ifndef KEEL_CHECKPOINT_HF_EXPORT_H_
+#define KEEL_CHECKPOINT_HF_EXPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace keel::checkpoint {
+
+struct HfExportOptions {
+  // The object whose tensors are exported, named without its "<object>/" prefix. Default: "model".
+  std::string object = "model";
+  // A new file starts when the next tensor would take the current one past this many tensor
+  // bytes; a larger tensor gets a file of its own. Default: 5 GiB.
+  int64_t max_shard_bytes = int64_t{5} << 30;
+};
+
+// What an export wrote.
+struct HfExportResult {
+  // Names of the files written into the output directory, the index last.
+  std::vector<std::string> files;
+  // Tensors exported.
+  int64_t num_tensors = 0;
+  // Their bytes, as the index's metadata.total_size.
+  int64_t total_size = 0;
+};
+
+// Writes the tensors of `options.object` of the checkpoint at `checkpoint_path` into
+// `output_dir` (created if needed) as whole tensors, assigned to files in name order. Holds
+// one file's tensors in memory at a time. Each file's "__metadata__" is {"format": "pt"}; the
+// index is written last, so a directory without it holds an unfinished export.
+// Errors: kInvalidArgument for max_shard_bytes < 1; kNotFound if the object has no tensors
+// (listing the objects there are); kAlreadyExists if `output_dir` already holds an index or
+// a "model-*.safetensors" file; as CheckpointReader::Open and ReadTensor;
+// as WriteSafetensorsFile.
+[[nodiscard]] absl::StatusOr<HfExportResult> ExportHfSafetensors(
+    const std::string& checkpoint_path, const std::string& output_dir,
+    const HfExportOptions& options = {});
+
+}  // namespace keel::checkpoint
+
+#endif  // KEEL_CHECKPOINT_HF_EXPORT_H_

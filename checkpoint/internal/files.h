@@ -1,0 +1,115 @@
+// POSIX file plumbing for checkpoints: whole reads and writes, fsync of files and directories,
+// durable renames, recursive removal, and the XXH3-64 checksum. Errors name the path and the
+// system's reason; a full disk or file-size limit is kResourceExhausted.
+#ifndef KEEL_CHECKPOINT_INTERNAL_FILES_H_
+#define KEEL_CHECKPOINT_INTERNAL_FILES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace keel::checkpoint::internal {
+
+// An error for the failed system call `what` on `path`, from errno.
+absl::Status ErrnoError(absl::string_view what, const std::string& path);
+
+// Streaming XXH3-64.
+class Hasher {
+ public:
+  Hasher();
+  ~Hasher();
+  Hasher(Hasher&& other) noexcept;
+  Hasher& operator=(Hasher&&) = delete;
+  void Update(const void* data, size_t size);
+  uint64_t Digest() const;
+  void Reset();
+
+ private:
+  void* state_;
+};
+
+uint64_t Xxh3(const void* data, size_t size);
+
+// Chunk checksums hash 16 MiB segments separately, so segments can be read and hashed in
+// parallel: the checksum is the XXH3-64 of the segments' XXH3-64 digests (uint64 LE each).
+inline constexpr size_t kChecksumSegment = size_t{16} << 20;
+
+// The chunk checksum, fed sequentially.
+class SegmentHasher {
+ public:
+  void Update(const void* data, size_t size);
+  uint64_t Digest() const;
+
+ private:
+  Hasher segment_;
+  size_t in_segment_ = 0;
+  std::vector<uint64_t> digests_;
+};
+
+// The chunk checksum from its segments' digests.
+uint64_t CombineSegments(const std::vector<uint64_t>& digests);
+
+// A file opened for writing (created or truncated), closed by the destructor.
+class OutputFile {
+ public:
+  [[nodiscard]] static absl::StatusOr<OutputFile> Create(const std::string& path);
+  OutputFile(OutputFile&& other) noexcept;
+  OutputFile& operator=(OutputFile&&) = delete;
+  ~OutputFile();
+
+  // Writes bytes that are not chunk data (headers, padding) at the current end.
+  [[nodiscard]] absl::Status Write(const void* data, size_t size);
+  // Writes a chunk's bytes at the current end; returns the chunk checksum.
+  [[nodiscard]] absl::StatusOr<uint64_t> WriteChunk(const void* data, size_t size);
+  // Writes zeros up to the next multiple of `alignment`.
+  [[nodiscard]] absl::Status PadTo(uint64_t alignment);
+  // fsyncs and closes.
+  [[nodiscard]] absl::Status Close();
+
+  uint64_t size() const { return size_; }
+  // The file checksum: XXH3-64 of the file with each chunk's bytes replaced by its checksum
+  // (uint64 LE). With the chunk checksums it covers every byte, hashing each byte once.
+  uint64_t checksum() const { return summary_.Digest(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  OutputFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  absl::Status WriteBytes(const void* data, size_t size, Hasher* summary);
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  Hasher summary_;
+};
+
+// Reads exactly `size` bytes at `offset`, hashing them into `hasher` if given (each block
+// while it is still in cache). Errors: kDataLoss if the file ends first.
+[[nodiscard]] absl::Status PreadAll(int fd, const std::string& path, void* out, size_t size,
+                                    uint64_t offset, Hasher* hasher = nullptr);
+// Reads a chunk's `size` bytes at `offset`, its segments in parallel (a thread per core);
+// returns its checksum.
+[[nodiscard]] absl::StatusOr<uint64_t> PreadChunk(int fd, const std::string& path, void* out,
+                                                  size_t size, uint64_t offset);
+[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+// Writes `contents` to `path` durably: a temporary sibling, fsync, rename, fsync the directory.
+[[nodiscard]] absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+[[nodiscard]] absl::Status FsyncPath(const std::string& path);
+// rename(2) then fsync of the destination's parent directory.
+[[nodiscard]] absl::Status RenameDurably(const std::string& from, const std::string& to);
+[[nodiscard]] absl::Status MakeDirectory(const std::string& path);
+// Removes a file or a directory tree; a missing path is fine.
+[[nodiscard]] absl::Status RemoveTree(const std::string& path);
+bool PathExists(const std::string& path);
+// Names in a directory (no "." or ".."). Errors: kNotFound.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path);
+std::string JoinPath(absl::string_view dir, absl::string_view name);
+std::string ParentDirectory(const std::string& path);
+
+}  // namespace keel::checkpoint::internal
+
+#endif  // KEEL_CHECKPOINT_INTERNAL_FILES_H_

@@ -1,0 +1,25 @@
+// Deciding which rank writes which block. Every rank describes the blocks it holds (a Manifest
+// whose tensors have one chunk each, without file placement); all ranks gather all the
+// descriptions and compute the same plan, so no second exchange is needed.
+#ifndef KEEL_CHECKPOINT_INTERNAL_PLAN_H_
+#define KEEL_CHECKPOINT_INTERNAL_PLAN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "checkpoint/manifest.pb.h"
+
+namespace keel::checkpoint::internal {
+
+// For each rank, the names of the tensors whose block it writes. Identical blocks held by
+// several ranks (replicated tensors) are written once, by the holder with the fewest bytes
+// assigned so far, taking blocks largest first. Errors: kInvalidArgument when ranks disagree
+// on a tensor's dtype or global shape, hold partly overlapping blocks, or leave part of a
+// tensor uncovered.
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<std::string>>> PlanWrites(
+    const std::vector<Manifest>& local_plans);
+
+}  // namespace keel::checkpoint::internal
+
+#endif  // KEEL_CHECKPOINT_INTERNAL_PLAN_H_

@@ -1,0 +1,84 @@
+// An optimizer (and its learning-rate scheduler) as a Stateful, after NeMo AutoModel's
+// OptimizerState (nemo_automodel/components/checkpoint/stateful_wrappers.py): a LibTorch
+// Adam, AdamW or SGD's per-parameter state and param-group options, keyed by parameter name
+// rather than by tensor address, so a checkpoint loads into a fresh process whose optimizer
+// has no state yet; plus a keel::optim::ParamScheduler's state under "sched".
+//
+//   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   KEEL_ASSIGN_OR_RETURN(auto optim_state, OptimizerState::Create(*model, adamw, &scheduler));
+//   KEEL_ASSIGN_OR_RETURN(auto report, LoadFromMemory({{"optim", &optim_state}}, saved, {}));
+#ifndef KEEL_CHECKPOINT_OPTIMIZER_STATE_H_
+#define KEEL_CHECKPOINT_OPTIMIZER_STATE_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/state_dict.h"
+#include "optim/param_scheduler.h"
+#include "torch/nn/module.h"
+#include "torch/optim/optimizer.h"
+
+namespace keel::checkpoint {
+
+// The optimizer's state, with parameters named by the model's first name for them
+// (Module::named_parameters order):
+//   tensors  "state/<param>/exp_avg", ".../exp_avg_sq", ".../max_exp_avg_sq" (Adam, AdamW;
+//            the last one once amsgrad has created it), ".../momentum_buffer" (SGD with
+//            momentum), each with the parameter's placement when it is sharded;
+//   values   {"type": "Adam" | "AdamW" | "SGD",
+//             "param_groups": [{"params": [<param>, ...], "lr": ..., "betas": [b1, b2],
+//                               "eps": ..., "weight_decay": ..., "amsgrad": ...}],
+//                             (SGD: "lr", "momentum", "dampening", "weight_decay", "nesterov")
+//             "state": {<param>: {"step": n} (Adam, AdamW) or {} (SGD)},
+//             "sched": ParamSchedulerState fields (only with a scheduler)}.
+// Only parameters the optimizer has stepped have state, as in LibTorch and PyTorch.
+//
+// A load replaces the options of every param group and the state of every parameter of the
+// optimizer (a parameter without saved state gets none), then loads the scheduler, as
+// optimizer.load_state_dict then scheduler.load_state_dict do. Differences of fit are
+// recorded in the load's report and change nothing in the optimizer: another "type", another
+// number of param groups, other parameter names in a group (by position), or missing option
+// fields. A parameter whose saved state tensors are missing or do not fit (shape, dtype) is
+// reported and gets no state. Saved "sched" values are ignored without a scheduler, as in
+// NeMo.
+class OptimizerState : public Stateful {
+ public:
+  // `placements` gives the blocks of sharded parameters by name; their state tensors use the
+  // same placement. Errors: kInvalidArgument for an optimizer other than torch::optim::Adam,
+  // AdamW or SGD, a parameter of the optimizer that is not a parameter of `model` (naming its
+  // group and position), or a placement that names no parameter of `model`.
+  // Requires: `model`, `optimizer` and `scheduler` (may be null) outlive this object.
+  [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
+      torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+      optim::ParamScheduler* scheduler = nullptr,
+      std::map<std::string, ShardPlacement> placements = {});
+
+  // Errors: as Create, for parameters added to the model or the optimizer since.
+  [[nodiscard]] absl::StatusOr<State> StateDict() const override;
+  // Errors: as StateDict; kInvalidArgument for ill-typed saved values (naming the field) or
+  // what ParamScheduler::LoadStateDict rejects; those of StateReader::ReadTensor.
+  [[nodiscard]] absl::Status LoadStateDict(StateReader& reader) override;
+
+ private:
+  enum class Kind { kAdam, kAdamW, kSgd };
+
+  OptimizerState(Kind kind, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                 optim::ParamScheduler* scheduler,
+                 std::map<std::string, ShardPlacement> placements);
+
+  // The name of every parameter of every param group, by group.
+  absl::StatusOr<std::vector<std::vector<std::string>>> GroupParamNames() const;
+
+  Kind kind_;
+  torch::nn::Module* model_;
+  torch::optim::Optimizer* optimizer_;
+  optim::ParamScheduler* scheduler_;
+  std::map<std::string, ShardPlacement> placements_;
+};
+
+}  // namespace keel::checkpoint
+
+#endif  // KEEL_CHECKPOINT_OPTIMIZER_STATE_H_

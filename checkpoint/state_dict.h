@@ -1,0 +1,143 @@
+// The stateful protocol behind one-call checkpoints, after PyTorch DCP's Stateful (state_dict /
+// load_state_dict) as NeMo AutoModel's ModelState and OptimizerState implement it: each object
+// hands out its tensors by key plus plain values, and loads by pulling what it needs from a
+// StateReader, which reads only the saved chunks that overlap each requested block.
+//
+//   class Embedding : public keel::checkpoint::Stateful {
+//     absl::StatusOr<State> StateDict() const override { State s; s.tensors["w"] = {w_}; return s;
+//     } absl::Status LoadStateDict(StateReader& reader) override {
+//       return reader.ReadTensor("w", {w_});  // in place
+//     }
+//   };
+#ifndef KEEL_CHECKPOINT_STATE_DICT_H_
+#define KEEL_CHECKPOINT_STATE_DICT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/json.h"
+
+namespace keel::checkpoint {
+
+// How shard files store tensor bytes (NeMo's model_save_format): Keel's own raw bytes, each
+// chunk aligned for direct I/O, or safetensors files that any safetensors reader opens.
+enum class SerializationFormat { kKeel, kSafetensors };
+
+// Where a local tensor sits in its global tensor: the block starting at `offsets` whose
+// extent is the local tensor's shape (DTensor's local shard, DCP's chunk).
+struct ShardPlacement {
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offsets;
+};
+
+// A tensor to save or to load into. Without a placement the tensor is whole, and every rank
+// that holds it holds the same values (it is written once).
+struct TensorRef {
+  at::Tensor tensor;
+  std::optional<ShardPlacement> placement = std::nullopt;
+};
+
+// One stateful object's state: tensors by key, and non-tensor values as a JSON object.
+struct State {
+  std::map<std::string, TensorRef> tensors;
+  base::Json values = base::Json::object();
+};
+
+// What a saved tensor is, globally.
+struct SavedTensorInfo {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+};
+
+// Differences between a checkpoint and the objects it is loaded into. Keys are
+// "<stateful>/<key>".
+struct LoadReport {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+  // One line per shape or dtype mismatch, naming the key and both values.
+  std::vector<std::string> mismatches;
+
+  bool clean() const {
+    return missing_keys.empty() && unexpected_keys.empty() && mismatches.empty();
+  }
+  // All the differences, one per line ("missing keys: a, b").
+  std::string ToString() const;
+};
+
+namespace internal {
+class SavedState;
+}  // namespace internal
+
+// One stateful object's view of a checkpoint during LoadStateDict. Problems with the fit
+// (missing key, shape or dtype mismatch) are recorded in the load's LoadReport and leave the
+// target untouched; Read* then return OK so the object can go on. Only failures to read
+// (I/O, corrupt data) are errors.
+class StateReader {
+ public:
+  StateReader(const internal::SavedState& saved, std::string scope, LoadReport& report);
+
+  // Keys of the tensors saved under this object, sorted.
+  std::vector<std::string> TensorKeys() const;
+  // The saved tensor `key`, or nullptr if there is none.
+  const SavedTensorInfo* FindTensor(const std::string& key) const;
+
+  // Fills `target.tensor` (whole, or the block its placement names) from the saved tensor
+  // `key`, reading only the overlapping chunks. A missing key, a different global shape or
+  // dtype is recorded and leaves the target as it was.
+  // Errors: kDataLoss (corrupt or truncated data, naming file and tensor), kInternal/kUnavailable
+  // for I/O failures.
+  [[nodiscard]] absl::Status ReadTensor(const std::string& key, const TensorRef& target);
+
+  // The values this object saved: a JSON object, empty if the checkpoint holds nothing
+  // under this object's name (then "<name>" is recorded as missing, once).
+  const base::Json& Values();
+  // Record differences an object finds in its own values, as "<name>/<key>".
+  void ReportMissing(const std::string& key);
+  void ReportUnexpected(const std::string& key);
+  // Records a mismatch line ("<name>: <line>") for an object-specific difference.
+  void ReportMismatch(const std::string& line);
+
+ private:
+  const internal::SavedState& saved_;
+  std::string scope_;
+  LoadReport& report_;
+};
+
+// An object whose state goes into a checkpoint.
+class Stateful {
+ public:
+  virtual ~Stateful() = default;
+  // The state to save. Tensors may alias live storage: a synchronous save writes them before
+  // returning and an asynchronous one copies them first.
+  [[nodiscard]] virtual absl::StatusOr<State> StateDict() const = 0;
+  // Restores the state from `reader`, in place.
+  [[nodiscard]] virtual absl::Status LoadStateDict(StateReader& reader) = 0;
+};
+
+// Stateful objects by name; the names prefix their keys in the checkpoint ("model/...").
+// Requires: the objects outlive the save or load they are passed to.
+using Statefuls = std::map<std::string, Stateful*>;
+
+struct LoadOptions {
+  // Strict loads fail when the report is not clean; non-strict ones return it. Default: true.
+  bool strict = true;
+};
+
+// Loads `statefuls` from states held in memory (as StateDict() returned them, keyed like
+// `statefuls`), through the same protocol and checks as a checkpoint on disk.
+// Errors: kInvalidArgument listing every missing/unexpected key and mismatch when strict;
+// whatever a LoadStateDict returns.
+[[nodiscard]] absl::StatusOr<LoadReport> LoadFromMemory(const Statefuls& statefuls,
+                                                        const std::map<std::string, State>& saved,
+                                                        const LoadOptions& options);
+
+}  // namespace keel::checkpoint
+
+#endif  // KEEL_CHECKPOINT_STATE_DICT_H_

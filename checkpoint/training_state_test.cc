@@ -1,0 +1,247 @@
+#include "checkpoint/training_state.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
+#include "absl/status/status.h"
+#include "base/fields.h"
+#include "base/json.h"
+#include "checkpoint/state_dict.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sampling/megatron_sampler.h"
+#include "scheduling/step_scheduler.h"
+#include "testing/status_matchers.h"
+
+namespace keel::checkpoint {
+namespace {
+
+using ::absl::StatusCode;
+using ::keel::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<LoadReport> Load(const Statefuls& targets, const std::map<std::string, State>& saved,
+                                bool strict = true) {
+  LoadOptions options;
+  options.strict = strict;
+  return LoadFromMemory(targets, saved, options);
+}
+
+// A user's own state struct.
+struct Counters {
+  int64_t tokens = 0;
+  double loss = 0.0;
+  std::optional<int64_t> best_step;
+};
+
+template <typename O, typename V, base::IsFieldsOf<O, Counters> = 0>
+void VisitFields(O& o, V&& v) {
+  v("tokens", o.tokens);
+  v("loss", o.loss);
+  v("best_step", o.best_step);
+}
+
+// A ValueState over `*counters`; each set() is counted in `*sets`.
+ValueState<Counters> CountersState(Counters* counters, int* sets) {
+  return ValueState<Counters>([counters] { return *counters; },
+                              [counters, sets](const Counters& c) {
+                                *counters = c;
+                                ++*sets;
+                                return absl::OkStatus();
+                              });
+}
+
+TEST(ValueStateTest, SavesEveryFieldAndLoadsThemThroughTheSetter) {
+  Counters source{1234, 0.5, 17};
+  int source_sets = 0;
+  ValueState<Counters> source_state = CountersState(&source, &source_sets);
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, source_state.StateDict());
+  EXPECT_TRUE(saved.tensors.empty());
+  EXPECT_EQ(saved.values, base::Json({{"tokens", 1234}, {"loss", 0.5}, {"best_step", 17}}));
+
+  Counters fresh;
+  int sets = 0;
+  ValueState<Counters> fresh_state = CountersState(&fresh, &sets);
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                            Load({{"counters", &fresh_state}}, {{"counters", saved}}));
+  EXPECT_TRUE(report.clean()) << report.ToString();
+  EXPECT_EQ(sets, 1);
+  EXPECT_EQ(fresh.tokens, 1234);
+  EXPECT_EQ(fresh.loss, 0.5);
+  EXPECT_EQ(fresh.best_step, 17);
+}
+
+TEST(ValueStateTest, AMissingFieldIsReportedAndNothingIsSet) {
+  Counters source{1, 2.0, std::nullopt};
+  int unused = 0;
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, CountersState(&source, &unused).StateDict());
+  saved.values.erase("loss");
+  Counters fresh{7, 8.0, 9};
+  int sets = 0;
+  ValueState<Counters> fresh_state = CountersState(&fresh, &sets);
+  EXPECT_THAT(Load({{"counters", &fresh_state}}, {{"counters", saved}}),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("loss")));
+  EXPECT_EQ(sets, 0);
+  EXPECT_EQ(fresh.tokens, 7);
+}
+
+TEST(ValueStateTest, IllTypedValuesAndSetterErrorsAreErrors) {
+  Counters source;
+  int unused = 0;
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, CountersState(&source, &unused).StateDict());
+  saved.values["tokens"] = "many";
+  ValueState<Counters> target = CountersState(&source, &unused);
+  EXPECT_THAT(Load({{"counters", &target}}, {{"counters", saved}}),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("tokens")));
+
+  saved.values["tokens"] = 3;
+  ValueState<Counters> refusing(
+      [] { return Counters(); },
+      [](const Counters& c) { return absl::FailedPreconditionError("not now"); });
+  EXPECT_THAT(Load({{"counters", &refusing}}, {{"counters", saved}}),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("not now")));
+}
+
+TEST(ValueStateTest, RoundTripsAStepScheduler) {
+  scheduling::StepSchedulerOptions options;
+  options.global_batch_size = 4;
+  options.num_epochs = 3;
+  options.ckpt_every_steps.reset();
+  options.preemption_signal.reset();
+  auto make = [&]() {
+    scheduling::StepScheduleRuntime runtime;
+    runtime.source_length = 40;
+    return scheduling::StepSchedule::Create(options, std::move(runtime));
+  };
+  KEEL_ASSERT_OK_AND_ASSIGN(scheduling::StepSchedule source, make());
+  KEEL_ASSERT_OK(source.LoadStateDict({/*step=*/5, /*epoch=*/1}));
+  ValueState<scheduling::StepSchedulerState> source_state(
+      [&] { return source.StateDict(); },
+      [&](const scheduling::StepSchedulerState& s) { return source.LoadStateDict(s); });
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, source_state.StateDict());
+
+  KEEL_ASSERT_OK_AND_ASSIGN(scheduling::StepSchedule fresh, make());
+  ValueState<scheduling::StepSchedulerState> fresh_state(
+      [&] { return fresh.StateDict(); },
+      [&](const scheduling::StepSchedulerState& s) { return fresh.LoadStateDict(s); });
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                            Load({{"step_scheduler", &fresh_state}}, {{"step_scheduler", saved}}));
+  EXPECT_TRUE(report.clean()) << report.ToString();
+  // The fresh scheduler resumes where the saved state says.
+  EXPECT_EQ(fresh.step(), source.StateDict().step);
+  EXPECT_EQ(fresh.epoch(), 1);
+}
+
+std::vector<std::vector<int64_t>> Take(sampling::MegatronSampler& sampler, int n) {
+  std::vector<std::vector<int64_t>> batches;
+  for (auto it = sampler.begin(); it != sampler.end() && static_cast<int>(batches.size()) < n;
+       ++it) {
+    batches.push_back(*it);
+  }
+  return batches;
+}
+
+TEST(ValueStateTest, RoundTripsARandomSampler) {
+  sampling::MegatronSamplerOptions options;
+  options.micro_batch_size = 2;
+  options.global_batch_size = 4;
+  options.dataloader_type = sampling::DataloaderType::kCyclic;
+  KEEL_ASSERT_OK_AND_ASSIGN(auto source, sampling::CreateMegatronSampler(options, 32, 0, 1));
+  Take(*source, 3);  // an abandoned pass keeps what it consumed
+  ValueState<sampling::MegatronSamplerState> source_state(
+      [&] { return source->State(); },
+      [&](const sampling::MegatronSamplerState& s) { return source->LoadState(s); });
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, source_state.StateDict());
+  const std::vector<std::vector<int64_t>> expected = Take(*source, 4);
+  ASSERT_EQ(expected.size(), 4);
+
+  KEEL_ASSERT_OK_AND_ASSIGN(auto fresh, sampling::CreateMegatronSampler(options, 32, 0, 1));
+  ValueState<sampling::MegatronSamplerState> fresh_state(
+      [&] { return fresh->State(); },
+      [&](const sampling::MegatronSamplerState& s) { return fresh->LoadState(s); });
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                            Load({{"sampler", &fresh_state}}, {{"sampler", saved}}));
+  EXPECT_TRUE(report.clean()) << report.ToString();
+  EXPECT_EQ(Take(*fresh, 4), expected);
+}
+
+TEST(RngStateTest, SavesThisRanksRowOfAPerRankTensor) {
+  at::Generator generator = at::detail::createCPUGenerator(42);
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, RngState(2, 3, generator).StateDict());
+  ASSERT_EQ(saved.tensors.count("cpu"), 1);
+  const TensorRef& ref = saved.tensors["cpu"];
+  const int64_t n = generator.get_state().numel();
+  EXPECT_EQ(ref.tensor.scalar_type(), at::kByte);
+  EXPECT_THAT(ref.tensor.sizes().vec(), ElementsAre(1, n));
+  ASSERT_TRUE(ref.placement.has_value());
+  EXPECT_THAT(ref.placement->global_shape, ElementsAre(3, n));
+  EXPECT_THAT(ref.placement->offsets, ElementsAre(2, 0));
+}
+
+TEST(RngStateTest, RoundTripReproducesTheSameRandomNumbers) {
+  at::Generator generator = at::detail::createCPUGenerator(42);
+  at::randn({3}, generator);
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, RngState(0, 1, generator).StateDict());
+  const at::Tensor expected = at::randn({8}, generator);
+  at::randn({100}, generator);  // moves the stream on
+
+  // Another generator, as in a fresh process.
+  at::Generator fresh = at::detail::createCPUGenerator(7);
+  RngState target(0, 1, fresh);
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, Load({{"rng", &target}}, {{"rng", saved}}));
+  EXPECT_TRUE(report.clean()) << report.ToString();
+  EXPECT_TRUE(at::equal(at::randn({8}, fresh), expected));
+}
+
+TEST(RngStateTest, DefaultsToTheDefaultCpuGenerator) {
+  at::manual_seed(123);
+  RngState rng(0, 1);
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, rng.StateDict());
+  const at::Tensor expected = at::randn({5});
+  at::randn({50});
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, Load({{"rng", &rng}}, {{"rng", saved}}));
+  EXPECT_TRUE(report.clean()) << report.ToString();
+  EXPECT_TRUE(at::equal(at::randn({5}), expected));
+}
+
+TEST(RngStateTest, AnotherWorldSizeIsAMismatchOnEveryRank) {
+  at::Generator generator = at::detail::createCPUGenerator(42);
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, RngState(1, 2, generator).StateDict());
+  const at::Tensor expected = at::randn({4}, generator);
+
+  // Rank 1 of 3 has a saved row: strict fails, non-strict restores it.
+  at::Generator rank1 = at::detail::createCPUGenerator(7);
+  RngState rank1_state(1, 3, rank1);
+  EXPECT_THAT(Load({{"rng", &rank1_state}}, {{"rng", saved}}),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("saved for 2 ranks, loaded by 3")));
+  rank1.set_current_seed(7);
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                            Load({{"rng", &rank1_state}}, {{"rng", saved}}, /*strict=*/false));
+  EXPECT_THAT(report.mismatches, ElementsAre(HasSubstr("saved for 2 ranks, loaded by 3")));
+  EXPECT_TRUE(at::equal(at::randn({4}, rank1), expected));
+
+  // Rank 2 of 3 has none: its generator is left as it is.
+  at::Generator rank2 = at::detail::createCPUGenerator(7);
+  const at::Tensor rank2_expected = at::randn({4}, at::detail::createCPUGenerator(7));
+  RngState rank2_state(2, 3, rank2);
+  KEEL_ASSERT_OK_AND_ASSIGN(report,
+                            Load({{"rng", &rank2_state}}, {{"rng", saved}}, /*strict=*/false));
+  EXPECT_THAT(report.mismatches, ElementsAre(HasSubstr("saved for 2 ranks, loaded by 3")));
+  EXPECT_TRUE(at::equal(at::randn({4}, rank2), rank2_expected));
+}
+
+TEST(RngStateTest, AMissingStateIsReported) {
+  RngState target(0, 1, at::detail::createCPUGenerator(1));
+  EXPECT_THAT(Load({{"rng", &target}}, {{"rng", State()}}),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("rng/cpu")));
+}
+
+}  // namespace
+}  // namespace keel::checkpoint
