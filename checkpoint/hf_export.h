@@ -21,7 +21,8 @@
 namespace keel::checkpoint {
 
 struct HfExportOptions {
-  // The object whose tensors are exported, named without its "<object>/" prefix. Default: "model".
+  // The object whose tensors are exported, each under its key (without "<object>/").
+  // Default: "model".
   std::string object = "model";
   // A new file starts when the next tensor would take the current one past this many tensor
   // bytes; a larger tensor gets a file of its own. Default: 5 GiB.

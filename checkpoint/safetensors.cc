@@ -21,6 +21,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/internal/dtype.h"
+#include "checkpoint/internal/files.h"
 #include "nlohmann/json.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -34,7 +35,6 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr uint64_t kInt64Max = std::numeric_limits<int64_t>::max();
-constexpr size_t kIoBlock = size_t{1} << 30;
 constexpr size_t kMaxQuoted = 200;
 
 absl::Status Corrupt(absl::string_view message) {
@@ -333,113 +333,43 @@ class HeaderParser final : public nlohmann::json_sax<Json> {
   Json* pending_ = nullptr;                // the slot of the last key
 };
 
-// ---- POSIX I/O ---------------------------------------------------------------------------
+// ---- I/O ------------------------------------------------------------------------------
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  const int error = errno;
-  const std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error));
-  switch (error) {
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case ENOSPC:
-    case EFBIG:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-// An open file descriptor, closed by the destructor unless Close() was called.
-class File {
+// A file open for reading, closed by the destructor.
+class InputFile {
  public:
-  explicit File(int fd) : fd_(fd) {}
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<InputFile>> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return internal::ErrnoError("opening", path);
+    auto file = std::unique_ptr<InputFile>(new InputFile(fd));
+    struct stat info;
+    if (::fstat(fd, &info) != 0) return internal::ErrnoError("stat of", path);
+    file->size_ = static_cast<uint64_t>(info.st_size);
+    return file;
   }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile() { ::close(fd_); }
+
   int fd() const { return fd_; }
-  [[nodiscard]] absl::Status Close(const std::string& path) {
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return ErrnoError("closing", path);
-    return absl::OkStatus();
-  }
+  uint64_t size() const { return size_; }
 
  private:
+  explicit InputFile(int fd) : fd_(fd) {}
   int fd_;
+  uint64_t size_ = 0;
 };
-
-absl::Status WriteAll(int fd, const std::string& path, const void* data, size_t size) {
-  const char* bytes = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, bytes, std::min(size, kIoBlock));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("writing", path);
-    }
-    bytes += n;
-    size -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PreadAll(int fd, const std::string& path, void* data, size_t size, uint64_t offset) {
-  char* bytes = static_cast<char*>(data);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, bytes + done, std::min(size - done, kIoBlock),
-                              static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("reading", path);
-    }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat(path, " ends at byte ", offset + done,
-                                              ", before the ", size, " bytes at offset ", offset));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status FsyncDirectory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string directory =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("opening directory", directory);
-  File file(fd);
-  if (::fsync(fd) != 0) return ErrnoError("fsync of directory", directory);
-  return file.Close(directory);
-}
-
-struct OpenedFile {
-  std::unique_ptr<File> file;
-  uint64_t size = 0;
-};
-
-absl::StatusOr<OpenedFile> OpenForReading(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("opening", path);
-  OpenedFile opened{std::make_unique<File>(fd)};
-  struct stat info;
-  if (::fstat(fd, &info) != 0) return ErrnoError("stat of", path);
-  opened.size = static_cast<uint64_t>(info.st_size);
-  return opened;
-}
 
 absl::StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path, uint64_t file_size) {
   // Reads 8 bytes, then the N they announce if N is plausible; the parser reports the rest.
   std::string prefix(std::min<uint64_t>(file_size, 8), '\0');
-  KEEL_RETURN_IF_ERROR(PreadAll(fd, path, prefix.data(), prefix.size(), 0));
+  KEEL_RETURN_IF_ERROR(internal::PreadAll(fd, path, prefix.data(), prefix.size(), 0));
   if (prefix.size() == 8) {
     uint64_t n;
     std::memcpy(&n, prefix.data(), 8);
     if (n <= kMaxSafetensorsHeaderSize && n <= file_size - 8) {
       prefix.resize(8 + n);
-      KEEL_RETURN_IF_ERROR(PreadAll(fd, path, prefix.data() + 8, n, 8));
+      KEEL_RETURN_IF_ERROR(internal::PreadAll(fd, path, prefix.data() + 8, n, 8));
     }
   }
   absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(prefix, file_size);
@@ -450,10 +380,10 @@ absl::StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path, ui
   return header;
 }
 
-absl::Status WriteContents(int fd, const std::string& path, absl::string_view header,
+absl::Status WriteContents(internal::OutputFile& file, absl::string_view header,
                            const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                            const std::vector<SafetensorsEntry>& entries) {
-  KEEL_RETURN_IF_ERROR(WriteAll(fd, path, header.data(), header.size()));
+  KEEL_RETURN_IF_ERROR(file.Write(header.data(), header.size()));
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string& name = tensors[i].first;
     const at::Tensor& tensor = tensors[i].second;  // not a binding: lambdas capture it
@@ -469,10 +399,9 @@ absl::Status WriteContents(int fd, const std::string& path, absl::string_view he
       return absl::InternalError(absl::StrCat("tensor ", Quote(name), " has ", cpu.nbytes(),
                                               " bytes on the CPU, not ", size));
     }
-    if (size > 0) KEEL_RETURN_IF_ERROR(WriteAll(fd, path, cpu.data_ptr(), size));
+    if (size > 0) KEEL_RETURN_IF_ERROR(file.Write(cpu.data_ptr(), size));
   }
-  if (::fsync(fd) != 0) return ErrnoError("fsync of", path);
-  return absl::OkStatus();
+  return file.Close();
 }
 
 }  // namespace
@@ -620,8 +549,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
 }
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
-  KEEL_ASSIGN_OR_RETURN(OpenedFile opened, OpenForReading(path));
-  return ReadHeader(opened.file->fd(), path, opened.size);
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<InputFile> file, InputFile::Open(path));
+  return ReadHeader(file->fd(), path, file->size());
 }
 
 absl::Status WriteSafetensorsFile(const std::string& path,
@@ -642,27 +571,21 @@ absl::Status WriteSafetensorsFile(const std::string& path,
   KEEL_ASSIGN_OR_RETURN(const std::string header, EncodeSafetensorsHeader(entries, metadata));
 
   const std::string temporary = absl::StrCat(path, ".tmp");
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("creating", temporary);
-  File file(fd);
-  absl::Status status = WriteContents(fd, temporary, header, tensors, entries);
-  const absl::Status closed = file.Close(temporary);
-  if (status.ok()) status = closed;
-  if (status.ok() && ::rename(temporary.c_str(), path.c_str()) != 0) {
-    status = ErrnoError(absl::StrCat("renaming ", temporary, " to"), path);
-  }
+  KEEL_ASSIGN_OR_RETURN(internal::OutputFile file, internal::OutputFile::Create(temporary));
+  absl::Status status = WriteContents(file, header, tensors, entries);
+  if (status.ok()) status = internal::RenameDurably(temporary, path);
   if (!status.ok()) {
     ::unlink(temporary.c_str());
     return status;
   }
-  return FsyncDirectory(path);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ReadSafetensorsFile(
     const std::string& path) {
-  KEEL_ASSIGN_OR_RETURN(OpenedFile opened, OpenForReading(path));
-  const int fd = opened.file->fd();
-  KEEL_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadHeader(fd, path, opened.size));
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<InputFile> file, InputFile::Open(path));
+  const int fd = file->fd();
+  KEEL_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadHeader(fd, path, file->size()));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   tensors.reserve(header.entries.size());
   for (const SafetensorsEntry& entry : header.entries) {
@@ -674,7 +597,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ReadSafetensorsF
     const uint64_t size = entry.end - entry.begin;
     if (size > 0) {
       KEEL_RETURN_IF_ERROR(
-          PreadAll(fd, path, tensor.data_ptr(), size, header.data_start + entry.begin));
+          internal::PreadAll(fd, path, tensor.data_ptr(), size, header.data_start + entry.begin));
     }
     if (entry.dtype == at::kBool) {
       const auto* bytes = static_cast<const unsigned char*>(tensor.data_ptr());
