@@ -27,9 +27,11 @@
 #include "sampling/samplers_cases.h"
 #include "scheduling/step_scheduler_cases.h"
 #include "tools/cpp/runfiles/runfiles.h"
+#include "tools/user_path.h"
 
-ABSL_FLAG(std::string, component, "all",
-          "Component whose cases to run: grad_utils, param_scheduler, samplers, step_scheduler, or all.");
+ABSL_FLAG(
+    std::string, component, "all",
+    "Component whose cases to run: grad_utils, param_scheduler, samplers, step_scheduler, or all.");
 ABSL_FLAG(
     std::string, cases, "",
     "Case file in the golden format; default: the vendored testdata/golden/<component>.json.");
@@ -54,13 +56,6 @@ constexpr Component kComponents[] = {
     {"samplers", &sampling::RunSamplersCase},
     {"step_scheduler", &scheduling::RunStepSchedulerCase},
 };
-
-// A user-given path, relative to where `bazel run` was invoked.
-std::string UserPath(const std::string& path) {
-  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
-  if (path.empty() || path[0] == '/' || dir == nullptr) return path;
-  return absl::StrCat(dir, "/", path);
-}
 
 // The case file with `actual` inserted after each case's `expected`.
 absl::StatusOr<Json> RunCases(const Component& component, const std::string& cases_path) {

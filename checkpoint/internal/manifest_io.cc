@@ -35,10 +35,11 @@ absl::Status CheckTensor(const Manifest& manifest, const TensorEntry& tensor,
   const std::string where = absl::StrCat(path, ": tensor \"", tensor.name(), "\"");
   auto dtype = ParseDtype(tensor.dtype());
   if (!dtype.ok()) return absl::DataLossError(absl::StrCat(where, ": ", dtype.status().message()));
+  // Sizes stay below 2^62 bytes, so no sum or product below overflows.
   const int64_t item = static_cast<int64_t>(c10::elementSize(*dtype));
   int64_t volume = 1;
   for (int64_t dim : tensor.shape()) {
-    if (dim < 0 || (dim > 0 && volume > (int64_t{1} << 62) / dim)) {
+    if (dim < 0 || (dim > 0 && volume > ((int64_t{1} << 62) / item) / dim)) {
       return absl::DataLossError(absl::StrCat(where, " has shape ", Shape(tensor.shape())));
     }
     volume *= dim;
@@ -53,8 +54,8 @@ absl::Status CheckTensor(const Manifest& manifest, const TensorEntry& tensor,
     }
     int64_t chunk_volume = 1;
     for (int d = 0; d < tensor.shape_size(); ++d) {
-      if (chunk.offsets(d) < 0 || chunk.lengths(d) < 0 ||
-          chunk.offsets(d) + chunk.lengths(d) > tensor.shape(d)) {
+      if (chunk.offsets(d) < 0 || chunk.lengths(d) < 0 || chunk.lengths(d) > tensor.shape(d) ||
+          chunk.offsets(d) > tensor.shape(d) - chunk.lengths(d)) {
         return absl::DataLossError(
             absl::StrCat(where, ": chunk at offsets ", Shape(chunk.offsets()), " with lengths ",
                          Shape(chunk.lengths()), " lies outside shape ", Shape(tensor.shape())));
@@ -79,6 +80,7 @@ absl::Status CheckTensor(const Manifest& manifest, const TensorEntry& tensor,
                                               " bytes)"));
     }
     covered += chunk_volume;
+    if (covered > volume) break;
   }
   if (covered != volume) {
     return absl::DataLossError(

@@ -1,0 +1,329 @@
+// Looks into Keel checkpoints: prints what one holds, checks every byte, compares two tensor by
+// tensor, and exports a model as Hugging Face sharded safetensors.
+//
+//   bazel run //tools:ckpt -- inspect runs/gpt/checkpoints/step_0000001000
+//   bazel run //tools:ckpt -- verify runs/gpt/checkpoints   # a run's newest checkpoint
+//   bazel run //tools:ckpt -- diff runs/a/step_0000001000 runs/b/step_0000001000
+//   bazel run //tools:ckpt -- export-safetensors runs/gpt/step_0000001000 hf/ --object=model
+//
+// Exit status: 0 when verified or identical, 1 when verify finds problems or diff finds
+// differences, 2 for errors and bad usage.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_export.h"
+#include "checkpoint/manifest.pb.h"
+#include "tools/user_path.h"
+
+ABSL_FLAG(int64_t, max_shard_bytes, keel::checkpoint::HfExportOptions().max_shard_bytes,
+          "export-safetensors: start a new file when the next tensor would pass this many bytes.");
+ABSL_FLAG(std::string, object, keel::checkpoint::HfExportOptions().object,
+          "export-safetensors: the object whose tensors are exported.");
+
+namespace keel::tools {
+namespace {
+
+using base::Json;
+using checkpoint::CheckpointReader;
+using checkpoint::Manifest;
+using checkpoint::TensorEntry;
+
+constexpr char kUsage[] = R"(Looks into Keel checkpoints.
+
+Usage: ckpt <command> ARGS [flags]
+
+Commands:
+  inspect DIR                  step, tensors, files and values of the checkpoint DIR
+  verify DIR                   checks every byte of DIR; for a run's checkpoint_dir, of the
+                               checkpoint a resume would pick
+  diff A B                     compares two checkpoints tensor by tensor and value by value
+  export-safetensors DIR OUT   writes one object as Hugging Face sharded safetensors into OUT
+                               [--object=model] [--max_shard_bytes=5368709120]
+
+Exit status: 0 verified or identical, 1 problems or differences found, 2 errors.)";
+
+std::string Shape(const TensorEntry& tensor) {
+  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
+}
+
+uint64_t TensorBytes(const TensorEntry& tensor) {
+  uint64_t bytes = 0;
+  for (const checkpoint::Chunk& chunk : tensor.chunks()) bytes += chunk.byte_length();
+  return bytes;
+}
+
+// Prints rows in aligned columns, indented by two spaces; `right` marks numeric columns.
+void PrintTable(const std::vector<std::string>& header, const std::vector<bool>& right,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths(header.size());
+  for (size_t c = 0; c < header.size(); ++c) widths[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  auto print = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const std::string padding(widths[c] - row[c].size(), ' ');
+      absl::StrAppend(&line, "  ", right[c] ? padding : "", row[c], right[c] ? "" : padding);
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    std::cout << line << "\n";
+  };
+  print(header);
+  for (const auto& row : rows) print(row);
+}
+
+absl::StatusOr<int> Inspect(const std::string& dir) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  const Manifest& manifest = reader->manifest();
+  std::cout << "checkpoint " << dir << "\n"
+            << "step " << manifest.step() << ", epoch " << manifest.epoch() << ", world size "
+            << manifest.world_size() << ", format "
+            << checkpoint::ShardFormat_Name(manifest.shard_format()) << ", Keel "
+            << manifest.keel_version() << " (format version " << manifest.format_version() << ")\n";
+
+  uint64_t tensor_bytes = 0;
+  std::vector<std::vector<std::string>> rows;
+  for (const TensorEntry& tensor : manifest.tensors()) {
+    tensor_bytes += TensorBytes(tensor);
+    rows.push_back({tensor.name(), tensor.dtype(), Shape(tensor),
+                    absl::StrCat(tensor.chunks_size()), absl::StrCat(TensorBytes(tensor))});
+  }
+  std::cout << "tensors:\n";
+  PrintTable({"name", "dtype", "shape", "chunks", "bytes"}, {false, false, false, true, true},
+             rows);
+
+  uint64_t file_bytes = 0;
+  rows.clear();
+  for (const checkpoint::FileEntry& file : manifest.files()) {
+    file_bytes += file.size();
+    rows.push_back({file.name(), absl::StrCat(file.rank()), absl::StrCat(file.size())});
+  }
+  std::cout << "files:\n";
+  PrintTable({"name", "rank", "bytes"}, {false, true, true}, rows);
+
+  rows.clear();
+  for (const checkpoint::ObjectEntry& object : manifest.objects()) {
+    KEEL_ASSIGN_OR_RETURN(Json values, reader->ReadValues(object.name()));
+    rows.push_back({object.name(), values.dump()});
+  }
+  std::cout << "objects:\n";
+  PrintTable({"name", "values"}, {false, false}, rows);
+
+  std::cout << "total: " << manifest.tensors_size() << " tensors, " << tensor_bytes
+            << " tensor bytes; " << manifest.files_size() << " files, " << file_bytes
+            << " bytes on disk; " << manifest.objects_size() << " objects\n";
+  return 0;
+}
+
+absl::StatusOr<int> Verify(const std::string& dir) {
+  std::string path = dir;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "manifest.pb")) {
+    // A run's checkpoint_dir: check what a resume would load.
+    KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found, checkpoint::FindLatest(dir));
+    for (const std::string& warning : found.warnings) std::cout << "warning: " << warning << "\n";
+    if (!found.latest) {
+      if (found.warnings.empty()) {
+        return absl::NotFoundError(absl::StrCat(
+            dir, " holds neither a manifest.pb nor committed step_* checkpoint directories"));
+      }
+      std::cout << "FAILED: no checkpoint under " << dir << " passes verification\n";
+      return 1;
+    }
+    path = found.latest->path;
+    std::cout << "newest checkpoint: " << path << "\n";
+  }
+  const absl::Status status = checkpoint::Verify(path, checkpoint::VerifyLevel::kChecksums);
+  if (status.code() == absl::StatusCode::kDataLoss) {
+    std::cout << "FAILED: " << path << "\n";
+    for (absl::string_view problem : absl::StrSplit(status.message(), '\n')) {
+      std::cout << "  " << problem << "\n";
+    }
+    return 1;
+  }
+  KEEL_RETURN_IF_ERROR(status);
+  KEEL_ASSIGN_OR_RETURN(Manifest manifest, checkpoint::ReadManifest(path));
+  uint64_t bytes = 0;
+  for (const checkpoint::FileEntry& file : manifest.files()) bytes += file.size();
+  std::cout << "OK: " << manifest.files_size() << " files, " << manifest.tensors_size()
+            << " tensors, " << bytes << " bytes verified\n";
+  return 0;
+}
+
+// The difference between two tensors of the same dtype and shape, computed in double (complex
+// double for complex dtypes): "" if their bytes are identical.
+absl::StatusOr<std::string> TensorDifference(const at::Tensor& a, const at::Tensor& b) {
+  if (std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0) return std::string();
+  double max_abs = 0;
+  double relative = 0;
+  KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "comparing tensors", [&] {
+    const at::ScalarType wide = a.is_complex() ? at::kComplexDouble : at::kDouble;
+    const at::Tensor x = a.to(wide);
+    const at::Tensor delta = x - b.to(wide);
+    max_abs = delta.abs().max().item<double>();
+    const double delta_norm = delta.norm().item<double>();
+    const double norm = x.norm().item<double>();
+    relative = norm > 0 ? delta_norm / norm
+                        : (delta_norm > 0 ? std::numeric_limits<double>::infinity() : 0);
+  }));
+  return absl::StrFormat("max |A-B| %.6g, ||A-B||/||A|| %.6g", max_abs, relative);
+}
+
+// One line per leaf where `a` and `b` differ, named by its path from `path`.
+void DiffValues(const std::string& path, const Json& a, const Json& b,
+                std::vector<std::string>& lines) {
+  if (a == b) return;
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [key, value] : a.items()) {
+      const std::string child = absl::StrCat(path, ".", key);
+      if (b.contains(key)) {
+        DiffValues(child, value, b.at(key), lines);
+      } else {
+        lines.push_back(absl::StrCat(child, ": only in A (", value.dump(), ")"));
+      }
+    }
+    for (const auto& [key, value] : b.items()) {
+      if (!a.contains(key)) {
+        lines.push_back(absl::StrCat(path, ".", key, ": only in B (", value.dump(), ")"));
+      }
+    }
+    return;
+  }
+  lines.push_back(absl::StrCat(path, ": ", a.dump(), " in A, ", b.dump(), " in B"));
+}
+
+absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> a, CheckpointReader::Open(a_path));
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> b, CheckpointReader::Open(b_path));
+  std::cout << "A: " << a_path << " (step " << a->manifest().step() << ", epoch "
+            << a->manifest().epoch() << ")\n"
+            << "B: " << b_path << " (step " << b->manifest().step() << ", epoch "
+            << b->manifest().epoch() << ")\n";
+
+  std::map<std::string, const TensorEntry*> a_tensors;
+  std::map<std::string, const TensorEntry*> b_tensors;
+  std::set<std::string> names;
+  for (const TensorEntry& t : a->manifest().tensors()) a_tensors[t.name()] = &t;
+  for (const TensorEntry& t : b->manifest().tensors()) b_tensors[t.name()] = &t;
+  for (const auto& [name, tensor] : a_tensors) names.insert(name);
+  for (const auto& [name, tensor] : b_tensors) names.insert(name);
+  int differences = 0;
+  int equal = 0;
+  for (const std::string& name : names) {
+    auto in_a = a_tensors.find(name);
+    auto in_b = b_tensors.find(name);
+    std::string line;
+    if (in_b == b_tensors.end()) {
+      line = "only in A";
+    } else if (in_a == a_tensors.end()) {
+      line = "only in B";
+    } else if (in_a->second->dtype() != in_b->second->dtype() ||
+               Shape(*in_a->second) != Shape(*in_b->second)) {
+      line = absl::StrCat(in_a->second->dtype(), " ", Shape(*in_a->second), " in A, ",
+                          in_b->second->dtype(), " ", Shape(*in_b->second), " in B");
+    } else {
+      KEEL_ASSIGN_OR_RETURN(at::Tensor x, a->ReadTensor(name));
+      KEEL_ASSIGN_OR_RETURN(at::Tensor y, b->ReadTensor(name));
+      KEEL_ASSIGN_OR_RETURN(line, TensorDifference(x, y));
+    }
+    if (line.empty()) {
+      ++equal;
+      continue;
+    }
+    ++differences;
+    std::cout << "tensor " << name << ": " << line << "\n";
+  }
+
+  std::set<std::string> objects;
+  for (const auto& object : a->manifest().objects()) objects.insert(object.name());
+  for (const auto& object : b->manifest().objects()) objects.insert(object.name());
+  for (const std::string& object : objects) {
+    absl::StatusOr<Json> a_values = a->ReadValues(object);
+    absl::StatusOr<Json> b_values = b->ReadValues(object);
+    std::vector<std::string> lines;
+    if (a_values.ok() && b_values.ok()) {
+      DiffValues(object, *a_values, *b_values, lines);
+    } else if (a_values.ok() != b_values.ok()) {
+      lines.push_back(absl::StrCat(object, ": only in ", a_values.ok() ? "A" : "B"));
+    } else {
+      return a_values.status();
+    }
+    for (const std::string& line : lines) std::cout << "values " << line << "\n";
+    differences += static_cast<int>(lines.size());
+  }
+
+  if (differences == 0) {
+    std::cout << "identical: " << equal << " tensors, " << objects.size() << " objects\n";
+    return 0;
+  }
+  std::cout << differences << " differences; " << equal << " tensors identical\n";
+  return 1;
+}
+
+absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string& out) {
+  checkpoint::HfExportOptions options;
+  options.object = absl::GetFlag(FLAGS_object);
+  options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
+  KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,
+                        checkpoint::ExportHfSafetensors(dir, out, options));
+  std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size
+            << " bytes) of \"" << options.object << "\" to " << out << ":\n";
+  for (const std::string& file : result.files) std::cout << "  " << file << "\n";
+  return 0;
+}
+
+absl::StatusOr<int> Run(const std::vector<std::string>& args) {
+  const std::string command = args.empty() ? "" : args[0];
+  const size_t operands = args.empty() ? 0 : args.size() - 1;
+  if (command == "inspect" && operands == 1) return Inspect(UserPath(args[1]));
+  if (command == "verify" && operands == 1) return Verify(UserPath(args[1]));
+  if (command == "diff" && operands == 2) return Diff(UserPath(args[1]), UserPath(args[2]));
+  if (command == "export-safetensors" && operands == 2) {
+    return ExportSafetensors(UserPath(args[1]), UserPath(args[2]));
+  }
+  if (command.empty()) {
+    std::cerr << "ckpt: no command given\n\n";
+  } else {
+    std::cerr << "ckpt: bad command line: " << absl::StrJoin(args, " ") << "\n\n";
+  }
+  std::cerr << kUsage << "\n";
+  return 2;
+}
+
+}  // namespace
+}  // namespace keel::tools
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(keel::tools::kUsage);
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<int> code = keel::tools::Run({args.begin() + 1, args.end()});
+  if (!code.ok()) {
+    std::cerr << "ckpt: " << code.status().message() << "\n";
+    return 2;
+  }
+  return *code;
+}

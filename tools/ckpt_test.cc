@@ -1,0 +1,219 @@
+// Runs the real //tools:ckpt binary on checkpoints saved here and checks its exit status and
+// key lines of its output.
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/manifest.pb.h"
+#include "checkpoint/state_dict.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+
+ABSL_FLAG(std::string, ckpt, "", "Path of the //tools:ckpt binary.");
+
+namespace keel::tools {
+namespace {
+
+using ::keel::base::Json;
+using ::keel::checkpoint::Checkpointer;
+using ::keel::checkpoint::CheckpointerOptions;
+using ::keel::checkpoint::Manifest;
+using ::keel::checkpoint::State;
+using ::keel::checkpoint::StateReader;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Saves whole tensors and values; loading is not needed here.
+class PlainState : public checkpoint::Stateful {
+ public:
+  std::map<std::string, at::Tensor> tensors;
+  Json values = Json::object();
+
+  absl::StatusOr<State> StateDict() const override {
+    State state;
+    for (const auto& [key, tensor] : tensors) state.tensors[key] = {tensor};
+    state.values = values;
+    return state;
+  }
+  absl::Status LoadStateDict(StateReader&) override { return absl::OkStatus(); }
+};
+
+PlainState Model() {
+  PlainState model;
+  at::manual_seed(1);
+  model.tensors["w"] = at::randn({4, 3});                 // 48 bytes
+  model.tensors["b"] = at::randn({3}).to(at::kBFloat16);  // 6 bytes
+  model.values = {{"lr", 0.5}, {"name", "gpt"}};
+  return model;
+}
+
+// Saves `model` as step `step` under `run_dir`; returns the checkpoint's path.
+absl::StatusOr<std::string> Save(const std::string& run_dir, int64_t step,
+                                 const PlainState& model) {
+  CheckpointerOptions options;
+  options.checkpoint_dir = run_dir;
+  KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  PlainState copy = model;
+  KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &copy}}, step, /*epoch=*/1));
+  return absl::StrFormat("%s/step_%010d", run_dir, step);
+}
+
+std::string NewDir(const std::string& name) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Flips one bit of the byte at `offset`.
+void FlipBit(const std::string& path, uint64_t offset) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(file.good()) << path;
+  file.seekg(static_cast<std::streamoff>(offset));
+  char byte = 0;
+  ASSERT_TRUE(file.get(byte));
+  file.seekp(static_cast<std::streamoff>(offset));
+  file.put(static_cast<char>(byte ^ 0x10));
+}
+
+struct ToolResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+ToolResult RunCkpt(const std::string& args, const std::string& env = "") {
+  const std::string command = absl::StrCat(env, " ", absl::GetFlag(FLAGS_ckpt), " ", args, " 2>&1");
+  ToolResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t read;
+  while ((read = ::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, read);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+TEST(CkptToolTest, InspectPrintsPositionTablesValuesAndTotals) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string path, Save(NewDir("inspect"), 5, Model()));
+  const ToolResult result = RunCkpt(absl::StrCat("inspect ", path));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              AllOf(HasSubstr("step 5, epoch 1, world size 1, format KEEL, Keel "),
+                    HasSubstr("  model/b  BF16   [3]          1      6\n"),
+                    HasSubstr("  model/w  F32    [4, 3]       1     48\n"), HasSubstr("__0.keel"),
+                    HasSubstr("  model  {\"lr\":0.5,\"name\":\"gpt\"}\n"),
+                    HasSubstr("total: 2 tensors, 54 tensor bytes; 1 files, ")));
+}
+
+TEST(CkptToolTest, VerifyPassesThenNamesTheCorruptTensor) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string path, Save(NewDir("verify"), 1, Model()));
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, checkpoint::ReadManifest(path));
+  ToolResult result = RunCkpt(absl::StrCat("verify ", path));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr(absl::StrCat("OK: 1 files, 2 tensors, ",
+                                                    manifest.files(0).size(), " bytes verified")));
+
+  ASSERT_EQ(manifest.tensors(1).name(), "model/w");
+  FlipBit(absl::StrCat(path, "/", manifest.files(0).name()),
+          manifest.tensors(1).chunks(0).byte_offset() + 3);
+  result = RunCkpt(absl::StrCat("verify ", path));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("FAILED"), HasSubstr("\"model/w\"")));
+}
+
+TEST(CkptToolTest, VerifyOfARunDirectoryChecksWhatAResumeWouldLoad) {
+  const std::string run = NewDir("run");
+  KEEL_ASSERT_OK(Save(run, 1, Model()).status());
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string newest, Save(run, 2, Model()));
+  std::filesystem::resize_file(absl::StrCat(newest, "/__0.keel"), 10);  // truncated
+  const ToolResult result = RunCkpt(absl::StrCat("verify ", run));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("warning: skipping "), HasSubstr("step_0000000002"),
+                                   HasSubstr("newest checkpoint: "), HasSubstr("step_0000000001"),
+                                   HasSubstr("OK: 1 files, 2 tensors")));
+}
+
+TEST(CkptToolTest, DiffFindsIdenticalAndChangedCheckpoints) {
+  const std::string run = NewDir("diff");
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string a, Save(run, 1, Model()));
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string same, Save(run, 2, Model()));
+  ToolResult result = RunCkpt(absl::StrCat("diff ", a, " ", same));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("identical: 2 tensors, 1 objects"));
+
+  PlainState changed = Model();
+  changed.tensors["w"] = changed.tensors["w"].clone();
+  changed.tensors["w"][0][0] += 3;
+  changed.tensors["extra"] = at::zeros({2});
+  changed.values["lr"] = 0.25;
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string b, Save(run, 3, changed));
+  result = RunCkpt(absl::StrCat("diff ", a, " ", b));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(
+      result.output,
+      AllOf(HasSubstr("tensor model/extra: only in B"), HasSubstr("tensor model/w: max |A-B| 3,"),
+            HasSubstr("values model.lr: 0.5 in A, 0.25 in B"),
+            HasSubstr("3 differences; 1 tensors identical"), Not(HasSubstr("tensor model/b"))));
+}
+
+TEST(CkptToolTest, ExportSafetensorsWritesTheShardsAndIndex) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string path, Save(NewDir("export_run"), 1, Model()));
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/export");
+  // b (6 bytes) then w (48): 54 > 48, so two files.
+  const ToolResult result =
+      RunCkpt(absl::StrCat("export-safetensors ", path, " ", out, " --max_shard_bytes=48"));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* file : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "model.safetensors.index.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(out, "/", file))) << file;
+  }
+  const ToolResult again = RunCkpt(absl::StrCat("export-safetensors ", path, " ", out));
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_THAT(again.output, HasSubstr("ckpt: "));
+}
+
+TEST(CkptToolTest, RelativePathsAreResolvedFromTheBazelRunDirectory) {
+  const std::string run = NewDir("relative");
+  KEEL_ASSERT_OK(Save(run, 7, Model()).status());
+  const ToolResult result =
+      RunCkpt("inspect relative/step_0000000007",
+              absl::StrCat("BUILD_WORKING_DIRECTORY=", std::getenv("TEST_TMPDIR")));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("step 7,"));
+}
+
+TEST(CkptToolTest, BadCommandLinesPrintUsage) {
+  for (const char* args : {"", "frobnicate x", "inspect", "diff only_one"}) {
+    SCOPED_TRACE(args);
+    const ToolResult result = RunCkpt(args);
+    EXPECT_EQ(result.exit_code, 2);
+    EXPECT_THAT(result.output,
+                AllOf(HasSubstr("inspect DIR"), HasSubstr("verify DIR"), HasSubstr("diff A B"),
+                      HasSubstr("export-safetensors DIR OUT")));
+  }
+}
+
+TEST(CkptToolTest, ErrorsNameTheProblemAndExitWith2) {
+  const ToolResult result =
+      RunCkpt(absl::StrCat("inspect ", std::getenv("TEST_TMPDIR"), "/no_such_checkpoint"));
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_THAT(result.output, AllOf(HasSubstr("ckpt: "), HasSubstr("no_such_checkpoint")));
+}
+
+}  // namespace
+}  // namespace keel::tools
