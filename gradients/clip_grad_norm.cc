@@ -5,6 +5,7 @@
 #include <optional>
 #include <regex>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -117,8 +118,11 @@ void ScaleGrads(const std::vector<at::Tensor>& grads, double max_norm, const at:
 std::vector<NamedParameter> TrainableParameters(
     const std::vector<torch::nn::Module*>& model_parts) {
   std::vector<NamedParameter> parameters;
+  // Python's named_parameters() drops repeats of a tensor (tied weights); LibTorch's does not.
+  std::unordered_set<const void*> seen;
   for (torch::nn::Module* part : model_parts) {
     for (const auto& item : part->named_parameters()) {
+      if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
       if (item.value().requires_grad()) parameters.push_back({item.key(), item.value()});
     }
   }

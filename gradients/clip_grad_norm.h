@@ -28,7 +28,8 @@ struct NamedParameter {
   at::Tensor param;
 };
 
-// The parameters with requires_grad of each module, in order (NeMo's parameter collection).
+// The parameters with requires_grad of each module, in order, each tensor once under its first
+// name as Python's named_parameters() gives them (a tied weight is counted once).
 std::vector<NamedParameter> TrainableParameters(const std::vector<torch::nn::Module*>& model_parts);
 
 // _clip_grad_norm_impl's options.

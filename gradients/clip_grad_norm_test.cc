@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
+#include "torch/nn/modules/embedding.h"
 #include "torch/nn/modules/linear.h"
 
 namespace keel::gradients {
@@ -149,6 +150,25 @@ TEST(TrainableParametersTest, NamesEveryParameterThatRequiresGrad) {
   const std::vector<NamedParameter> params = TrainableParameters({linear.get()});
   ASSERT_EQ(params.size(), 1u);
   EXPECT_EQ(params[0].name, "weight");
+}
+
+TEST(TrainableParametersTest, NamesATiedWeightOnceUnderItsFirstName) {
+  struct Head : torch::nn::Module {
+    explicit Head(const at::Tensor& tied) { register_parameter("weight", tied); }
+  };
+  struct Tied : torch::nn::Module {
+    Tied() {
+      embedding = register_module("embedding", torch::nn::Embedding(4, 3));
+      register_module("head", std::make_shared<Head>(embedding->weight));
+      register_parameter("bias", at::zeros({4}));
+    }
+    torch::nn::Embedding embedding{nullptr};
+  } model;
+  ASSERT_EQ(model.named_parameters().size(), 3u);  // LibTorch lists the tie twice
+  const std::vector<NamedParameter> params = TrainableParameters({&model});
+  std::vector<std::string> names;
+  for (const NamedParameter& p : params) names.push_back(p.name);
+  EXPECT_THAT(names, ::testing::ElementsAre("bias", "embedding.weight"));
 }
 
 TEST(ScaleGradsAndClipGradNormTest, PipelineScalingDividesEveryGradByTokensPerDpRank) {
