@@ -27,6 +27,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/fields.h"
 #include "checkpoint/manifest.pb.h"
 #include "checkpoint/state_dict.h"
 
@@ -51,6 +52,15 @@ struct CheckpointerOptions {
   // Also keep every checkpoint whose step is a multiple of this (0: none). Default: 0.
   int64_t keep_every_n_steps = 0;
 };
+
+template <typename O, typename V, base::IsFieldsOf<O, CheckpointerOptions> = 0>
+void VisitFields(O& o, V&& v) {
+  v("checkpoint_dir", o.checkpoint_dir);
+  v("model_save_format", o.model_save_format);
+  v("is_async", o.is_async);
+  v("keep_last_k", o.keep_last_k);
+  v("keep_every_n_steps", o.keep_every_n_steps);
+}
 
 // Saves and loads the checkpoints of one training run, on every rank of `group`.
 //

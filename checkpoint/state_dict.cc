@@ -8,12 +8,16 @@
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/enum.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/internal/saved_state.h"
 
 namespace keel::checkpoint {
 namespace {
+
+constexpr base::EnumSpelling<SerializationFormat> kSerializationFormats[] = {
+    {SerializationFormat::kKeel, "keel"}, {SerializationFormat::kSafetensors, "safetensors"}};
 
 std::string Shape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -79,6 +83,14 @@ class MemorySavedState : public internal::SavedState {
 };
 
 }  // namespace
+
+bool AbslParseFlag(absl::string_view text, SerializationFormat* out, std::string* error) {
+  return base::ParseEnum(kSerializationFormats, text, out, error);
+}
+
+std::string AbslUnparseFlag(SerializationFormat format) {
+  return std::string(base::EnumName(kSerializationFormats, format));
+}
 
 std::string LoadReport::ToString() const {
   std::vector<std::string> parts;

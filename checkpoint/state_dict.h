@@ -22,6 +22,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "base/json.h"
 
 namespace keel::checkpoint {
@@ -29,6 +30,11 @@ namespace keel::checkpoint {
 // How shard files store tensor bytes (NeMo's model_save_format): Keel's own raw bytes, each
 // chunk aligned for direct I/O, or safetensors files that any safetensors reader opens.
 enum class SerializationFormat { kKeel, kSafetensors };
+
+// Parse the spellings "keel" and "safetensors" (false and an error listing them otherwise) or
+// give them back; Abseil's flag hooks, so the enum also works as an absl flag.
+bool AbslParseFlag(absl::string_view text, SerializationFormat* out, std::string* error);
+std::string AbslUnparseFlag(SerializationFormat format);
 
 // Where a local tensor sits in its global tensor: the block starting at `offsets` whose
 // extent is the local tensor's shape (DTensor's local shard, DCP's chunk).
