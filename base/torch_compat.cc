@@ -2,6 +2,7 @@
 
 #include "ATen/ATen.h"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
+#include "torch/csrc/distributed/c10d/TCPStore.hpp"
 #include "torch/version.h"
 
 #ifdef KEEL_LIBTORCH_HAS_CUDA
@@ -24,6 +25,17 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
 #else
   return gloo;
 #endif
+}
+
+c10::intrusive_ptr<c10d::Store> CreateTcpStore(const std::string& host, int port, bool is_server,
+                                               int world_size, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = is_server;
+  options.numWorkers = static_cast<size_t>(world_size);
+  options.waitWorkers = true;
+  options.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>(host, options);
 }
 
 void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {

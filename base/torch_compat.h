@@ -26,6 +26,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, const std::string& hostname = "127.0.0.1");
 
+// The rendezvous store of a torchrun-style launch: rank 0 serves it at host:port, the others
+// connect; construction waits up to `timeout` for all `world_size` ranks.
+// Throws c10::Error when the store cannot be reached (callers convert with CallTorch).
+c10::intrusive_ptr<c10d::Store> CreateTcpStore(const std::string& host, int port, bool is_server,
+                                               int world_size, std::chrono::milliseconds timeout);
+
 // tensors[i] *= scalar (a 0-d tensor on their device) without a host synchronization: one
 // multi-tensor kernel where LibTorch has the Tensor overload of _foreach_mul_ (2.x), one
 // mul_ per tensor otherwise (1.13).
