@@ -9,6 +9,7 @@ readonly PACKAGES=(
   bazel-rules-java    # @rules_java for offline Bazel
   build-essential     # g++ and the C++ standard library
   libtorch-dev        # LibTorch 1.13.1 (CPU) with c10d
+  libopenblas0-pthread  # OpenBLAS as libblas.so.3: LibTorch's sgemm is ~15x slower on the reference BLAS
   libgloo-dev         # Gloo headers that c10d's ProcessGroupGloo.hpp includes
   libabsl-dev         # Abseil (status, strings, flags)
   libprotobuf-dev     # protobuf runtime, the one LibTorch links
@@ -20,6 +21,7 @@ readonly PACKAGES=(
   libxxhash-dev       # XXH3 checksums of checkpoint shards and manifests
   clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
+  python3-torch       # torchrun (tools:train_test) and the Python baseline of tools/train_benchmark.sh
 )
 
 sudo_cmd=()

@@ -1,0 +1,155 @@
+// Run outputs of the trainer: per-step metrics as JSONL, TensorBoard event files (the TFRecord
+// framing and masked CRC-32C of tensorboard/summary/writer/record_writer.py, RecordWriter), an
+// SVG loss and learning-rate plot, and a progress line in the shape of Megatron's
+// training_log (megatron/training/training.py).
+//
+//   KEEL_ASSIGN_OR_RETURN(auto jsonl, JsonlWriter::Create(jsonl_path, /*append=*/resumed));
+//   KEEL_ASSIGN_OR_RETURN(auto events, TensorBoardWriter::Create(tb_dir, NowSeconds()));
+//   KEEL_RETURN_IF_ERROR(jsonl.Write(m));
+//   KEEL_RETURN_IF_ERROR(events.AddScalar("train/loss", m.step, m.loss, NowSeconds()));
+//   std::cerr << ProgressLine(m, max_steps, /*start_step=*/resumed_step) << "\n";
+//   KEEL_ASSIGN_OR_RETURN(auto history, ReadJsonl(jsonl_path));
+//   KEEL_RETURN_IF_ERROR(WriteLossPlot(svg_path, history));
+#ifndef KEEL_TOOLS_METRICS_H_
+#define KEEL_TOOLS_METRICS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/fields.h"
+
+namespace keel::tools {
+
+// What the training loop logs after an optimizer step. Field names are the JSONL keys.
+struct StepMetrics {
+  // Optimizer steps completed, counting those before a resume.
+  int64_t step = 0;
+  // The epoch the step belongs to, from 0.
+  int64_t epoch = 0;
+  // Training loss of the step (mean over its micro-batches and ranks).
+  double loss = 0.0;
+  // Learning rate the step used.
+  double lr = 0.0;
+  // Total gradient norm before clipping.
+  double grad_norm = 0.0;
+  // Training throughput over the last logging interval, all ranks together.
+  double tokens_per_second = 0.0;
+  // Wall-clock seconds since this process started training (it restarts at 0 on resume).
+  double elapsed_seconds = 0.0;
+  // Validation loss, for steps that ran validation.
+  std::optional<double> val_loss;
+};
+
+template <typename O, typename V, base::IsFieldsOf<O, StepMetrics> = 0>
+void VisitFields(O& o, V&& v) {
+  v("step", o.step);
+  v("epoch", o.epoch);
+  v("loss", o.loss);
+  v("lr", o.lr);
+  v("grad_norm", o.grad_norm);
+  v("tokens_per_second", o.tokens_per_second);
+  v("elapsed_seconds", o.elapsed_seconds);
+  v("val_loss", o.val_loss);
+}
+
+// Appends StepMetrics to a JSONL file, one JSON object per line in VisitFields order. Doubles
+// are written in the shortest form that reads back to the same value; non-finite ones are the
+// strings "nan", "inf", "-inf", and an absent val_loss is null.
+class JsonlWriter {
+ public:
+  // Opens `path`, truncating it, or with `append` continuing it; a partial last line (a crash
+  // in mid-write) is cut off first so the file stays valid JSONL.
+  // Errors: from the system call, with its errno's code (kNotFound for a missing directory,
+  // kPermissionDenied, ...) and a message naming `path`.
+  [[nodiscard]] static absl::StatusOr<JsonlWriter> Create(const std::string& path, bool append);
+
+  JsonlWriter(JsonlWriter&& other) noexcept;
+  JsonlWriter& operator=(JsonlWriter&& other) noexcept;
+  ~JsonlWriter();
+
+  // Writes one line with a single write(2), so it is in the file (not in a user-space buffer)
+  // when this returns. Errors: as Create's, e.g. kResourceExhausted for a full disk.
+  [[nodiscard]] absl::Status Write(const StepMetrics& metrics);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  JsonlWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Reads a file that JsonlWriter wrote. A record whose step is not above the previous one's
+// starts a resumed run: the records it replays (those at or after its step) are dropped, so
+// the result has strictly increasing steps. Blank lines are skipped, and so is a last line that
+// has no newline and does not parse (a write cut short by a crash).
+// Errors: kNotFound (or the errno's code) if `path` cannot be read; kDataLoss naming the path
+// and line for a line that is not a JSON object with every field of StepMetrics (val_loss
+// may be absent or null).
+[[nodiscard]] absl::StatusOr<std::vector<StepMetrics>> ReadJsonl(const std::string& path);
+
+// Writes TensorBoard scalars to `<dir>/events.out.tfevents.<unix seconds>.<hostname>.keel`:
+// TFRecords (uint64 LE length, masked CRC-32C of those 8 bytes, a serialized
+// keel.tools.tensorboard.Event, masked CRC-32C of it), the first one carrying
+// file_version "brain.Event:2".
+class TensorBoardWriter {
+ public:
+  // Creates `dir` if it is missing (its parent must exist) and the event file in it, named from
+  // `wall_time` (seconds since the Unix epoch); an existing file of that name gets a ".1",
+  // ".2", ... suffix instead of being overwritten.
+  // Errors: the errno's code with a message naming the directory or file.
+  [[nodiscard]] static absl::StatusOr<TensorBoardWriter> Create(const std::string& dir,
+                                                                double wall_time);
+
+  TensorBoardWriter(TensorBoardWriter&& other) noexcept;
+  TensorBoardWriter& operator=(TensorBoardWriter&& other) noexcept;
+  ~TensorBoardWriter();
+
+  // Appends Event{wall_time, step, summary{value{tag, simple_value}}} with one write(2).
+  // `value` is stored as a float, which is what simple_value holds.
+  // Errors: kInvalidArgument for an empty tag; otherwise the errno's code naming the file.
+  [[nodiscard]] absl::Status AddScalar(absl::string_view tag, int64_t step, double value,
+                                       double wall_time);
+
+  // fsyncs the file, so the events survive a machine crash. Errors: the errno's code.
+  [[nodiscard]] absl::Status Flush();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  TensorBoardWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+
+  std::string path_;
+  int fd_ = -1;
+};
+
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF).
+uint32_t Crc32c(absl::string_view data);
+
+// TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8 of Crc32c(data).
+uint32_t MaskedCrc32c(absl::string_view data);
+
+// Writes an SVG with two panels sharing the step axis: training loss (and validation loss
+// points where present) above, learning rate below, with axes, tick labels, a title and a
+// legend. Non-finite values are left out. Written to a temporary file and renamed onto `path`.
+// Errors: kInvalidArgument if `metrics` is empty; the errno's code naming the file otherwise.
+[[nodiscard]] absl::Status WriteLossPlot(const std::string& path,
+                                         const std::vector<StepMetrics>& metrics);
+
+// One progress line, e.g.
+//   step   120/1000 | loss 2.3412 | lr 3.00e-04 | grad norm 0.812 | 15.2k tok/s | ETA 1m58s
+// with "| val loss X" added when present. The ETA extrapolates elapsed_seconds over the
+// `metrics.step - start_step` steps this process ran (`start_step`: the step it resumed from);
+// it is "ETA --" before any step, and left out when max_steps <= 0.
+std::string ProgressLine(const StepMetrics& metrics, int64_t max_steps, int64_t start_step = 0);
+
+}  // namespace keel::tools
+
+#endif  // KEEL_TOOLS_METRICS_H_

@@ -1,0 +1,455 @@
+// Runs the real //tools:train as child processes: the default run, preemption and kill -9 with
+// resume, two ranks (//tools:launch and torchrun) against one, dead and hung peers, and bad
+// configurations. Children run with OMP_NUM_THREADS=1, so every run of a configuration
+// computes the same floating-point operations in the same order, whatever the machine.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+#include "tools/corpus.h"
+#include "tools/metrics.h"
+#include "tools/subprocess_testutil.h"
+
+ABSL_FLAG(std::string, train, "", "Path of the //tools:train binary.");
+ABSL_FLAG(std::string, launch, "", "Path of the //tools:launch binary.");
+ABSL_FLAG(std::string, preprocess, "", "Path of the //tools:preprocess binary.");
+ABSL_FLAG(std::string, config, "", "Path of tools/train_default.textproto.");
+
+namespace keel::tools {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+std::string Absolute(const std::string& path) { return std::filesystem::absolute(path).string(); }
+
+// A model and batch small enough for many runs in a test: 2 layers of width 64 over 64-token
+// windows, 8 samples a step in micro-batches of 4; validation every 8 steps and an
+// (asynchronous) checkpoint every 3, so that runs cross both; a progress line every step.
+std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps) {
+  std::vector<std::string> args = {"--config=" + Absolute(absl::GetFlag(FLAGS_config))};
+  for (const std::string& assignment :
+       {absl::StrCat("run_dir=", run_dir), absl::StrCat("step_scheduler.max_steps=", max_steps),
+        std::string("step_scheduler.global_batch_size=8"),
+        std::string("step_scheduler.local_batch_size=4"),
+        std::string("step_scheduler.ckpt_every_steps=3"),
+        std::string("step_scheduler.val_every_steps=8"), std::string("data.sequence_length=64"),
+        std::string("model.num_layers=2"), std::string("model.hidden_size=64"),
+        std::string("model.ffn_hidden_size=256"), std::string("lr_scheduler.lr_warmup_steps=4"),
+        std::string("logging.log_every_steps=1")}) {
+    args.push_back("--set");
+    args.push_back(assignment);
+  }
+  return args;
+}
+
+SubprocessOptions ChildOptions(const std::string& stderr_path,
+                               std::vector<std::string> environment = {}) {
+  SubprocessOptions options;
+  options.remove_environment = {"BUILD_WORKING_DIRECTORY", "OMP_NUM_THREADS", "RANK",
+                                "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                "MASTER_PORT"};
+  options.add_environment = {"OMP_NUM_THREADS=1"};
+  options.add_environment.insert(options.add_environment.end(), environment.begin(),
+                                 environment.end());
+  options.stderr_path = stderr_path;
+  options.pipe_stdout = true;
+  return options;
+}
+
+Subprocess StartTrain(const std::vector<std::string>& args, const std::string& stderr_path,
+                      std::vector<std::string> environment = {}) {
+  std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_train))};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Subprocess::Start(argv, ChildOptions(stderr_path, std::move(environment)));
+}
+
+// The step of a progress line ("step    12/24 | loss ..."), if `line` is one.
+std::optional<int64_t> ProgressStep(const std::string& line) {
+  if (!absl::StartsWith(line, "step ")) return std::nullopt;
+  const std::vector<std::string> parts = absl::StrSplit(line.substr(5), '/');
+  int64_t step = 0;
+  if (parts.size() < 2 || !absl::SimpleAtoi(parts[0], &step)) return std::nullopt;
+  return step;
+}
+
+// Reads the child's output until the progress line of step `step`; false if it ended first.
+bool ReadUntilStep(Subprocess& child, int64_t step) {
+  while (std::optional<std::string> line = child.ReadLine()) {
+    if (ProgressStep(*line) == step) return true;
+  }
+  return false;
+}
+
+// The number after `prefix` in `text` ("preempted at step 9;" -> 9).
+std::optional<int64_t> NumberAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return std::nullopt;
+  size_t end = at + prefix.size();
+  while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text.substr(at + prefix.size(), end - at - prefix.size()), &value)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+std::vector<StepMetrics> Metrics(const std::string& run_dir) {
+  absl::StatusOr<std::vector<StepMetrics>> metrics = ReadJsonl(run_dir + "/metrics.jsonl");
+  EXPECT_THAT(metrics.status(), keel::testing::IsOk());
+  return metrics.ok() ? *std::move(metrics) : std::vector<StepMetrics>();
+}
+
+// The newest checkpoint of a run, every byte verified; fails the test if a newer one was
+// skipped (nothing corrupt may ever be committed).
+std::string LatestCheckpoint(const std::string& run_dir) {
+  absl::StatusOr<checkpoint::FindResult> found =
+      checkpoint::FindLatest(run_dir + "/checkpoints", checkpoint::VerifyLevel::kChecksums);
+  EXPECT_THAT(found.status(), keel::testing::IsOk());
+  if (!found.ok()) return "";
+  EXPECT_THAT(found->warnings, IsEmpty());
+  EXPECT_TRUE(found->latest.has_value()) << "no checkpoint in " << run_dir;
+  return found->latest ? found->latest->path : "";
+}
+
+// Every step's loss, learning rate, gradient norm and validation loss are the same doubles.
+void ExpectSameTrace(const std::vector<StepMetrics>& expected,
+                     const std::vector<StepMetrics>& actual) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", expected[i].step));
+    EXPECT_EQ(actual[i].step, expected[i].step);
+    EXPECT_EQ(actual[i].epoch, expected[i].epoch);
+    EXPECT_EQ(actual[i].loss, expected[i].loss);
+    EXPECT_EQ(actual[i].lr, expected[i].lr);
+    EXPECT_EQ(actual[i].grad_norm, expected[i].grad_norm);
+    EXPECT_EQ(actual[i].val_loss, expected[i].val_loss);
+  }
+}
+
+// The two checkpoints hold the same step and bit-identical model weights and optimizer state.
+void ExpectSameWeights(const std::string& expected_path, const std::string& actual_path) {
+  KEEL_ASSERT_OK_AND_ASSIGN(auto expected, checkpoint::CheckpointReader::Open(expected_path));
+  KEEL_ASSERT_OK_AND_ASSIGN(auto actual, checkpoint::CheckpointReader::Open(actual_path));
+  EXPECT_EQ(actual->manifest().step(), expected->manifest().step());
+  int compared = 0;
+  for (const auto& tensor : expected->manifest().tensors()) {
+    if (!absl::StartsWith(tensor.name(), "model/") && !absl::StartsWith(tensor.name(), "optim/")) {
+      continue;
+    }
+    SCOPED_TRACE(tensor.name());
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor want, expected->ReadTensor(tensor.name()));
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor got, actual->ReadTensor(tensor.name()));
+    EXPECT_TRUE(at::equal(got, want));
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// The byte entropy of the default corpus in nats: the loss of the best model that knows the
+// byte frequencies and nothing of context.
+double UnigramEntropy() {
+  std::vector<double> counts(256, 0.0);
+  double total = 0;
+  for (const std::string& file : DefaultCorpusFiles()) {
+    for (unsigned char byte : ReadFile(file)) {
+      ++counts[byte];
+      ++total;
+    }
+  }
+  double entropy = 0;
+  for (double count : counts) {
+    if (count > 0) entropy -= count / total * std::log(count / total);
+  }
+  return entropy;
+}
+
+// `bazel run //tools:train` as the README promises: the default config, unchanged. The loss
+// starts at that of a uniform guess, ln 256 = 5.55 nats (the tied lm_head's N(0, 0.02) weights
+// give logits of standard deviation 0.02 * sqrt(128) = 0.23, adding about 0.03), and must end
+// below the corpus' unigram entropy (about 3 nats): the model has learnt context, not only
+// byte frequencies.
+TEST(TrainTest, DefaultRunLearnsMoreThanByteFrequencies) {
+  const std::string run_dir = FreshTestDir("default");
+  SubprocessOptions options = ChildOptions(run_dir + "/stderr");
+  options.remove_environment.push_back("OMP_NUM_THREADS");
+  options.add_environment.clear();  // the threads a user gets
+  Subprocess child =
+      Subprocess::Start({Absolute(absl::GetFlag(FLAGS_train)), "--set", "run_dir=" + run_dir},
+                        options);
+  ASSERT_EQ(child.Wait(), 0) << child.Stderr() << child.DrainStdout();
+  EXPECT_THAT(child.DrainStdout(), HasSubstr("done at step 200;"));
+
+  const std::vector<StepMetrics> metrics = Metrics(run_dir);
+  ASSERT_EQ(metrics.size(), 200u);
+  EXPECT_NEAR(metrics.front().loss, std::log(256.0), 0.1);
+  double last_losses = 0;
+  for (size_t i = metrics.size() - 10; i < metrics.size(); ++i) last_losses += metrics[i].loss;
+  last_losses /= 10;
+  const double unigram = UnigramEntropy();
+  EXPECT_LT(last_losses, unigram) << "first loss " << metrics.front().loss;
+  ASSERT_TRUE(metrics.back().val_loss.has_value());
+  EXPECT_LT(*metrics.back().val_loss, unigram);
+
+  const std::string latest = LatestCheckpoint(run_dir);
+  EXPECT_THAT(latest, HasSubstr("step_0000000200"));
+  EXPECT_THAT(ReadFile(run_dir + "/loss.svg"), HasSubstr("<svg"));
+  int event_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir + "/tensorboard")) {
+    event_files += absl::StrContains(entry.path().filename().string(), "tfevents");
+  }
+  EXPECT_EQ(event_files, 1);
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kSteps = 24;
+
+  // The uninterrupted run every interrupted one must reproduce.
+  static void SetUpTestSuite() {
+    reference_dir_ = new std::string(FreshTestDir("reference"));
+    Subprocess child = StartTrain(SmallRun(*reference_dir_, kSteps), *reference_dir_ + "/stderr");
+    ASSERT_EQ(child.Wait(), 0) << child.Stderr();
+  }
+  static void TearDownTestSuite() { delete reference_dir_; }
+
+  void ExpectSameAsReference(const std::string& run_dir) {
+    const std::vector<StepMetrics> expected = Metrics(*reference_dir_);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+    ExpectSameTrace(expected, Metrics(run_dir));
+    ExpectSameWeights(LatestCheckpoint(*reference_dir_), LatestCheckpoint(run_dir));
+  }
+
+  static std::string* reference_dir_;
+};
+
+std::string* ResumeTest::reference_dir_ = nullptr;
+
+TEST_F(ResumeTest, SigtermCheckpointsExitsZeroAndResumesBitIdentically) {
+  const std::string run_dir = FreshTestDir("sigterm");
+  {
+    Subprocess child = StartTrain(SmallRun(run_dir, kSteps), run_dir + "/stderr.1");
+    ASSERT_TRUE(ReadUntilStep(child, 10)) << child.Stderr();
+    ASSERT_EQ(kill(child.pid(), SIGTERM), 0);
+    ASSERT_EQ(child.Wait(), 0) << child.Stderr();
+    const std::optional<int64_t> stopped = NumberAfter(child.DrainStdout(), "preempted at step ");
+    ASSERT_TRUE(stopped.has_value()) << child.DrainStdout();
+    EXPECT_GE(*stopped, 10);
+    EXPECT_LT(*stopped, kSteps);
+    // The checkpoint of the step it stopped at, not only the last periodic one.
+    EXPECT_THAT(LatestCheckpoint(run_dir), HasSubstr(absl::StrFormat("step_%010d", *stopped)));
+  }
+  Subprocess resumed = StartTrain(SmallRun(run_dir, kSteps), run_dir + "/stderr.2");
+  ASSERT_EQ(resumed.Wait(), 0) << resumed.Stderr();
+  EXPECT_THAT(resumed.DrainStdout(), HasSubstr("resumed from "));
+  ExpectSameAsReference(run_dir);
+}
+
+// SIGKILL lands right after a checkpoint step's progress line, while that step's save is
+// being taken or written (saves are asynchronous), then mid-way between saves; each rerun
+// resumes from the newest complete checkpoint, and the end is as if nothing happened.
+TEST_F(ResumeTest, KillNineDuringAndBetweenSavesResumesFromLatestValidCheckpoint) {
+  const std::string run_dir = FreshTestDir("sigkill");
+  int run = 0;
+  for (const int64_t kill_at : {6, 13}) {
+    SCOPED_TRACE(absl::StrCat("killed after step ", kill_at));
+    Subprocess child = StartTrain(SmallRun(run_dir, kSteps), absl::StrCat(run_dir, "/stderr.", ++run));
+    ASSERT_TRUE(ReadUntilStep(child, kill_at)) << child.Stderr();
+    ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
+    EXPECT_EQ(child.Wait(), 128 + SIGKILL);
+    if (run > 1) {
+      EXPECT_THAT(child.DrainStdout(), HasSubstr("resumed from "));
+    }
+    LatestCheckpoint(run_dir);  // what the next run will load verifies, and nothing newer fails
+  }
+  Subprocess last = StartTrain(SmallRun(run_dir, kSteps), absl::StrCat(run_dir, "/stderr.", ++run));
+  ASSERT_EQ(last.Wait(), 0) << last.Stderr();
+  EXPECT_THAT(last.DrainStdout(), HasSubstr("resumed from "));
+  ExpectSameAsReference(run_dir);
+}
+
+// Two ranks with micro-batches of 4 see the same 8 samples a step ("single": sequential
+// sampling) as one rank accumulating two micro-batches of 4. Each rank's loss is scaled by
+// world_size / tokens and the sync averages, both exact (powers of two), and an element's sum
+// over two ranks is the same single float addition as the accumulation of two micro-batches,
+// so the runs agree to the bit; the tolerance below only allows for the order in which
+// ranks' loss sums are added (double, 1e-15 relative).
+TEST(TrainTest, TwoRanksMatchOneRankWithGradientAccumulation) {
+  constexpr int64_t kSteps = 12;
+  auto args = [&](const std::string& run_dir) {
+    std::vector<std::string> a = SmallRun(run_dir, kSteps);
+    a.insert(a.end(), {"--set", "sampler.dataloader_type=single"});
+    return a;
+  };
+  const std::string one = FreshTestDir("one_rank");
+  Subprocess single = StartTrain(args(one), one + "/stderr");
+  ASSERT_EQ(single.Wait(), 0) << single.Stderr();
+  EXPECT_THAT(single.DrainStdout(), HasSubstr("2 micro-batches of 4 per rank on 1 rank(s)"));
+
+  const std::string two = FreshTestDir("two_ranks");
+  std::vector<std::string> launch = {Absolute(absl::GetFlag(FLAGS_launch)), "--nproc_per_node=2",
+                                     "--master_port=0", "--", Absolute(absl::GetFlag(FLAGS_train))};
+  for (const std::string& a : args(two)) launch.push_back(a);
+  Subprocess ranks = Subprocess::Start(launch, ChildOptions(two + "/stderr"));
+  ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+  EXPECT_THAT(ranks.DrainStdout(), HasSubstr("1 micro-batches of 4 per rank on 2 rank(s)"));
+
+  const std::vector<StepMetrics> expected = Metrics(one);
+  const std::vector<StepMetrics> actual = Metrics(two);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", expected[i].step));
+    EXPECT_NEAR(actual[i].loss, expected[i].loss, 1e-12 * expected[i].loss);
+    EXPECT_NEAR(actual[i].grad_norm, expected[i].grad_norm, 1e-12 * expected[i].grad_norm);
+    EXPECT_EQ(actual[i].lr, expected[i].lr);
+  }
+  ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
+}
+
+// torchrun (Debian's python3-torch, installed by tools/bootstrap.sh) starts the same ranks.
+// 1.13 spells the flag --no_python; 2.x takes --no-python as well.
+TEST(TrainTest, RunsUnderTorchrun) {
+  const std::string torchrun = "/usr/bin/torchrun";
+  ASSERT_TRUE(std::filesystem::exists(torchrun)) << "run tools/bootstrap.sh (python3-torch)";
+  const std::string run_dir = FreshTestDir("torchrun");
+  // Debian's torch 1.13 on Python 3.11 cannot parse the default --redirects/--tee of 0 (its
+  // Std flag enum iterates without its zero member): send stdout to files and tee it back.
+  std::vector<std::string> argv = {torchrun, "--no_python", "--redirects=1", "--tee=1",
+                                   "--nproc_per_node=2",
+                                   absl::StrCat("--master_port=", FreePort()),
+                                   Absolute(absl::GetFlag(FLAGS_train))};
+  for (const std::string& a : SmallRun(run_dir, 6)) argv.push_back(a);
+  Subprocess child = Subprocess::Start(argv, ChildOptions(run_dir + "/stderr"));
+  ASSERT_EQ(child.Wait(), 0) << child.Stderr();
+  EXPECT_THAT(child.DrainStdout(), HasSubstr("1 micro-batches of 4 per rank on 2 rank(s)"));
+  EXPECT_EQ(Metrics(run_dir).size(), 6u);
+  EXPECT_THAT(LatestCheckpoint(run_dir), HasSubstr("step_0000000006"));
+}
+
+// Rank 1 is stopped (a hang) or killed while both train; rank 0 must fail, with a message,
+// within distributed.timeout_seconds (5) and some slack, instead of waiting forever.
+TEST(TrainTest, HungOrDeadPeerFailsTheOtherRankWithinTheTimeout) {
+  for (const int signal : {SIGSTOP, SIGKILL}) {
+    SCOPED_TRACE(signal == SIGSTOP ? "hung peer" : "dead peer");
+    const std::string run_dir = FreshTestDir(absl::StrCat("peer_", signal));
+    std::vector<std::string> args = SmallRun(run_dir, 100000);
+    args.insert(args.end(), {"--set", "distributed.timeout_seconds=5"});
+    const std::string port = absl::StrCat("MASTER_PORT=", FreePort());
+    std::vector<Subprocess> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.push_back(StartTrain(args, absl::StrCat(run_dir, "/stderr.", rank),
+                                 {absl::StrCat("RANK=", rank), absl::StrCat("LOCAL_RANK=", rank),
+                                  "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                                  port}));
+    }
+    ASSERT_TRUE(ReadUntilStep(ranks[0], 4)) << ranks[0].Stderr() << ranks[1].Stderr();
+    ASSERT_EQ(kill(ranks[1].pid(), signal), 0);
+    const std::optional<int> code = ranks[0].WaitFor(60);
+    ASSERT_TRUE(code.has_value()) << "rank 0 still running 60 s after its peer stopped";
+    EXPECT_EQ(*code, 1);
+    EXPECT_THAT(ranks[0].Stderr(), HasSubstr("train: "));
+  }
+}
+
+// tools:preprocess turns text into an indexed dataset that data.prefix trains on.
+TEST(TrainTest, TrainsOnAPreprocessedIndexedDataset) {
+  const std::string dir = FreshTestDir("preprocessed");
+  std::string text;
+  for (int i = 0; i < 400; ++i) {
+    absl::StrAppend(&text, "Paragraph ", i, ": the quick brown fox jumps over the lazy dog.\n\n");
+  }
+  std::ofstream(dir + "/a.txt") << text;
+  std::ofstream(dir + "/b.txt") << text.substr(0, 5000);
+  Subprocess preprocess = Subprocess::Start(
+      {Absolute(absl::GetFlag(FLAGS_preprocess)), "--output_prefix=" + dir + "/text",
+       dir + "/a.txt", dir + "/b.txt"},
+      ChildOptions(dir + "/preprocess.stderr"));
+  ASSERT_EQ(preprocess.Wait(), 0) << preprocess.Stderr();
+
+  std::vector<std::string> args = SmallRun(dir + "/run", 4);
+  args.insert(args.end(), {"--set", "data.prefix=" + dir + "/text"});
+  Subprocess child = StartTrain(args, dir + "/train.stderr");
+  ASSERT_EQ(child.Wait(), 0) << child.Stderr();
+  EXPECT_THAT(child.DrainStdout(), Not(HasSubstr("default corpus")));
+  EXPECT_EQ(Metrics(dir + "/run").size(), 4u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/data"));
+}
+
+TEST(TrainTest, BadConfigsAndDataNameTheProblem) {
+  const std::string dir = FreshTestDir("bad");
+  const std::string garbage = dir + "/garbage";
+  std::ofstream(garbage + ".idx") << "not an index";
+  std::ofstream(garbage + ".bin") << "not tokens";
+  const std::string typo = dir + "/typo.textproto";
+  std::ofstream(typo) << "model {\n  num_layer: 2\n}\n";
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--set", "model.layers=3"}, 2, "no field \"layers\" in section model"},
+      {{"--set", "lr_scheduler.lr_decay_style=sine"}, 2, "lr_scheduler.lr_decay_style"},
+      {{"--set", "step_scheduler.local_batch_size=0"}, 2,
+       "step_scheduler.local_batch_size (0) must be > 0"},
+      {{"--set", "model.hidden_size=30"}, 2,
+       "model.hidden_size (30) must be divisible by model.num_attention_heads (4)"},
+      {{"--set", "optimizer.name=SGD"}, 2, "optimizer.name \"SGD\" is not supported"},
+      {{"--set", "step_scheduler.global_batch_size=6"}, 2, "global_batch_size"},
+      {{"--config=/nonexistent/train.textproto"}, 1, "/nonexistent/train.textproto"},
+      {{"--config=" + typo}, 2, "typo.textproto: line 2, column "},
+      {{"--config=" + typo}, 2, "no field named \"num_layer\""},
+      {{"--set", "data.prefix=/nonexistent/corpus"}, 1, "/nonexistent/corpus"},
+      {{"--set", "data.prefix=" + garbage}, 1, garbage},
+  };
+  int run = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrJoin(c.args, " "));
+    std::vector<std::string> args = SmallRun(absl::StrCat(dir, "/run", ++run), 4);
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Subprocess child = StartTrain(args, absl::StrCat(dir, "/stderr.", run));
+    EXPECT_EQ(child.Wait(), c.exit_code) << child.Stderr();
+    EXPECT_THAT(child.Stderr(), HasSubstr(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace keel::tools
