@@ -1,5 +1,7 @@
 #include "base/torch_compat.h"
 
+#include <utility>
+
 #include "ATen/ATen.h"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
@@ -7,9 +9,31 @@
 
 #ifdef KEEL_LIBTORCH_HAS_CUDA
 #include "c10/cuda/CUDACachingAllocator.h"
+#include "c10/cuda/CUDAFunctions.h"
+#endif
+#if defined(KEEL_LIBTORCH_HAS_CUDA) && defined(USE_C10D_NCCL)
+#include "torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+#define KEEL_HAS_NCCL 1
 #endif
 
 namespace keel::base {
+namespace {
+
+#if TORCH_VERSION_MAJOR >= 2
+// In 2.x a backend serves a ProcessGroup, here one whose only backend is `backend`, for
+// tensors of `device`. (In 1.13 the backend is the group.)
+c10::intrusive_ptr<c10d::ProcessGroup> AsProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    c10d::ProcessGroup::BackendType type, c10::DeviceType device,
+    c10::intrusive_ptr<c10d::Backend> backend) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setDefaultBackend(type);
+  group->setBackend(device, type, std::move(backend));
+  return group;
+}
+#endif
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -18,12 +42,45 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 #if TORCH_VERSION_MAJOR >= 2
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-  return group;
+  return AsProcessGroup(store, rank, size, c10d::ProcessGroup::BackendType::GLOO,
+                        c10::DeviceType::CPU, gloo);
 #else
   return gloo;
+#endif
+}
+
+bool HasNccl() {
+#ifdef KEEL_HAS_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> CreateNcclProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout) {
+#ifdef KEEL_HAS_NCCL
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+#if TORCH_VERSION_MAJOR >= 2
+  return AsProcessGroup(store, rank, size, c10d::ProcessGroup::BackendType::NCCL,
+                        c10::DeviceType::CUDA, nccl);
+#else
+  return nccl;
+#endif
+#else
+  TORCH_CHECK(false, "NCCL is not available: build with --config=cuda against a CUDA LibTorch "
+              "(KEEL_LIBTORCH)");
+#endif
+}
+
+void SetCudaDevice(int index) {
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#else
+  TORCH_CHECK(false, "CUDA device ", index, " requested from a LibTorch built without CUDA");
 #endif
 }
 

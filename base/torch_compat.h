@@ -1,6 +1,6 @@
 // The one place where Keel's code differs between LibTorch 1.13 (Debian) and 2.x (PyTorch
-// wheels): c10d process-group construction, multi-tensor kernels that 1.13 lacks, and the CUDA
-// allocator, present only in a CUDA LibTorch. In 1.13 ProcessGroupGloo is a ProcessGroup; in
+// wheels): c10d process-group construction, multi-tensor kernels that 1.13 lacks, and what
+// only a CUDA LibTorch has (NCCL groups, the current device, the caching allocator). In 1.13 ProcessGroupGloo is a ProcessGroup; in
 // 2.x it is a Backend that a ProcessGroup wraps. Keel APIs take `c10d::ProcessGroup&`, whose
 // collectives have the same signatures in both.
 //
@@ -25,6 +25,21 @@ namespace keel::base {
 c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, const std::string& hostname = "127.0.0.1");
+
+// Whether CreateNcclProcessGroup can succeed: a CUDA LibTorch with NCCL (KEEL_LIBTORCH) built
+// with --config=cuda. Says nothing about GPUs being present (torch::cuda::device_count()).
+bool HasNccl();
+
+// An NCCL process group of `size` ranks rendezvousing through `store`, for CUDA tensors on each
+// rank's current device (SetCudaDevice first). Every rank must call it.
+// Throws c10::Error when !HasNccl() or the rendezvous fails (callers convert with CallTorch).
+c10::intrusive_ptr<c10d::ProcessGroup> CreateNcclProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout);
+
+// Makes CUDA device `index` this thread's current device. Throws c10::Error without a CUDA
+// LibTorch or for a device that does not exist.
+void SetCudaDevice(int index);
 
 // The rendezvous store of a torchrun-style launch: rank 0 serves it at host:port, the others
 // connect; construction waits up to `timeout` for all `world_size` ranks.

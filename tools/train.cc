@@ -31,7 +31,9 @@
 #include "tools/train_config.h"
 #include "tools/trainer.h"
 #include "tools/user_path.h"
+#include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
+#include "torch/cuda.h"
 
 ABSL_FLAG(std::string, config, "",
           "Config in protobuf text format (tools/train_config.proto); default: "
@@ -46,6 +48,7 @@ using bazel::tools::cpp::runfiles::Runfiles;
 struct Launch {
   int rank = 0;
   int world_size = 1;
+  int local_rank = 0;
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
@@ -71,6 +74,7 @@ absl::StatusOr<Launch> ReadLaunch() {
   Launch launch;
   KEEL_ASSIGN_OR_RETURN(launch.world_size, EnvInt("WORLD_SIZE", 1));
   KEEL_ASSIGN_OR_RETURN(launch.rank, EnvInt("RANK", 0));
+  KEEL_ASSIGN_OR_RETURN(launch.local_rank, EnvInt("LOCAL_RANK", launch.rank));
   KEEL_ASSIGN_OR_RETURN(launch.local_world_size, EnvInt("LOCAL_WORLD_SIZE", launch.world_size));
   KEEL_ASSIGN_OR_RETURN(launch.master_port, EnvInt("MASTER_PORT", 29500));
   if (const char* addr = std::getenv("MASTER_ADDR")) launch.master_addr = addr;
@@ -136,35 +140,69 @@ absl::Status Main(int argc, char** argv) {
   runtime.rank = launch.rank;
   runtime.world_size = launch.world_size;
   runtime.log = &std::cout;
-  c10::intrusive_ptr<c10d::ProcessGroup> group, checkpoint_group;
-  if (launch.world_size > 1) {
-    const std::string backend =
-        config.distributed().has_backend() ? config.distributed().backend() : "gloo";
-    if (backend != "gloo") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "distributed.backend \"", backend, "\" is not available in this build; allowed: "
-          "\"gloo\""));
+  // Gloo on the CPU; NCCL on this rank's GPU (LOCAL_RANK), which needs a CUDA build.
+  const std::string backend =
+      config.distributed().has_backend() ? config.distributed().backend() : "gloo";
+  const bool nccl = backend == "nccl";
+  if (!nccl && backend != "gloo") {
+    return absl::InvalidArgumentError(absl::StrCat("distributed.backend \"", backend,
+                                                   "\" is not one of \"gloo\", \"nccl\""));
+  }
+  if (nccl) {
+    if (!base::HasNccl()) {
+      return absl::InvalidArgumentError(
+          "distributed.backend \"nccl\" needs a CUDA build: bazel build --config=cuda with "
+          "KEEL_LIBTORCH at a CUDA LibTorch");
     }
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    if (launch.local_rank >= gpus) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "distributed.backend \"nccl\": LOCAL_RANK ", launch.local_rank, " has no GPU (", gpus,
+          " visible)"));
+    }
+    KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kUnavailable, "selecting the GPU",
+                                         [&] { base::SetCudaDevice(launch.local_rank); }));
+    runtime.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank));
+  }
+  // Gradients go over `group`; host scalars over a Gloo `control` group (the same one when
+  // training on Gloo); checkpoint exchanges, which async saves run on a thread of their own,
+  // over a third. NCCL builds them for a single process too, on an in-process store.
+  c10::intrusive_ptr<c10d::ProcessGroup> group, control_group, checkpoint_group;
+  if (launch.world_size > 1 || nccl) {
     const std::chrono::seconds timeout(
         config.distributed().has_timeout_seconds() ? config.distributed().timeout_seconds() : 60);
     KEEL_RETURN_IF_ERROR(base::CallTorch(
         absl::StatusCode::kUnavailable,
         absl::StrCat("rendezvous at ", launch.master_addr, ":", launch.master_port), [&] {
-          c10::intrusive_ptr<c10d::Store> store = base::CreateTcpStore(
-              launch.master_addr, launch.master_port,
-              /*is_server=*/launch.rank == 0 && !launch.agent_store, launch.world_size, timeout);
+          c10::intrusive_ptr<c10d::Store> store;
+          if (launch.world_size == 1) {
+            store = c10::make_intrusive<c10d::HashStore>();
+          } else {
+            store = base::CreateTcpStore(launch.master_addr, launch.master_port,
+                                         /*is_server=*/launch.rank == 0 && !launch.agent_store,
+                                         launch.world_size, timeout);
+          }
           if (launch.agent_store) {
             store = c10::make_intrusive<c10d::PrefixStore>(
                 absl::StrCat("/worker/attempt_", launch.restart_count), store);
           }
-          group = base::CreateGlooProcessGroup(
-              c10::make_intrusive<c10d::PrefixStore>("default", store), launch.rank,
-              launch.world_size, timeout);
-          checkpoint_group = base::CreateGlooProcessGroup(
-              c10::make_intrusive<c10d::PrefixStore>("checkpoint", store), launch.rank,
-              launch.world_size, timeout);
+          auto gloo = [&](const char* name) {
+            return base::CreateGlooProcessGroup(c10::make_intrusive<c10d::PrefixStore>(name, store),
+                                                launch.rank, launch.world_size, timeout);
+          };
+          if (nccl) {
+            group = base::CreateNcclProcessGroup(
+                c10::make_intrusive<c10d::PrefixStore>("default", store), launch.rank,
+                launch.world_size, timeout);
+            control_group = gloo("control");
+          } else {
+            group = gloo("default");
+            control_group = group;
+          }
+          checkpoint_group = gloo("checkpoint");
         }));
     runtime.group = group.get();
+    runtime.control_group = control_group.get();
     runtime.checkpoint_group = checkpoint_group.get();
   }
   KEEL_ASSIGN_OR_RETURN(TrainResult result, Train(config, std::move(runtime)));

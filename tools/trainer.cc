@@ -119,10 +119,10 @@ absl::StatusOr<std::string> DataPrefix(const TrainConfig& config, const TrainRun
       }
     }
   }
-  if (runtime.group != nullptr) {
+  if (runtime.control_group != nullptr) {
     at::Tensor failed = at::full({1}, prepared.ok() ? 0 : 1, at::kInt);
     KEEL_RETURN_IF_ERROR(
-        base::AllReduce(failed, base::Reduce::kMax, *runtime.group, "corpus preparation"));
+        base::AllReduce(failed, base::Reduce::kMax, *runtime.control_group, "corpus preparation"));
     if (prepared.ok() && failed.item<int>() != 0) {
       return absl::UnavailableError("rank 0 failed to prepare the default corpus");
     }
@@ -133,8 +133,8 @@ absl::StatusOr<std::string> DataPrefix(const TrainConfig& config, const TrainRun
 
 // Sum over the group (identity for a single process).
 absl::Status SumOverRanks(at::Tensor& tensor, const TrainRuntime& runtime, absl::string_view what) {
-  if (runtime.group == nullptr) return absl::OkStatus();
-  return base::AllReduce(tensor, base::Reduce::kSum, *runtime.group, what);
+  if (runtime.control_group == nullptr) return absl::OkStatus();
+  return base::AllReduce(tensor, base::Reduce::kSum, *runtime.control_group, what);
 }
 
 // Mean validation loss per label token over the whole validation split, shared by the ranks.
@@ -150,6 +150,7 @@ absl::StatusOr<double> Validate(Gpt& model, const Splits& splits, int64_t batch_
       indices.push_back(k);
     }
     KEEL_ASSIGN_OR_RETURN(at::Tensor batch, splits.Batch(indices, /*validation=*/true));
+    batch = batch.to(runtime.device);
     const at::Tensor logits = model->forward(batch.slice(1, 0, -1));
     loss_sum += at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                        batch.slice(1, 1).reshape({-1}), {}, at::Reduction::Sum)
@@ -245,11 +246,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
   KEEL_ASSIGN_OR_RETURN(
       auto scheduler,
       scheduling::BuildStepScheduler(step_options, *sampler, runtime.world_size, local_batch_size,
-                                     runtime.group, std::move(runtime.preemption)));
+                                     runtime.control_group, std::move(runtime.preemption)));
 
-  // Model (initialised from the default generator, seeded here), optimizer, LR schedule.
+  // Model (initialised on the CPU from the default generator, seeded here, so every device
+  // starts from the same weights), optimizer, LR schedule.
   torch::manual_seed(config.has_seed() ? config.seed() : 0);
   Gpt model(model_options);
+  model->to(runtime.device);
   std::vector<gradients::NamedParameter> parameters = gradients::TrainableParameters({model.get()});
   std::vector<at::Tensor> tensors;
   for (const auto& parameter : parameters) tensors.push_back(parameter.param);
@@ -350,6 +353,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
       int64_t local_tokens = 0;
       for (const std::vector<int64_t>& indices : micro_batches) {
         KEEL_ASSIGN_OR_RETURN(at::Tensor batch, splits.Batch(indices, /*validation=*/false));
+        if (batch.defined()) batch = batch.to(runtime.device);
         if (batch.defined()) local_tokens += batch.size(0) * (batch.size(1) - 1);
         batches.push_back(std::move(batch));
       }

@@ -16,6 +16,7 @@
 #include <ostream>
 
 #include "absl/status/statusor.h"
+#include "c10/core/Device.h"
 #include "scheduling/preemption.h"
 #include "tools/train_config.pb.h"
 
@@ -29,8 +30,14 @@ namespace keel::tools {
 struct TrainRuntime {
   int rank = 0;
   int world_size = 1;
-  // The data-parallel group; nullptr for a single process.
+  // Where the model trains: the CPU, or this rank's GPU with the NCCL backend.
+  at::Device device = at::kCPU;
+  // The data-parallel group for tensors on `device` (gradient sync); nullptr for a single
+  // process.
   c10d::ProcessGroup* group = nullptr;
+  // A CPU (Gloo) group over the same ranks for host scalars: token counts, losses, the
+  // preemption flag. With Gloo training it is `group` itself; nullptr for a single process.
+  c10d::ProcessGroup* control_group = nullptr;
   // A second group over the same ranks for checkpoint exchanges (async saves run them on a
   // background thread); nullptr for a single process.
   c10d::ProcessGroup* checkpoint_group = nullptr;
