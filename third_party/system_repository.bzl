@@ -6,14 +6,17 @@ paths such as `@com_google_absl//absl/status:statusor` resolve to targets of tha
 `files` writes small shims such as a .bzl that forwards to a native rule.
 Nothing is downloaded: headers come from the compiler's default include path (/usr/include)
 and libraries from the linker's default path, as installed by tools/bootstrap.sh.
+With $KEEL_SYSROOT set, `symlinks` are read under it instead, and the C++ toolchain gets the
+sysroot's include and library folders from BAZEL_CXXOPTS and BAZEL_LINKOPTS (tools/device/).
 """
 
 def _system_repository_impl(rctx):
+    sysroot = rctx.os.environ.get("KEEL_SYSROOT", "")
     rctx.symlink(rctx.attr.build_file, "BUILD.bazel")
     for system_path, repo_path in rctx.attr.symlinks.items():
-        if not rctx.path(system_path).exists:
-            fail("%s: %s is missing; run tools/bootstrap.sh" % (rctx.name, system_path))
-        rctx.symlink(system_path, repo_path)
+        if not rctx.path(sysroot + system_path).exists:
+            fail("%s: %s is missing; run tools/bootstrap.sh" % (rctx.name, sysroot + system_path))
+        rctx.symlink(sysroot + system_path, repo_path)
     for repo_path, content in rctx.attr.files.items():
         rctx.file(repo_path, content)
     packages = {}
@@ -34,5 +37,6 @@ keel_system_repository = repository_rule(
         "symlinks": attr.string_dict(doc = "absolute system path -> path inside the repository"),
         "files": attr.string_dict(doc = "path inside the repository -> content (small shims)"),
     },
+    environ = ["KEEL_SYSROOT"],
     local = True,
 )
