@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -18,10 +19,15 @@
 namespace keel::checkpoint::internal {
 namespace {
 
-// Reads go in blocks that stay in the L2 cache, so hashing a block right after reading it
-// costs no second trip to memory; writes go in larger blocks, which the disk prefers.
+// Reads and copies into the write buffer go in pieces that stay in the L2 cache, so hashing a
+// piece right after reading or copying it costs no second trip to memory; writes go in larger
+// blocks, which the disk prefers.
 constexpr size_t kReadBlock = size_t{1} << 20;
+constexpr size_t kCopyPiece = size_t{1} << 20;
 constexpr size_t kWriteBlock = size_t{16} << 20;
+// O_DIRECT needs buffer addresses, offsets and lengths in multiples of the logical block
+// size: 4096 covers every disk.
+constexpr size_t kDirectAlignment = 4096;
 
 XXH3_state_t* State(void* state) { return static_cast<XXH3_state_t*>(state); }
 
@@ -89,15 +95,37 @@ uint64_t CombineSegments(const std::vector<uint64_t>& digests) {
   return Xxh3(bytes.data(), bytes.size());
 }
 
-absl::StatusOr<OutputFile> OutputFile::Create(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+void OutputFile::FreeBlock::operator()(char* block) const { std::free(block); }
+
+absl::StatusOr<OutputFile> OutputFile::Create(const std::string& path, Mode mode) {
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  bool direct = mode == Mode::kDirectIfSupported;
+  int fd = ::open(path.c_str(), direct ? kFlags | O_DIRECT : kFlags, 0644);
+  if (fd < 0 && direct && errno == EINVAL) {  // the filesystem has no direct I/O
+    direct = false;
+    fd = ::open(path.c_str(), kFlags, 0644);
+  }
   if (fd < 0) return ErrnoError("creating", path);
-  return OutputFile(path, fd);
+  void* block = nullptr;
+  if (::posix_memalign(&block, kDirectAlignment, kWriteBlock) != 0) {
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("no memory for the write buffer of ", path));
+  }
+  return OutputFile(path, fd, direct,
+                    std::unique_ptr<char[], FreeBlock>(static_cast<char*>(block)));
 }
+
+OutputFile::OutputFile(std::string path, int fd, bool direct,
+                       std::unique_ptr<char[], FreeBlock> block)
+    : path_(std::move(path)), fd_(fd), direct_(direct), block_(std::move(block)) {}
 
 OutputFile::OutputFile(OutputFile&& other) noexcept
     : path_(std::move(other.path_)),
       fd_(std::exchange(other.fd_, -1)),
+      direct_(other.direct_),
+      block_(std::move(other.block_)),
+      filled_(other.filled_),
+      written_(other.written_),
       size_(other.size_),
       summary_(std::move(other.summary_)) {}
 
@@ -105,44 +133,50 @@ OutputFile::~OutputFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-absl::Status OutputFile::WriteBytes(const void* data, size_t size, Hasher* summary) {
+template <typename H>
+absl::Status OutputFile::Append(const void* data, size_t size, H* hasher) {
   const char* bytes = static_cast<const char*>(data);
   while (size > 0) {
-    const size_t piece = std::min(size, kWriteBlock);
-    if (summary != nullptr) summary->Update(bytes, piece);
-    size_t done = 0;
-    while (done < piece) {
-      const ssize_t n = ::write(fd_, bytes + done, piece - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoError("writing", path_);
-      }
-      done += static_cast<size_t>(n);
-    }
+    const size_t piece = std::min({size, kCopyPiece, kWriteBlock - filled_});
+    char* copy = block_.get() + filled_;
+    std::memcpy(copy, bytes, piece);
+    if (hasher != nullptr) hasher->Update(copy, piece);
+    filled_ += piece;
+    size_ += piece;
     bytes += piece;
     size -= piece;
-    size_ += piece;
+    if (filled_ == kWriteBlock) KEEL_RETURN_IF_ERROR(WriteBlock(kWriteBlock));
   }
   return absl::OkStatus();
 }
 
+absl::Status OutputFile::WriteBlock(size_t length) {
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pwrite(fd_, block_.get() + done, length - done,
+                               static_cast<off_t>(written_ + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("writing", path_);
+    }
+    if (n == 0) {
+      errno = ENOSPC;  // a write that makes no progress: the disk has no room
+      return ErrnoError("writing", path_);
+    }
+    done += static_cast<size_t>(n);
+  }
+  written_ += length;
+  filled_ = 0;
+  return absl::OkStatus();
+}
+
 absl::Status OutputFile::Write(const void* data, size_t size) {
-  return WriteBytes(data, size, &summary_);
+  return Append(data, size, &summary_);
 }
 
 absl::StatusOr<uint64_t> OutputFile::WriteChunk(const void* data, size_t size) {
-  // The write is bound by the kernel's copy into the page cache; hashing the same (read-only)
-  // bytes on a second core costs the save nothing.
   SegmentHasher chunk;
-  if (size < kChecksumSegment) {
-    chunk.Update(data, size);
-    KEEL_RETURN_IF_ERROR(WriteBytes(data, size, nullptr));
-  } else {
-    std::thread hasher([&] { chunk.Update(data, size); });
-    absl::Status written = WriteBytes(data, size, nullptr);
-    hasher.join();
-    KEEL_RETURN_IF_ERROR(written);
-  }
+  KEEL_RETURN_IF_ERROR(Append(data, size, &chunk));
   const uint64_t checksum = chunk.Digest();
   char bytes[8];
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((checksum >> (8 * i)) & 0xff);
@@ -162,6 +196,18 @@ absl::Status OutputFile::PadTo(uint64_t alignment) {
 }
 
 absl::Status OutputFile::Close() {
+  if (filled_ > 0) {
+    // Direct I/O writes whole aligned blocks: the last one goes out padded with zeros, and
+    // the file is cut back to its size.
+    const size_t length = direct_ ? (filled_ + kDirectAlignment - 1) / kDirectAlignment *
+                                        kDirectAlignment
+                                  : filled_;
+    std::memset(block_.get() + filled_, 0, length - filled_);
+    KEEL_RETURN_IF_ERROR(WriteBlock(length));
+    if (direct_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+      return ErrnoError("truncating", path_);
+    }
+  }
   if (::fsync(fd_) != 0) return ErrnoError("fsync of", path_);
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) return ErrnoError("closing", path_);
