@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "xxh_x86dispatch.h"
 #include "xxhash.h"
 
 namespace keel::checkpoint::internal {
@@ -29,6 +30,8 @@ constexpr size_t kWriteBlock = size_t{16} << 20;
 // size: 4096 covers every disk.
 constexpr size_t kDirectAlignment = 4096;
 
+// The _dispatch entry points pick the widest vector unit of the CPU (AVX2, AVX-512) at run
+// time; the plain ones use SSE2 in Debian's build. The hashes are the same.
 XXH3_state_t* State(void* state) { return static_cast<XXH3_state_t*>(state); }
 
 }  // namespace
@@ -58,12 +61,12 @@ Hasher::~Hasher() {
   if (state_ != nullptr) XXH3_freeState(State(state_));
 }
 void Hasher::Update(const void* data, size_t size) {
-  XXH3_64bits_update(State(state_), data, size);
+  XXH3_64bits_update_dispatch(State(state_), data, size);
 }
 uint64_t Hasher::Digest() const { return XXH3_64bits_digest(State(state_)); }
 void Hasher::Reset() { XXH3_64bits_reset(State(state_)); }
 
-uint64_t Xxh3(const void* data, size_t size) { return XXH3_64bits(data, size); }
+uint64_t Xxh3(const void* data, size_t size) { return XXH3_64bits_dispatch(data, size); }
 
 void SegmentHasher::Update(const void* data, size_t size) {
   const char* bytes = static_cast<const char*>(data);
