@@ -353,8 +353,10 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
       int64_t local_tokens = 0;
       for (const std::vector<int64_t>& indices : micro_batches) {
         KEEL_ASSIGN_OR_RETURN(at::Tensor batch, splits.Batch(indices, /*validation=*/false));
-        if (batch.defined()) batch = batch.to(runtime.device);
-        if (batch.defined()) local_tokens += batch.size(0) * (batch.size(1) - 1);
+        if (batch.defined()) {
+          batch = batch.to(runtime.device);
+          local_tokens += batch.size(0) * (batch.size(1) - 1);
+        }
         batches.push_back(std::move(batch));
       }
       at::Tensor global_tokens = at::full({1}, local_tokens, at::kLong);
