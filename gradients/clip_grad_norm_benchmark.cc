@@ -1,7 +1,8 @@
 // Clipping ~150 gradient tensors totalling ~250M elements: Keel (NeMo-exact and fused paths)
 // side by side with LibTorch's clip_grad_norm_ and the memory floor (one read pass, and one
 // read+write pass, over the same bytes). Gradients are restored outside the timed region, so
-// every iteration really clips.
+// every iteration really clips. The *_cuda cases run the same on the GPU, beside a
+// device-to-device copy of the gradients' bytes (the floor there), and skip without one.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "ATen/Parallel.h"
 #include "benchmark/benchmark.h"
 #include "gradients/clip_grad_norm.h"
+#include "torch/cuda.h"
 #include "torch/nn/utils/clip_grad.h"
 
 namespace keel::gradients {
@@ -22,21 +24,24 @@ struct Grads {
 };
 
 // 60 x [4096, 896] + 30 x [1M] + 60 x [4096]: 150 tensors, 250.4M elements.
-Grads& MakeGrads(at::ScalarType dtype) {
+Grads& MakeGrads(at::ScalarType dtype, at::DeviceType device = at::kCPU) {
   static Grads* cached = nullptr;
   static at::ScalarType cached_dtype = at::kFloat;
-  if (cached != nullptr && cached_dtype == dtype) return *cached;
+  static at::DeviceType cached_device = at::kCPU;
+  if (cached != nullptr && cached_dtype == dtype && cached_device == device) return *cached;
   delete cached;
   cached = new Grads;
   cached_dtype = dtype;
+  cached_device = device;
   at::manual_seed(0);
   std::vector<std::vector<int64_t>> shapes;
   for (int i = 0; i < 60; ++i) shapes.push_back({4096, 896});
   for (int i = 0; i < 30; ++i) shapes.push_back({1 << 20});
   for (int i = 0; i < 60; ++i) shapes.push_back({4096});
   for (const auto& shape : shapes) {
-    at::Tensor param = at::zeros(shape, dtype).requires_grad_(true);
-    param.mutable_grad() = at::randn(shape, dtype);
+    at::Tensor param =
+        at::zeros(shape, at::TensorOptions(dtype).device(device)).requires_grad_(true);
+    param.mutable_grad() = at::randn(shape, dtype).to(device);
     cached->originals.push_back(param.grad().clone());
     cached->params.push_back(param);
     cached->bytes += param.grad().nbytes();
@@ -93,23 +98,54 @@ void BM_ReadWriteFloor(benchmark::State& state, at::ScalarType dtype) {
   state.SetBytesProcessed(state.iterations() * grads.bytes);
 }
 
-void BM_TorchClipGradNorm(benchmark::State& state, at::ScalarType dtype) {
-  Grads& grads = MakeGrads(dtype);
+// False (and the benchmark skipped) when `device` is CUDA and there is no GPU.
+bool HasDevice(benchmark::State& state, at::DeviceType device) {
+  if (device == at::kCUDA && !torch::cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  return true;
+}
+
+// Waits for the GPU's queued work, so that a timed iteration includes it.
+void Synchronize(at::DeviceType device) {
+  if (device == at::kCUDA) torch::cuda::synchronize();
+}
+
+void BM_CopyFloor(benchmark::State& state, at::ScalarType dtype, at::DeviceType device) {
+  if (!HasDevice(state, device)) return;
+  Grads& grads = MakeGrads(dtype, device);
+  std::vector<at::Tensor> copies;
+  for (const at::Tensor& p : grads.params) copies.push_back(at::empty_like(p.grad()));
+  for (auto _ : state) {
+    for (size_t i = 0; i < copies.size(); ++i) copies[i].copy_(grads.params[i].grad());
+    Synchronize(device);
+  }
+  state.SetBytesProcessed(state.iterations() * grads.bytes);
+}
+
+void BM_TorchClipGradNorm(benchmark::State& state, at::ScalarType dtype, at::DeviceType device) {
+  if (!HasDevice(state, device)) return;
+  Grads& grads = MakeGrads(dtype, device);
   for (auto _ : state) {
     benchmark::DoNotOptimize(torch::nn::utils::clip_grad_norm_(grads.params, 1.0));
+    Synchronize(device);
     Restore(state, grads);
   }
   state.SetBytesProcessed(state.iterations() * grads.bytes);
 }
 
-void BM_KeelClipGradNorm(benchmark::State& state, at::ScalarType dtype, bool fused) {
-  Grads& grads = MakeGrads(dtype);
+void BM_KeelClipGradNorm(benchmark::State& state, at::ScalarType dtype, at::DeviceType device,
+                         bool fused) {
+  if (!HasDevice(state, device)) return;
+  Grads& grads = MakeGrads(dtype, device);
   std::vector<NamedParameter> params;
   for (const at::Tensor& p : grads.params) params.push_back({"w", p});
   ClipGradNormOptions options;
   options.fused = fused;
   for (auto _ : state) {
     benchmark::DoNotOptimize(ClipGradNorm(1.0, params, options));
+    Synchronize(device);
     Restore(state, grads);
   }
   state.SetBytesProcessed(state.iterations() * grads.bytes);
@@ -119,13 +155,13 @@ BENCHMARK_CAPTURE(BM_ReadFloor, float32, at::kFloat)->Unit(benchmark::kMilliseco
 BENCHMARK_CAPTURE(BM_ReadWriteFloor, float32, at::kFloat)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TorchClipGradNorm, float32, at::kFloat)
+BENCHMARK_CAPTURE(BM_TorchClipGradNorm, float32, at::kFloat, at::kCPU)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact, at::kFloat, false)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact, at::kFloat, at::kCPU, false)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused, at::kFloat, true)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused, at::kFloat, at::kCPU, true)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_ReadFloor, bfloat16, at::kBFloat16)
@@ -134,13 +170,34 @@ BENCHMARK_CAPTURE(BM_ReadFloor, bfloat16, at::kBFloat16)
 BENCHMARK_CAPTURE(BM_ReadWriteFloor, bfloat16, at::kBFloat16)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_TorchClipGradNorm, bfloat16, at::kBFloat16)
+BENCHMARK_CAPTURE(BM_TorchClipGradNorm, bfloat16, at::kBFloat16, at::kCPU)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_exact, at::kBFloat16, false)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_exact, at::kBFloat16, at::kCPU, false)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused, at::kBFloat16, true)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused, at::kBFloat16, at::kCPU, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CopyFloor, float32_cuda, at::kFloat, at::kCUDA)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TorchClipGradNorm, float32_cuda, at::kFloat, at::kCUDA)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact_cuda, at::kFloat, at::kCUDA, false)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused_cuda, at::kFloat, at::kCUDA, true)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CopyFloor, bfloat16_cuda, at::kBFloat16, at::kCUDA)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TorchClipGradNorm, bfloat16_cuda, at::kBFloat16, at::kCUDA)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused_cuda, at::kBFloat16, at::kCUDA, true)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
