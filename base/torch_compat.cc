@@ -22,10 +22,11 @@ namespace {
 #if TORCH_VERSION_MAJOR >= 2
 // In 2.x a backend serves a ProcessGroup, here one whose only backend is `backend`, for
 // tensors of `device`. (In 1.13 the backend is the group.)
-c10::intrusive_ptr<c10d::ProcessGroup> AsProcessGroup(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    c10d::ProcessGroup::BackendType type, c10::DeviceType device,
-    c10::intrusive_ptr<c10d::Backend> backend) {
+c10::intrusive_ptr<c10d::ProcessGroup> AsProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                      int rank, int size,
+                                                      c10d::ProcessGroup::BackendType type,
+                                                      c10::DeviceType device,
+                                                      c10::intrusive_ptr<c10d::Backend> backend) {
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   group->setDefaultBackend(type);
   group->setBackend(device, type, std::move(backend));
@@ -71,7 +72,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateNcclProcessGroup(
   return nccl;
 #endif
 #else
-  TORCH_CHECK(false, "NCCL is not available: build with --config=cuda against a CUDA LibTorch "
+  TORCH_CHECK(false,
+              "NCCL is not available: build with --config=cuda against a CUDA LibTorch "
               "(KEEL_LIBTORCH)");
 #endif
 }

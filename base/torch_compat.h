@@ -1,8 +1,8 @@
 // The one place where Keel's code differs between LibTorch 1.13 (Debian) and 2.x (PyTorch
 // wheels): c10d process-group construction, multi-tensor kernels that 1.13 lacks, and what
-// only a CUDA LibTorch has (NCCL groups, the current device, the caching allocator). In 1.13 ProcessGroupGloo is a ProcessGroup; in
-// 2.x it is a Backend that a ProcessGroup wraps. Keel APIs take `c10d::ProcessGroup&`, whose
-// collectives have the same signatures in both.
+// only a CUDA LibTorch has (NCCL groups, the current device, the caching allocator). In 1.13
+// ProcessGroupGloo is a ProcessGroup; in 2.x it is a Backend that a ProcessGroup wraps. Keel APIs
+// take `c10d::ProcessGroup&`, whose collectives have the same signatures in both.
 //
 //   auto store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
 //   c10::intrusive_ptr<c10d::ProcessGroup> group =

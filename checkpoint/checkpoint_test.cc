@@ -121,9 +121,9 @@ TEST_P(CheckpointFormatTest, RoundTripsEveryDtypeAndValue) {
 TEST_P(CheckpointFormatTest, LargeStateRoundTripsWithAndWithoutDirectIo) {
   at::manual_seed(7);
   TensorsState saved;
-  saved.tensors["a"] = {at::randn({5 << 20})};                   // 20 MiB
-  saved.tensors["b"] = {at::randn({12345})};  // 49380 bytes: no multiple of 4096
-  saved.tensors["c"] = {at::randn({3 << 20}, at::kDouble)};      // 24 MiB
+  saved.tensors["a"] = {at::randn({5 << 20})};               // 20 MiB
+  saved.tensors["b"] = {at::randn({12345})};                 // 49380 bytes: no multiple of 4096
+  saved.tensors["c"] = {at::randn({3 << 20}, at::kDouble)};  // 24 MiB
   std::vector<std::string> roots = {::testing::TempDir()};
   if (std::filesystem::is_directory("/dev/shm")) roots.push_back("/dev/shm");
   for (const std::string& root : roots) {

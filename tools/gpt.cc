@@ -14,17 +14,17 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GptOptions& options)
       : heads_(options.num_attention_heads),
-        ln_1_(register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions(
-                                          {options.hidden_size})))),
-        qkv_(register_module("qkv", torch::nn::Linear(options.hidden_size,
-                                                      3 * options.hidden_size))),
+        ln_1_(register_module(
+            "ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.hidden_size})))),
+        qkv_(register_module("qkv",
+                             torch::nn::Linear(options.hidden_size, 3 * options.hidden_size))),
         attn_proj_(register_module("attn_proj",
                                    torch::nn::Linear(options.hidden_size, options.hidden_size))),
-        ln_2_(register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions(
-                                          {options.hidden_size})))),
+        ln_2_(register_module(
+            "ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.hidden_size})))),
         fc_(register_module("fc", torch::nn::Linear(options.hidden_size, options.ffn_hidden_size))),
-        mlp_proj_(register_module("mlp_proj", torch::nn::Linear(options.ffn_hidden_size,
-                                                                options.hidden_size))) {}
+        mlp_proj_(register_module(
+            "mlp_proj", torch::nn::Linear(options.ffn_hidden_size, options.hidden_size))) {}
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
     const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
@@ -70,8 +70,8 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
                          torch::nn::Embedding(options.max_sequence_length, options.hidden_size));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < options.num_layers; ++i) blocks_->push_back(Block(options));
-  ln_f_ = register_module(
-      "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.hidden_size})));
+  ln_f_ = register_module("ln_f",
+                          torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.hidden_size})));
   // GPT-2's initialisation: N(0, 0.02) for embeddings and projection weights, zero biases
   // (LayerNorms keep their ones and zeros).
   at::NoGradGuard no_grad;

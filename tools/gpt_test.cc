@@ -56,8 +56,9 @@ TEST(GptTest, InitialisesLikeGpt2) {
     const std::string& name = parameter.key();
     const at::Tensor& value = parameter.value();
     if (name.find("ln_") != std::string::npos) {
-      EXPECT_TRUE(at::equal(value, name.find("weight") != std::string::npos ? at::ones_like(value)
-                                                                             : at::zeros_like(value)));
+      EXPECT_TRUE(at::equal(value, name.find("weight") != std::string::npos
+                                       ? at::ones_like(value)
+                                       : at::zeros_like(value)));
     } else if (name.find(".bias") != std::string::npos) {
       EXPECT_TRUE(at::equal(value, at::zeros_like(value)));
     } else {

@@ -148,8 +148,8 @@ TEST(LaunchTest, ResolvesProgramAndRunsWorkersInBuildWorkingDirectory) {
 TEST(LaunchTest, ExitsWithTheFailingRanksCode) {
   const std::string out = FreshTestDir("exit_code");
   Subprocess launch = StartLauncher({"--nproc_per_node=2", "--", absl::GetFlag(FLAGS_child),
-                                       "--out_dir=" + out, "exit:0", "exit:7"},
-                                      out + "/stderr");
+                                     "--out_dir=" + out, "exit:0", "exit:7"},
+                                    out + "/stderr");
   EXPECT_EQ(launch.Wait(), 7);
   EXPECT_THAT(launch.Stderr(), HasSubstr("launch: rank 1 exited with code 7\n"));
 }

@@ -9,8 +9,8 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -25,7 +25,9 @@ extern char** environ;
 namespace keel::tools {
 namespace {
 
-int ExitCode(int status) { return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status); }
+int ExitCode(int status) {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
 
 }  // namespace
 
@@ -85,8 +87,8 @@ Subprocess Subprocess::Start(const std::vector<std::string>& argv,
   posix_spawnattr_setsigdefault(&attributes, &defaults);
   posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
-  const int error = posix_spawn(&pid, c_argv[0], &actions, &attributes, c_argv.data(),
-                                c_environment.data());
+  const int error =
+      posix_spawn(&pid, c_argv[0], &actions, &attributes, c_argv.data(), c_environment.data());
   posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   if (out[1] >= 0) close(out[1]);
@@ -164,8 +166,7 @@ int Subprocess::Wait() {
 
 std::optional<int> Subprocess::WaitFor(double seconds) {
   if (pid_ <= 0) return -1;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (!exit_code_) {
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {

@@ -83,8 +83,8 @@ absl::StatusOr<Launch> ReadLaunch() {
   KEEL_ASSIGN_OR_RETURN(launch.restart_count, EnvInt("TORCHELASTIC_RESTART_COUNT", 0));
   if (launch.world_size < 1 || launch.rank >= launch.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("RANK (", launch.rank,
-                                                   ") must be < WORLD_SIZE (",
-                                                   launch.world_size, "), which must be >= 1"));
+                                                   ") must be < WORLD_SIZE (", launch.world_size,
+                                                   "), which must be >= 1"));
   }
   return launch;
 }
@@ -145,8 +145,8 @@ absl::Status Main(int argc, char** argv) {
       config.distributed().has_backend() ? config.distributed().backend() : "gloo";
   const bool nccl = backend == "nccl";
   if (!nccl && backend != "gloo") {
-    return absl::InvalidArgumentError(absl::StrCat("distributed.backend \"", backend,
-                                                   "\" is not one of \"gloo\", \"nccl\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed.backend \"", backend, "\" is not one of \"gloo\", \"nccl\""));
   }
   if (nccl) {
     if (!base::HasNccl()) {
@@ -156,9 +156,9 @@ absl::Status Main(int argc, char** argv) {
     }
     const int gpus = static_cast<int>(torch::cuda::device_count());
     if (launch.local_rank >= gpus) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "distributed.backend \"nccl\": LOCAL_RANK ", launch.local_rank, " has no GPU (", gpus,
-          " visible)"));
+      return absl::FailedPreconditionError(absl::StrCat("distributed.backend \"nccl\": LOCAL_RANK ",
+                                                        launch.local_rank, " has no GPU (", gpus,
+                                                        " visible)"));
     }
     KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kUnavailable, "selecting the GPU",
                                          [&] { base::SetCudaDevice(launch.local_rank); }));

@@ -67,10 +67,10 @@ absl::Status ApplyOverride(const std::string& assignment, TrainConfig& config) {
     const Descriptor& descriptor = *message->GetDescriptor();
     field = descriptor.FindFieldByName(parts[i]);
     if (field == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--set ", assignment, ": no field \"", parts[i], "\" in ",
-          i == 0 ? "the config" : absl::StrCat("section ", parts[i - 1]), "; fields: ",
-          FieldNames(descriptor)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--set ", assignment, ": no field \"", parts[i], "\" in ",
+                       i == 0 ? "the config" : absl::StrCat("section ", parts[i - 1]),
+                       "; fields: ", FieldNames(descriptor)));
     }
     const bool last = i + 1 == parts.size();
     if (!last) {
@@ -80,9 +80,9 @@ absl::Status ApplyOverride(const std::string& assignment, TrainConfig& config) {
       }
       message = message->GetReflection()->MutableMessage(message, field);
     } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      return absl::InvalidArgumentError(absl::StrCat("--set ", assignment, ": ", parts[i],
-                                                     " is a section; set one of its fields: ",
-                                                     FieldNames(*field->message_type())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--set ", assignment, ": ", parts[i],
+          " is a section; set one of its fields: ", FieldNames(*field->message_type())));
     }
   }
   std::vector<std::string> values = {value};
@@ -92,7 +92,7 @@ absl::Status ApplyOverride(const std::string& assignment, TrainConfig& config) {
   }
   for (const std::string& item : values) {
     if (!google::protobuf::TextFormat::ParseFieldValueFromString(Quoted(*field, item), field,
-                                                                message)) {
+                                                                 message)) {
       return absl::InvalidArgumentError(absl::StrCat("--set ", assignment, ": \"", item,
                                                      "\" is not a valid ", field->type_name(),
                                                      " for ", path));
@@ -131,9 +131,9 @@ const FieldDescriptor* FieldCopier::Find(const char* name, CppType type) {
   const FieldDescriptor* field = section_.GetDescriptor()->FindFieldByName(name);
   if (field == nullptr || field->cpp_type() != type) {
     if (status_.ok()) {
-      status_ = absl::InternalError(absl::StrCat(
-          "config schema: ", section_.GetDescriptor()->full_name(), " has no ",
-          FieldDescriptor::CppTypeName(type), " field \"", name, "\""));
+      status_ = absl::InternalError(
+          absl::StrCat("config schema: ", section_.GetDescriptor()->full_name(), " has no ",
+                       FieldDescriptor::CppTypeName(type), " field \"", name, "\""));
     }
     return nullptr;
   }
@@ -144,9 +144,9 @@ bool FieldCopier::Present(const char* name) {
   const FieldDescriptor* field = section_.GetDescriptor()->FindFieldByName(name);
   if (field == nullptr) {
     if (status_.ok()) {
-      status_ = absl::InternalError(absl::StrCat("config schema: ",
-                                                 section_.GetDescriptor()->full_name(),
-                                                 " has no field \"", name, "\""));
+      status_ =
+          absl::InternalError(absl::StrCat("config schema: ", section_.GetDescriptor()->full_name(),
+                                           " has no field \"", name, "\""));
     }
     return false;
   }
@@ -195,7 +195,8 @@ void FieldCopier::Fail(const char* name, const std::string& error) {
   std::string section = section_.GetDescriptor()->name();
   const Descriptor& config = *TrainConfig::descriptor();
   for (int i = 0; i < config.field_count(); ++i) {
-    if (config.field(i)->message_type() == section_.GetDescriptor()) section = config.field(i)->name();
+    if (config.field(i)->message_type() == section_.GetDescriptor())
+      section = config.field(i)->name();
   }
   status_ = absl::InvalidArgumentError(absl::StrCat(section, ".", name, ": ", error));
 }

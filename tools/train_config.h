@@ -3,7 +3,8 @@
 // name (each struct's VisitFields list), so no option is parsed twice.
 //
 //   KEEL_ASSIGN_OR_RETURN(TrainConfig config,
-//                         LoadTrainConfig("tools/train_default.textproto", {"model.num_layers=2"}));
+//                         LoadTrainConfig("tools/train_default.textproto",
+//                         {"model.num_layers=2"}));
 //   keel::scheduling::StepSchedulerOptions options;
 //   KEEL_RETURN_IF_ERROR(CopyFields(config.step_scheduler(), options));
 #ifndef KEEL_TOOLS_TRAIN_CONFIG_H_
@@ -27,8 +28,8 @@ namespace keel::tools {
 // Parses `path` (text format) and applies `overrides` ("section.field=value", in order).
 // Errors: kNotFound for a missing file; kInvalidArgument naming the file, line and column of a
 // syntax error or unknown field, or the override and the fields its section has.
-[[nodiscard]] absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
-                                                          const std::vector<std::string>& overrides);
+[[nodiscard]] absl::StatusOr<TrainConfig> LoadTrainConfig(
+    const std::string& path, const std::vector<std::string>& overrides);
 
 // Applies one "section.field=value" (nested messages by dots; repeated fields take a
 // comma-separated list). Errors: kInvalidArgument as LoadTrainConfig.

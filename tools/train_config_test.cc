@@ -34,8 +34,7 @@ std::string WriteConfig(const std::string& name, const std::string& text) {
 }
 
 TEST(TrainConfigTest, DefaultConfigFillsEveryOptionsStruct) {
-  KEEL_ASSERT_OK_AND_ASSIGN(TrainConfig config,
-                            LoadTrainConfig(absl::GetFlag(FLAGS_config), {}));
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainConfig config, LoadTrainConfig(absl::GetFlag(FLAGS_config), {}));
   scheduling::StepSchedulerOptions step;
   EXPECT_THAT(CopyFields(config.step_scheduler(), step), IsOk());
   EXPECT_EQ(step.global_batch_size, 16);  // values as written in train_default.textproto
@@ -87,8 +86,9 @@ TEST(TrainConfigTest, SchemaHasEveryOptionsFieldAndUnsetFieldsKeepDefaults) {
 
 TEST(TrainConfigTest, SectionLackingAFieldIsAnInternalError) {
   scheduling::StepSchedulerOptions step;
-  EXPECT_THAT(CopyFields(ModelConfig(), step),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("has no int64 field \"global_batch_size\"")));
+  EXPECT_THAT(
+      CopyFields(ModelConfig(), step),
+      StatusIs(absl::StatusCode::kInternal, HasSubstr("has no int64 field \"global_batch_size\"")));
   // An optional field the schema lacks is caught too, set or not.
   optim::ParamSchedulerOptions lr;
   EXPECT_THAT(CopyFields(ModelConfig(), lr),
@@ -139,9 +139,9 @@ TEST(TrainConfigTest, BadEnumSpellingNamesSectionFieldAndAllowedValues) {
   TrainConfig config;
   ASSERT_THAT(ApplyOverride("lr_scheduler.lr_decay_style=sine", config), IsOk());
   optim::ParamSchedulerOptions lr;
-  EXPECT_THAT(CopyFields(config.lr_scheduler(), lr),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("lr_scheduler.lr_decay_style: ")));
+  EXPECT_THAT(
+      CopyFields(config.lr_scheduler(), lr),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lr_scheduler.lr_decay_style: ")));
   EXPECT_THAT(CopyFields(config.lr_scheduler(), lr).message(), HasSubstr("cosine"));
 }
 

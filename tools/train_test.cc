@@ -71,9 +71,9 @@ std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps)
 SubprocessOptions ChildOptions(const std::string& stderr_path,
                                std::vector<std::string> environment = {}) {
   SubprocessOptions options;
-  options.remove_environment = {"BUILD_WORKING_DIRECTORY", "OMP_NUM_THREADS", "RANK",
-                                "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                "MASTER_PORT"};
+  options.remove_environment = {
+      "BUILD_WORKING_DIRECTORY", "OMP_NUM_THREADS", "RANK",       "WORLD_SIZE", "LOCAL_RANK",
+      "LOCAL_WORLD_SIZE",        "MASTER_ADDR",     "MASTER_PORT"};
   options.add_environment = {"OMP_NUM_THREADS=1"};
   options.add_environment.insert(options.add_environment.end(), environment.begin(),
                                  environment.end());
@@ -212,9 +212,8 @@ TEST(TrainTest, DefaultRunLearnsMoreThanByteFrequencies) {
   SubprocessOptions options = ChildOptions(run_dir + "/stderr");
   options.remove_environment.push_back("OMP_NUM_THREADS");
   options.add_environment.clear();  // the threads a user gets
-  Subprocess child =
-      Subprocess::Start({Absolute(absl::GetFlag(FLAGS_train)), "--set", "run_dir=" + run_dir},
-                        options);
+  Subprocess child = Subprocess::Start(
+      {Absolute(absl::GetFlag(FLAGS_train)), "--set", "run_dir=" + run_dir}, options);
   ASSERT_EQ(child.Wait(), 0) << child.Stderr() << child.DrainStdout();
   EXPECT_THAT(child.DrainStdout(), HasSubstr("done at step 200;"));
 
@@ -291,7 +290,8 @@ TEST_F(ResumeTest, KillNineDuringAndBetweenSavesResumesFromLatestValidCheckpoint
   int run = 0;
   for (const int64_t kill_at : {6, 13}) {
     SCOPED_TRACE(absl::StrCat("killed after step ", kill_at));
-    Subprocess child = StartTrain(SmallRun(run_dir, kSteps), absl::StrCat(run_dir, "/stderr.", ++run));
+    Subprocess child =
+        StartTrain(SmallRun(run_dir, kSteps), absl::StrCat(run_dir, "/stderr.", ++run));
     ASSERT_TRUE(ReadUntilStep(child, kill_at)) << child.Stderr();
     ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
     EXPECT_EQ(child.Wait(), 128 + SIGKILL);
@@ -353,7 +353,10 @@ TEST(TrainTest, RunsUnderTorchrun) {
   const std::string run_dir = FreshTestDir("torchrun");
   // Debian's torch 1.13 on Python 3.11 cannot parse the default --redirects/--tee of 0 (its
   // Std flag enum iterates without its zero member): send stdout to files and tee it back.
-  std::vector<std::string> argv = {torchrun, "--no_python", "--redirects=1", "--tee=1",
+  std::vector<std::string> argv = {torchrun,
+                                   "--no_python",
+                                   "--redirects=1",
+                                   "--tee=1",
                                    "--nproc_per_node=2",
                                    absl::StrCat("--master_port=", FreePort()),
                                    Absolute(absl::GetFlag(FLAGS_train))};
@@ -376,10 +379,10 @@ TEST(TrainTest, HungOrDeadPeerFailsTheOtherRankWithinTheTimeout) {
     const std::string port = absl::StrCat("MASTER_PORT=", FreePort());
     std::vector<Subprocess> ranks;
     for (int rank = 0; rank < 2; ++rank) {
-      ranks.push_back(StartTrain(args, absl::StrCat(run_dir, "/stderr.", rank),
-                                 {absl::StrCat("RANK=", rank), absl::StrCat("LOCAL_RANK=", rank),
-                                  "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
-                                  port}));
+      ranks.push_back(
+          StartTrain(args, absl::StrCat(run_dir, "/stderr.", rank),
+                     {absl::StrCat("RANK=", rank), absl::StrCat("LOCAL_RANK=", rank),
+                      "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", port}));
     }
     ASSERT_TRUE(ReadUntilStep(ranks[0], 4)) << ranks[0].Stderr() << ranks[1].Stderr();
     ASSERT_EQ(kill(ranks[1].pid(), signal), 0);
@@ -399,10 +402,10 @@ TEST(TrainTest, TrainsOnAPreprocessedIndexedDataset) {
   }
   std::ofstream(dir + "/a.txt") << text;
   std::ofstream(dir + "/b.txt") << text.substr(0, 5000);
-  Subprocess preprocess = Subprocess::Start(
-      {Absolute(absl::GetFlag(FLAGS_preprocess)), "--output_prefix=" + dir + "/text",
-       dir + "/a.txt", dir + "/b.txt"},
-      ChildOptions(dir + "/preprocess.stderr"));
+  Subprocess preprocess =
+      Subprocess::Start({Absolute(absl::GetFlag(FLAGS_preprocess)),
+                         "--output_prefix=" + dir + "/text", dir + "/a.txt", dir + "/b.txt"},
+                        ChildOptions(dir + "/preprocess.stderr"));
   ASSERT_EQ(preprocess.Wait(), 0) << preprocess.Stderr();
 
   std::vector<std::string> args = SmallRun(dir + "/run", 4);
@@ -448,12 +451,15 @@ TEST(TrainTest, BadConfigsAndDataNameTheProblem) {
   const std::vector<Case> cases = {
       {{"--set", "model.layers=3"}, 2, "no field \"layers\" in section model"},
       {{"--set", "lr_scheduler.lr_decay_style=sine"}, 2, "lr_scheduler.lr_decay_style"},
-      {{"--set", "step_scheduler.local_batch_size=0"}, 2,
+      {{"--set", "step_scheduler.local_batch_size=0"},
+       2,
        "step_scheduler.local_batch_size (0) must be > 0"},
-      {{"--set", "model.hidden_size=30"}, 2,
+      {{"--set", "model.hidden_size=30"},
+       2,
        "model.hidden_size (30) must be divisible by model.num_attention_heads (4)"},
       {{"--set", "optimizer.name=SGD"}, 2, "optimizer.name \"SGD\" is not supported"},
-      {{"--set", "distributed.backend=mpi"}, 2,
+      {{"--set", "distributed.backend=mpi"},
+       2,
        "distributed.backend \"mpi\" is not one of \"gloo\", \"nccl\""},
       {{"--set", "step_scheduler.global_batch_size=6"}, 2, "global_batch_size"},
       {{"--config=/nonexistent/train.textproto"}, 1, "/nonexistent/train.textproto"},

@@ -27,32 +27,30 @@
 #include "sampling/indexed_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
-#include "torch/optim/adamw.h"
-#include "torch/utils.h"
 #include "tools/corpus.h"
 #include "tools/gpt.h"
 #include "tools/metrics.h"
 #include "tools/train_config.h"
+#include "torch/optim/adamw.h"
+#include "torch/utils.h"
 
 namespace keel::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::duration duration) {
-  return std::chrono::duration<double>(duration).count();
-}
+double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
 
 absl::Status MakeDirectories(const std::string& path) {
   std::error_code error;
   std::filesystem::create_directories(path, error);
-  if (error) return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", error.message()));
+  if (error)
+    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", error.message()));
   return absl::OkStatus();
 }
 
 double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 absl::Status Require(bool ok, absl::string_view field, int64_t value, absl::string_view allowed) {
@@ -174,7 +172,8 @@ absl::Status Record(Outputs& outputs, const StepMetrics& metrics) {
   if (outputs.jsonl) KEEL_RETURN_IF_ERROR(outputs.jsonl->Write(metrics));
   if (outputs.tensorboard) {
     const double now = NowSeconds();
-    KEEL_RETURN_IF_ERROR(outputs.tensorboard->AddScalar("train/loss", metrics.step, metrics.loss, now));
+    KEEL_RETURN_IF_ERROR(
+        outputs.tensorboard->AddScalar("train/loss", metrics.step, metrics.loss, now));
     KEEL_RETURN_IF_ERROR(outputs.tensorboard->AddScalar("train/lr", metrics.step, metrics.lr, now));
     KEEL_RETURN_IF_ERROR(
         outputs.tensorboard->AddScalar("train/grad_norm", metrics.step, metrics.grad_norm, now));
@@ -257,7 +256,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
   std::vector<at::Tensor> tensors;
   for (const auto& parameter : parameters) tensors.push_back(parameter.param);
   torch::optim::AdamWOptions adamw_options(config.optimizer().has_lr() ? config.optimizer().lr()
-                                                                      : 1e-3);
+                                                                       : 1e-3);
   if (config.optimizer().has_beta1() || config.optimizer().has_beta2()) {
     adamw_options.betas({config.optimizer().has_beta1() ? config.optimizer().beta1() : 0.9,
                          config.optimizer().has_beta2() ? config.optimizer().beta2() : 0.999});
@@ -292,8 +291,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
                                            {"rng", &rng_state},
                                            {"sampler", &sampler_state},
                                            {"step_scheduler", &step_state}};
-  KEEL_ASSIGN_OR_RETURN(auto checkpointer,
-                        checkpoint::Checkpointer::Create(checkpoint_options, runtime.checkpoint_group));
+  KEEL_ASSIGN_OR_RETURN(auto checkpointer, checkpoint::Checkpointer::Create(
+                                               checkpoint_options, runtime.checkpoint_group));
   KEEL_RETURN_IF_ERROR(MakeDirectories(checkpoint_options.checkpoint_dir));
   KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found,
                         checkpoint::FindLatest(checkpoint_options.checkpoint_dir));
@@ -313,28 +312,28 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
                           JsonlWriter::Create(absl::StrCat(config.run_dir(), "/metrics.jsonl"),
                                               /*append=*/found.latest.has_value()));
     if (!config.logging().has_tensorboard() || config.logging().tensorboard()) {
-      KEEL_ASSIGN_OR_RETURN(outputs.tensorboard,
-                            TensorBoardWriter::Create(absl::StrCat(config.run_dir(), "/tensorboard"),
-                                                      NowSeconds()));
+      KEEL_ASSIGN_OR_RETURN(
+          outputs.tensorboard,
+          TensorBoardWriter::Create(absl::StrCat(config.run_dir(), "/tensorboard"), NowSeconds()));
     }
-    log << "model: " << parameters.size() << " tensors, "
-        << [&] {
-             int64_t n = 0;
-             for (const auto& p : parameters) n += p.param.numel();
-             return n;
-           }()
+    log << "model: " << parameters.size() << " tensors, " <<
+        [&] {
+          int64_t n = 0;
+          for (const auto& p : parameters) n += p.param.numel();
+          return n;
+        }()
         << " parameters; " << splits.train_size() << " training and " << splits.val_size()
         << " validation windows of " << data_options.sequence_length << " tokens; "
-        << scheduler.max_steps() << " steps of " << step_options.global_batch_size
-        << " samples (" << scheduler.grad_acc_steps() << " micro-batches of "
-        << local_batch_size << " per rank on " << runtime.world_size << " rank(s))\n";
+        << scheduler.max_steps() << " steps of " << step_options.global_batch_size << " samples ("
+        << scheduler.grad_acc_steps() << " micro-batches of " << local_batch_size << " per rank on "
+        << runtime.world_size << " rank(s))\n";
   }
 
   const int64_t log_every =
       config.logging().has_log_every_steps() ? config.logging().log_every_steps() : 1;
-  const std::optional<double> max_norm =
-      config.clip_grad().has_max_norm() ? std::optional<double>(config.clip_grad().max_norm())
-                                        : std::numeric_limits<double>::infinity();
+  const std::optional<double> max_norm = config.clip_grad().has_max_norm()
+                                             ? std::optional<double>(config.clip_grad().max_norm())
+                                             : std::numeric_limits<double>::infinity();
   const auto loop_start = Clock::now();
   Clock::duration bookkeeping{};
   auto interval_start = loop_start;
@@ -410,7 +409,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
         interval_start = Clock::now();
         interval_tokens = 0;
         // Flushed: a pipe or file (tee, a job log) shows progress as it happens.
-        if (chief) log << ProgressLine(metrics, scheduler.max_steps(), result.start_step) << std::endl;
+        if (chief)
+          log << ProgressLine(metrics, scheduler.max_steps(), result.start_step) << std::endl;
       }
       if (chief) KEEL_RETURN_IF_ERROR(Record(outputs, metrics));
 
@@ -439,8 +439,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config, TrainRuntime runtim
                           ReadJsonl(absl::StrCat(config.run_dir(), "/metrics.jsonl")));
     KEEL_RETURN_IF_ERROR(WriteLossPlot(absl::StrCat(config.run_dir(), "/loss.svg"), history));
     log << (result.preempted ? "preempted" : "done") << " at step " << result.final_step
-        << "; bookkeeping " << 100.0 * result.bookkeeping_seconds / result.loop_seconds
-        << "% of " << result.loop_seconds << " s\n";
+        << "; bookkeeping " << 100.0 * result.bookkeeping_seconds / result.loop_seconds << "% of "
+        << result.loop_seconds << " s\n";
   }
   return result;
 }

@@ -156,8 +156,8 @@ absl::Status OutputFile::Append(const void* data, size_t size, H* hasher) {
 absl::Status OutputFile::WriteBlock(size_t length) {
   size_t done = 0;
   while (done < length) {
-    const ssize_t n = ::pwrite(fd_, block_.get() + done, length - done,
-                               static_cast<off_t>(written_ + done));
+    const ssize_t n =
+        ::pwrite(fd_, block_.get() + done, length - done, static_cast<off_t>(written_ + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoError("writing", path_);
@@ -202,9 +202,8 @@ absl::Status OutputFile::Close() {
   if (filled_ > 0) {
     // Direct I/O writes whole aligned blocks: the last one goes out padded with zeros, and
     // the file is cut back to its size.
-    const size_t length = direct_ ? (filled_ + kDirectAlignment - 1) / kDirectAlignment *
-                                        kDirectAlignment
-                                  : filled_;
+    const size_t length =
+        direct_ ? (filled_ + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment : filled_;
     std::memset(block_.get() + filled_, 0, length - filled_);
     KEEL_RETURN_IF_ERROR(WriteBlock(length));
     if (direct_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {

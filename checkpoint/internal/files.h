@@ -63,8 +63,8 @@ uint64_t CombineSegments(const std::vector<uint64_t>& digests);
 class OutputFile {
  public:
   enum class Mode { kDirectIfSupported, kBuffered };
-  [[nodiscard]] static absl::StatusOr<OutputFile> Create(
-      const std::string& path, Mode mode = Mode::kDirectIfSupported);
+  [[nodiscard]] static absl::StatusOr<OutputFile> Create(const std::string& path,
+                                                         Mode mode = Mode::kDirectIfSupported);
   OutputFile(OutputFile&& other) noexcept;
   OutputFile& operator=(OutputFile&&) = delete;
   ~OutputFile();
