@@ -6,7 +6,8 @@
 //   bazel run -c opt //checkpoint:checkpoint_benchmark -- --benchmark_out_format=console
 //
 // The argument is the state size in GiB. Files go to $KEEL_BENCHMARK_DIR (default /tmp);
-// reads come from the page cache for every contender alike.
+// reads come from the page cache for every contender alike. The /cuda cases hold the state on
+// the GPU and skip without one.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "benchmark/benchmark.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_testutil.h"
+#include "torch/cuda.h"
 #include "torch/serialize.h"
 
 namespace keel::checkpoint {
@@ -44,6 +46,22 @@ TensorsState ModelLikeState(int64_t gib) {
     state.tensors[absl::StrCat("param", i, ".exp_avg_sq")] = {at::rand({kTensorFloats})};
   }
   state.values = {{"step", 1000}};
+  return state;
+}
+
+// False (and the benchmark skipped) for a CUDA case on a machine without a GPU.
+bool HasDevice(benchmark::State& state, at::DeviceType device) {
+  if (device == at::kCUDA && !torch::cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  return true;
+}
+
+// ModelLikeState on `device`.
+TensorsState ModelLikeStateOn(int64_t gib, at::DeviceType device) {
+  TensorsState state = ModelLikeState(gib);
+  for (auto& [key, ref] : state.tensors) ref.tensor = ref.tensor.to(device);
   return state;
 }
 
@@ -82,8 +100,9 @@ void BM_RawWriteFsync(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * Bytes(tensors));
 }
 
-void BM_KeelSave(benchmark::State& state) {
-  TensorsState tensors = ModelLikeState(state.range(0));
+void BM_KeelSave(benchmark::State& state, at::DeviceType device) {
+  if (!HasDevice(state, device)) return;
+  TensorsState tensors = ModelLikeStateOn(state.range(0), device);
   const std::string dir = BenchmarkDir() + "/keel_bench_save";
   RemoveAll(dir);
   CheckpointerOptions options;
@@ -124,8 +143,9 @@ void BM_RawRead(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * Bytes(tensors));
 }
 
-void BM_KeelLoad(benchmark::State& state) {
-  TensorsState tensors = ModelLikeState(state.range(0));
+void BM_KeelLoad(benchmark::State& state, at::DeviceType device) {
+  if (!HasDevice(state, device)) return;
+  TensorsState tensors = ModelLikeStateOn(state.range(0), device);
   const std::string dir = BenchmarkDir() + "/keel_bench_load";
   RemoveAll(dir);
   CheckpointerOptions options;
@@ -137,6 +157,7 @@ void BM_KeelLoad(benchmark::State& state) {
   TensorsState target = tensors.EmptyLike(0);
   for (auto _ : state) {
     Check(LoadCheckpoint(dir + "/step_0000000001", {{"model", &target}}).status(), state);
+    if (device == at::kCUDA) torch::cuda::synchronize();
   }
   RemoveAll(dir);
   state.SetBytesProcessed(state.iterations() * Bytes(tensors));
@@ -171,10 +192,29 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * Bytes(tensors));
 }
 
+// The floor for the stall of a GPU state's async save: copying it into pinned host memory.
+void BM_DeviceToHost(benchmark::State& state) {
+  if (!HasDevice(state, at::kCUDA)) return;
+  const TensorsState tensors = ModelLikeStateOn(state.range(0), at::kCUDA);
+  std::vector<at::Tensor> host;
+  for (const auto& [key, ref] : tensors.tensors) {
+    host.push_back(
+        at::empty(ref.tensor.sizes(), ref.tensor.options().device(at::kCPU).pinned_memory(true)));
+  }
+  for (auto _ : state) {
+    size_t i = 0;
+    for (const auto& [key, ref] : tensors.tensors)
+      host[i++].copy_(ref.tensor, /*non_blocking=*/true);
+    torch::cuda::synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * Bytes(tensors));
+}
+
 // The training-side stall of an async save: Save() returns after the snapshot; the write
 // finishes outside the timed region.
-void BM_KeelAsyncSaveStall(benchmark::State& state) {
-  TensorsState tensors = ModelLikeState(state.range(0));
+void BM_KeelAsyncSaveStall(benchmark::State& state, at::DeviceType device) {
+  if (!HasDevice(state, device)) return;
+  TensorsState tensors = ModelLikeStateOn(state.range(0), device);
   const std::string dir = BenchmarkDir() + "/keel_bench_async";
   RemoveAll(dir);
   CheckpointerOptions options;
@@ -201,13 +241,19 @@ void Sizes(benchmark::internal::Benchmark* benchmark) {
 }
 
 BENCHMARK(BM_RawWriteFsync)->Apply(Sizes);
-BENCHMARK(BM_KeelSave)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelSave, cpu, at::kCPU)->Apply(Sizes);
 BENCHMARK(BM_TorchSave)->Apply(Sizes);
 BENCHMARK(BM_RawRead)->Apply(Sizes);
-BENCHMARK(BM_KeelLoad)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelLoad, cpu, at::kCPU)->Apply(Sizes);
 BENCHMARK(BM_TorchLoad)->Apply(Sizes);
 BENCHMARK(BM_Memcpy)->Apply(Sizes);
-BENCHMARK(BM_KeelAsyncSaveStall)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelAsyncSaveStall, cpu, at::kCPU)->Apply(Sizes);
+// The state on the GPU (skipped without one): saves and loads through host buffers, and the
+// async stall beside a device-to-host copy into pinned memory.
+BENCHMARK_CAPTURE(BM_KeelSave, cuda, at::kCUDA)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelLoad, cuda, at::kCUDA)->Apply(Sizes);
+BENCHMARK(BM_DeviceToHost)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelAsyncSaveStall, cuda, at::kCUDA)->Apply(Sizes);
 
 }  // namespace
 }  // namespace keel::checkpoint
