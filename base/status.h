@@ -1,8 +1,9 @@
-// Propagation macros for absl::Status / absl::StatusOr, which Debian's Abseil 20220623 lacks.
+// Propagation macros for absl::Status / absl::StatusOr, which Debian's Abseil 20220623 lacks,
+// and Annotate, which adds context to an error on its way up without changing its code.
 //
 //   absl::StatusOr<Config> Load(const std::string& path) {
 //     KEEL_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-//     KEEL_RETURN_IF_ERROR(Validate(text));
+//     KEEL_RETURN_IF_ERROR(keel::base::Annotate(Validate(text), path));  // "<path>: <error>"
 //     return Parse(text);
 //   }
 #ifndef KEEL_BASE_STATUS_H_
@@ -12,6 +13,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace keel::base {
+
+// `status` with "<context>: " before its message and the same code; OK stays OK.
+inline absl::Status Annotate(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace keel::base
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
 #define KEEL_RETURN_IF_ERROR(expr)               \

@@ -1,0 +1,48 @@
+#include "testing/files.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace keel::testing {
+
+std::string NewTempDir(absl::string_view name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(root != nullptr ? root : "/tmp", "/", name, "_XXXXXX");
+  if (::mkdtemp(dir.data()) == nullptr) ADD_FAILURE() << "mkdtemp " << dir << " failed";
+  return dir;
+}
+
+std::string ReadFileOrFail(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    return "";
+  }
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void WriteFileOrFail(const std::string& path, absl::string_view contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+void FlipBit(const std::string& path, uint64_t offset) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << "cannot open " << path;
+  unsigned char byte = 0;
+  const bool flipped = ::pread(fd, &byte, 1, static_cast<off_t>(offset)) == 1 &&
+                       (byte ^= 0x10, ::pwrite(fd, &byte, 1, static_cast<off_t>(offset)) == 1);
+  ::close(fd);
+  ASSERT_TRUE(flipped) << "cannot flip the byte at " << offset << " of " << path;
+}
+
+}  // namespace keel::testing
