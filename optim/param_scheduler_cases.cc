@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "optim/internal/param_scheduler_json.h"
 #include "optim/param_scheduler.h"
-#include "optim/param_scheduler_json.h"
 #include "torch/optim/adamw.h"
 #include "torch/types.h"
 
@@ -14,6 +14,8 @@ namespace keel::optim {
 namespace {
 
 using base::Json;
+using internal::ParamSchedulerStateFromJson;
+using internal::ParamSchedulerStateToJson;
 
 // The groups' current lr and weight decay, as the golden traces record them.
 void RecordGroups(torch::optim::Optimizer& optimizer, Json& record) {

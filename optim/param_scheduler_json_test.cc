@@ -1,4 +1,4 @@
-#include "optim/param_scheduler_json.h"
+#include "optim/internal/param_scheduler_json.h"
 
 #include "base/json.h"
 #include "gmock/gmock.h"
@@ -6,7 +6,7 @@
 #include "optim/param_scheduler.h"
 #include "testing/status_matchers.h"
 
-namespace keel::optim {
+namespace keel::optim::internal {
 namespace {
 
 using ::absl::StatusCode;
@@ -62,4 +62,4 @@ TEST(ParamSchedulerJsonTest, MissingOrBadKeysAreNamed) {
 }
 
 }  // namespace
-}  // namespace keel::optim
+}  // namespace keel::optim::internal

@@ -1,6 +1,7 @@
 #include "sampling/indexed_dataset.h"
 
-#include <cerrno>
+#include <fcntl.h>
+
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -90,9 +91,8 @@ bool StoreToken(TokenDtype dtype, int64_t token, uint8_t* out) {
   return false;
 }
 
-absl::Status WriteError(const std::string& path) {
-  return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
-}
+// Token bytes gather in memory and go to the .bin in pieces of this size.
+constexpr size_t kWriteBuffer = size_t{4} << 20;
 
 }  // namespace
 
@@ -191,37 +191,11 @@ absl::StatusOr<at::Tensor> IndexedDataset::Get(int64_t index, int64_t offset,
 // IndexedDatasetWriter
 
 IndexedDatasetWriter::IndexedDatasetWriter(std::string path_prefix, TokenDtype dtype,
-                                           bool multimodal, std::FILE* bin)
-    : path_prefix_(std::move(path_prefix)), dtype_(dtype), multimodal_(multimodal), bin_(bin) {}
-
-IndexedDatasetWriter::IndexedDatasetWriter(IndexedDatasetWriter&& other) noexcept
-    : path_prefix_(std::move(other.path_prefix_)),
-      dtype_(other.dtype_),
-      multimodal_(other.multimodal_),
-      bin_(std::exchange(other.bin_, nullptr)),
-      lengths_(std::move(other.lengths_)),
-      document_indices_(std::move(other.document_indices_)),
-      modes_(std::move(other.modes_)),
-      buffer_(std::move(other.buffer_)) {}
-
-IndexedDatasetWriter& IndexedDatasetWriter::operator=(IndexedDatasetWriter&& other) noexcept {
-  if (this != &other) {
-    if (bin_ != nullptr) std::fclose(bin_);
-    path_prefix_ = std::move(other.path_prefix_);
-    dtype_ = other.dtype_;
-    multimodal_ = other.multimodal_;
-    bin_ = std::exchange(other.bin_, nullptr);
-    lengths_ = std::move(other.lengths_);
-    document_indices_ = std::move(other.document_indices_);
-    modes_ = std::move(other.modes_);
-    buffer_ = std::move(other.buffer_);
-  }
-  return *this;
-}
-
-IndexedDatasetWriter::~IndexedDatasetWriter() {
-  if (bin_ != nullptr) std::fclose(bin_);
-}
+                                           bool multimodal, base::UniqueFd bin)
+    : path_prefix_(std::move(path_prefix)),
+      dtype_(dtype),
+      multimodal_(multimodal),
+      bin_(std::move(bin)) {}
 
 absl::StatusOr<IndexedDatasetWriter> IndexedDatasetWriter::Create(const std::string& path_prefix,
                                                                   TokenDtype dtype,
@@ -230,14 +204,19 @@ absl::StatusOr<IndexedDatasetWriter> IndexedDatasetWriter::Create(const std::str
     return absl::InvalidArgumentError(
         absl::StrCat("dtype code ", static_cast<int>(dtype), " is not a TokenDtype"));
   }
-  const std::string path = path_prefix + ".bin";
-  std::FILE* bin = std::fopen(path.c_str(), "wb");
-  if (bin == nullptr) return WriteError(path);
-  return IndexedDatasetWriter(path_prefix, dtype, multimodal, bin);
+  KEEL_ASSIGN_OR_RETURN(base::UniqueFd bin,
+                        base::OpenFile(path_prefix + ".bin", O_WRONLY | O_CREAT | O_TRUNC));
+  return IndexedDatasetWriter(path_prefix, dtype, multimodal, std::move(bin));
+}
+
+absl::Status IndexedDatasetWriter::Flush() {
+  KEEL_RETURN_IF_ERROR(base::WriteAll(bin_.get(), buffer_, path_prefix_ + ".bin"));
+  buffer_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status IndexedDatasetWriter::AddItem(absl::Span<const int64_t> tokens, int8_t mode) {
-  if (bin_ == nullptr) return absl::FailedPreconditionError("AddItem after Finalize");
+  if (!bin_.valid()) return absl::FailedPreconditionError("AddItem after Finalize");
   if (!multimodal_ && mode != 0) {
     return absl::InvalidArgumentError(absl::StrCat("mode (", mode, ") needs a multimodal dataset"));
   }
@@ -246,16 +225,17 @@ absl::Status IndexedDatasetWriter::AddItem(absl::Span<const int64_t> tokens, int
         absl::StrCat("a sequence of ", tokens.size(), " tokens does not fit the int32 length"));
   }
   const int64_t item_size = TokenDtypeSize(dtype_);
-  buffer_.resize(tokens.size() * item_size);
+  const size_t start = buffer_.size();
+  buffer_.resize(start + tokens.size() * item_size);
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (!StoreToken(dtype_, tokens[i], buffer_.data() + i * item_size)) {
+    if (!StoreToken(dtype_, tokens[i],
+                    reinterpret_cast<uint8_t*>(buffer_.data()) + start + i * item_size)) {
+      buffer_.resize(start);
       return absl::InvalidArgumentError(absl::StrCat(
           "token ", i, " (", tokens[i], ") does not fit dtype ", AbslUnparseFlag(dtype_)));
     }
   }
-  if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size()) {
-    return WriteError(path_prefix_ + ".bin");
-  }
+  if (buffer_.size() >= kWriteBuffer) KEEL_RETURN_IF_ERROR(Flush());
   lengths_.push_back(static_cast<int32_t>(tokens.size()));
   if (multimodal_) modes_.push_back(mode);
   return absl::OkStatus();
@@ -288,14 +268,14 @@ absl::Status IndexedDatasetWriter::AddDocument(absl::Span<const int64_t> tokens,
 }
 
 absl::Status IndexedDatasetWriter::Finalize() {
-  if (bin_ == nullptr) return absl::FailedPreconditionError("Finalize called twice");
+  if (!bin_.valid()) return absl::FailedPreconditionError("Finalize called twice");
   if (document_indices_.back() != static_cast<int64_t>(lengths_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequences ", document_indices_.back(), " to ", lengths_.size() - 1,
                      " belong to no document: call EndDocument before Finalize"));
   }
-  const bool closed = std::fclose(std::exchange(bin_, nullptr)) == 0;
-  if (!closed) return WriteError(path_prefix_ + ".bin");
+  KEEL_RETURN_IF_ERROR(Flush());
+  KEEL_RETURN_IF_ERROR(bin_.Close(path_prefix_ + ".bin"));
   std::vector<int64_t> pointers;
   pointers.reserve(lengths_.size());
   int64_t pointer = 0;
@@ -305,12 +285,7 @@ absl::Status IndexedDatasetWriter::Finalize() {
   }
   const std::string index = internal::SerializeIndex(static_cast<uint8_t>(dtype_), lengths_,
                                                      pointers, document_indices_, modes_);
-  const std::string path = path_prefix_ + ".idx";
-  std::FILE* idx = std::fopen(path.c_str(), "wb");
-  if (idx == nullptr) return WriteError(path);
-  const bool written = std::fwrite(index.data(), 1, index.size(), idx) == index.size();
-  if (std::fclose(idx) != 0 || !written) return WriteError(path);
-  return absl::OkStatus();
+  return base::WriteFile(path_prefix_ + ".idx", index);
 }
 
 }  // namespace keel::sampling

@@ -9,7 +9,6 @@
 #define KEEL_SAMPLING_INDEXED_DATASET_H_
 
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/files.h"
 
 namespace keel::sampling {
 namespace internal {
@@ -57,8 +57,8 @@ class IndexedDataset {
   // file size of exactly 34 + 12N + 8D bytes (+ N with `multimodal`, which the header does
   // not record), non-negative lengths, pointers that are multiples of the token size,
   // non-decreasing, non-overlapping and inside the .bin, and document indices from 0 to N,
-  // never decreasing. Errors: kNotFound if a file is missing; kUnavailable if one cannot be
-  // read or mapped; kDataLoss naming the file and the first wrong field.
+  // never decreasing. Errors: kNotFound if a file is missing, other failures to read or map
+  // by base::ErrnoCode's table; kDataLoss naming the file and the first wrong field.
   [[nodiscard]] static absl::StatusOr<IndexedDataset> Open(const std::string& path_prefix,
                                                            bool multimodal = false);
 
@@ -119,19 +119,18 @@ class IndexedDataset {
 // unfinished writer leaves partial files.
 class IndexedDatasetWriter {
  public:
-  // Creates (truncates) <path_prefix>.bin. Errors: kUnavailable if it cannot be created.
+  // Creates (truncates) <path_prefix>.bin. Errors: from base::ErrnoCode's table, naming it.
   [[nodiscard]] static absl::StatusOr<IndexedDatasetWriter> Create(const std::string& path_prefix,
                                                                    TokenDtype dtype,
                                                                    bool multimodal = false);
 
-  IndexedDatasetWriter(IndexedDatasetWriter&& other) noexcept;
-  IndexedDatasetWriter& operator=(IndexedDatasetWriter&& other) noexcept;
-  ~IndexedDatasetWriter();
+  IndexedDatasetWriter(IndexedDatasetWriter&& other) noexcept = default;
+  IndexedDatasetWriter& operator=(IndexedDatasetWriter&& other) noexcept = default;
 
   // add_item: appends one sequence. Errors: kInvalidArgument if a token does not fit the
   // dtype (integers must be in range; floats must be exact) or a mode is given to a dataset
-  // that is not multimodal; kUnavailable on a write error; kFailedPrecondition after
-  // Finalize.
+  // that is not multimodal; a write error (base::ErrnoCode's table); kFailedPrecondition
+  // after Finalize.
   [[nodiscard]] absl::Status AddItem(absl::Span<const int64_t> tokens, int8_t mode = 0);
 
   // end_document: the sequences added since the last call form one document.
@@ -145,20 +144,24 @@ class IndexedDatasetWriter {
 
   // Closes the .bin and writes <path_prefix>.idx. Errors: kFailedPrecondition if called
   // twice, or if sequences were added after the last EndDocument (Megatron writes that
-  // index, and its reader then rejects it); kUnavailable on a write error.
+  // index, and its reader then rejects it); a write error (base::ErrnoCode's table).
   [[nodiscard]] absl::Status Finalize();
 
  private:
-  IndexedDatasetWriter(std::string path_prefix, TokenDtype dtype, bool multimodal, std::FILE* bin);
+  IndexedDatasetWriter(std::string path_prefix, TokenDtype dtype, bool multimodal,
+                       base::UniqueFd bin);
+  // Writes the buffered token bytes to the .bin.
+  absl::Status Flush();
 
   std::string path_prefix_;
   TokenDtype dtype_;
   bool multimodal_;
-  std::FILE* bin_;
+  base::UniqueFd bin_;
   std::vector<int32_t> lengths_;
   std::vector<int64_t> document_indices_ = {0};
   std::vector<int8_t> modes_;
-  std::vector<uint8_t> buffer_;
+  // Token bytes not yet written.
+  std::string buffer_;
 };
 
 }  // namespace keel::sampling

@@ -368,9 +368,10 @@ TEST(IndexedDatasetWriterTest, RejectsMisuse) {
   EXPECT_THAT(writer.AddItem({1}), StatusIs(kFailedPrecondition, HasSubstr("after Finalize")));
 }
 
+// A missing directory is kNotFound, as base::ErrnoCode maps ENOENT for every file operation.
 TEST(IndexedDatasetWriterTest, CannotCreateInMissingDirectory) {
   EXPECT_THAT(IndexedDatasetWriter::Create("/nonexistent/dir/x", TokenDtype::kInt32),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("/nonexistent/dir/x.bin")));
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/dir/x.bin")));
 }
 
 TEST(TokenDtypeTest, SpellingsSizesAndOptimalDtype) {

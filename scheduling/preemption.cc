@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/files.h"
 
 namespace keel::scheduling {
 namespace {
@@ -107,9 +108,9 @@ absl::StatusOr<std::unique_ptr<SignalPreemptionFlag>> SignalPreemptionFlag::Crea
     struct sigaction previous;
     if (sigaction(signal_number, &action, &previous) != 0) {
       // The destructor restores the handlers installed so far.
-      return absl::InvalidArgumentError(absl::StrCat("cannot handle signal ", signal_number, " (",
-                                                     CanonicalName(signal_number),
-                                                     "): ", std::strerror(errno)));
+      return base::ErrnoStatus(
+          errno, "cannot handle signal",
+          absl::StrCat(signal_number, " (", CanonicalName(signal_number), ")"));
     }
     flag->signals_.push_back(signal_number);
     flag->previous_.push_back(previous);

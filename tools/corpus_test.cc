@@ -136,10 +136,11 @@ TEST(BuildByteCorpusTest, RejectsNulBytesAndRemovesThePartialOutput) {
   EXPECT_FALSE(std::filesystem::exists(prefix + ".idx"));
 }
 
-TEST(BuildByteCorpusTest, UnwritableOutputIsUnavailable) {
+// An output in a missing directory is kNotFound, as base::ErrnoCode maps ENOENT everywhere.
+TEST(BuildByteCorpusTest, OutputInAMissingDirectoryIsNotFound) {
   const std::string file = WriteFile("text.txt", "text\n");
   EXPECT_THAT(BuildByteCorpus({file}, TempPath("no/such/dir/out")),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no/such/dir/out")));
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no/such/dir/out")));
 }
 
 TEST(DefaultCorpusFilesTest, ListsReadableLicenseTextsSortedWithoutDuplicates) {

@@ -1,4 +1,4 @@
-#include "optim/param_scheduler_json.h"
+#include "optim/internal/param_scheduler_json.h"
 
 #include <initializer_list>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 
-namespace keel::optim {
+namespace keel::optim::internal {
 namespace {
 
 using base::Json;
@@ -54,4 +54,4 @@ Json ParamSchedulerStateToJson(const ParamSchedulerState& state) {
   return base::WriteJsonFields(state);
 }
 
-}  // namespace keel::optim
+}  // namespace keel::optim::internal
