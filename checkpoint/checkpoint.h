@@ -24,11 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/fields.h"
-#include "checkpoint/manifest.pb.h"
 #include "checkpoint/state_dict.h"
 
 namespace c10d {
@@ -112,10 +110,6 @@ class Checkpointer {
                                                         const Statefuls& statefuls,
                                                         const LoadOptions& options = {});
 
-// The manifest of the checkpoint at `path`, checked (checksum, version, structure).
-// Errors: as LoadCheckpoint.
-[[nodiscard]] absl::StatusOr<Manifest> ReadManifest(const std::string& path);
-
 enum class VerifyLevel {
   // The manifest checks out and every shard file exists with its recorded size.
   kStructure,
@@ -123,14 +117,42 @@ enum class VerifyLevel {
   kChecksums,
 };
 
-// Checks the checkpoint at `path`. Errors: kDataLoss listing every problem found, one per line.
-[[nodiscard]] absl::Status Verify(const std::string& path, VerifyLevel level);
-
 struct CheckpointInfo {
   std::string path;
   int64_t step = 0;
   int64_t epoch = 0;
 };
+
+// One problem Verify found.
+struct VerifyProblem {
+  // The file it concerns: a shard file, or the manifest.
+  std::string file;
+  // The tensor ("<object>/<key>") whose chunk fails, if the problem is one chunk's.
+  std::string tensor;
+  // The whole problem for a person, naming the file (and tensor).
+  std::string message;
+};
+
+struct VerifyReport {
+  // Step and epoch are those of the manifest (0 if it could not be read).
+  CheckpointInfo checkpoint;
+  // What the manifest lists: files, their total bytes, tensors.
+  int64_t files = 0;
+  int64_t bytes = 0;
+  int64_t tensors = 0;
+  // Every problem found; none when the checkpoint verified.
+  std::vector<VerifyProblem> problems;
+
+  bool ok() const { return problems.empty(); }
+  // OK, or kDataLoss with the problems' messages.
+  absl::Status ToStatus() const;
+};
+
+// Checks the checkpoint at `path` without loading it: a corrupt manifest, a missing or
+// resized shard file, and (kChecksums) any chunk or file whose bytes fail their checksum are
+// problems in the report. Errors: kNotFound when `path` holds no checkpoint;
+// kFailedPrecondition for a newer format version; failures to read.
+[[nodiscard]] absl::StatusOr<VerifyReport> Verify(const std::string& path, VerifyLevel level);
 
 struct FindResult {
   // The newest checkpoint that passed verification, if any.
@@ -152,27 +174,6 @@ struct FindResult {
 [[nodiscard]] absl::Status ApplyRetention(const std::string& checkpoint_dir,
                                           const CheckpointerOptions& options,
                                           const std::vector<std::string>& keep);
-
-// Whole tensors of a checkpoint, for tools (inspect, diff, export).
-class CheckpointReader {
- public:
-  // Errors: as ReadManifest.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
-      const std::string& path);
-  ~CheckpointReader();
-
-  const Manifest& manifest() const;
-  // The whole tensor `name` ("<object>/<key>"), on the CPU, checksums checked.
-  // Errors: kNotFound for an unknown name; kDataLoss.
-  [[nodiscard]] absl::StatusOr<at::Tensor> ReadTensor(const std::string& name) const;
-  // The non-tensor values of the object `name`. Errors: kNotFound.
-  [[nodiscard]] absl::StatusOr<base::Json> ReadValues(const std::string& name) const;
-
- private:
-  class Impl;
-  explicit CheckpointReader(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
 
 }  // namespace keel::checkpoint
 

@@ -153,7 +153,9 @@ void BM_KeelLoad(benchmark::State& state, at::DeviceType device) {
   Check((*Checkpointer::Create(options, nullptr))->Save({{"model", &tensors}}, 1, 0), state);
   // Saves write around the page cache (O_DIRECT); one verifying read puts the files there, as
   // the raw read's buffered write does for its file, so both loads read from memory.
-  Check(Verify(dir + "/step_0000000001", VerifyLevel::kChecksums), state);
+  const absl::StatusOr<VerifyReport> verified =
+      Verify(dir + "/step_0000000001", VerifyLevel::kChecksums);
+  Check(verified.ok() ? verified->ToStatus() : verified.status(), state);
   TensorsState target = tensors.EmptyLike(0);
   for (auto _ : state) {
     Check(LoadCheckpoint(dir + "/step_0000000001", {{"model", &target}}).status(), state);

@@ -21,20 +21,16 @@
 #include "checkpoint/checkpoint_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 
 namespace keel::checkpoint {
 namespace {
 
 using ::keel::checkpoint::testing::TensorsState;
+using ::keel::testing::NewTempDir;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_XXXXXX");
-  EXPECT_NE(::mkdtemp(dir.data()), nullptr);
-  return dir;
-}
 
 // ~24 MiB over several tensors, so a save spends a while writing; `seed` sets the values.
 TensorsState BigState(int seed) {
@@ -72,7 +68,7 @@ void ExpectLatestIsIntact(const std::string& dir, int64_t min_step) {
 
 TEST(CheckpointFaultTest, SigkillAnywhereInASaveLeavesTheLastCheckpointLoadable) {
   at::set_num_threads(1);  // no OpenMP team in the parent: children fork cleanly
-  const std::string dir = TempDir("sigkill");
+  const std::string dir = NewTempDir("sigkill");
   KEEL_ASSERT_OK(SaveStep(dir, 1, 1));
   // Measure a save, then kill children at points spread over its whole length. The fastest of
   // three saves is the measure: a busy machine only makes some slower, and a measure that is
@@ -111,7 +107,7 @@ TEST(CheckpointFaultTest, SigkillAnywhereInASaveLeavesTheLastCheckpointLoadable)
 
 TEST(CheckpointFaultTest, FullDiskFailsClearlyAndKeepsEarlierCheckpoints) {
   at::set_num_threads(1);
-  const std::string dir = TempDir("full_disk");
+  const std::string dir = NewTempDir("full_disk");
   KEEL_ASSERT_OK(SaveStep(dir, 1, 1));
   int pipe_fds[2];
   ASSERT_EQ(::pipe(pipe_fds), 0);

@@ -13,8 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_testutil.h"
+#include "checkpoint/manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
@@ -22,16 +24,11 @@ namespace keel::checkpoint {
 namespace {
 
 using ::keel::checkpoint::testing::TensorsState;
+using ::keel::testing::NewTempDir;
 using ::keel::testing::RunOnRanks;
 using ::keel::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_XXXXXX");
-  EXPECT_NE(::mkdtemp(dir.data()), nullptr);
-  return dir;
-}
 
 // The full tensors of the run, the same on every rank and in every test (made once, from
 // their own generator: ranks are threads and must not race on the default one).
@@ -76,7 +73,7 @@ TensorsState RankState(int rank, int world, double fill = 0, bool zero = false) 
 
 TEST(CheckpointMultiRankTest, SavesWithNRanksAndLoadsWithM) {
   for (int saving : {1, 2, 3, 4}) {
-    const std::string dir = TempDir(absl::StrCat("reshard_", saving));
+    const std::string dir = NewTempDir(absl::StrCat("reshard_", saving));
     KEEL_ASSERT_OK(RunOnRanks(saving, [&](keel::testing::Rank& r) -> absl::Status {
       CheckpointerOptions options;
       options.checkpoint_dir = dir;
@@ -99,7 +96,8 @@ TEST(CheckpointMultiRankTest, SavesWithNRanksAndLoadsWithM) {
       }
       EXPECT_EQ(tensor.chunks_size(), expected);
     }
-    KEEL_EXPECT_OK(Verify(path, VerifyLevel::kChecksums));
+    KEEL_ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(path, VerifyLevel::kChecksums));
+    EXPECT_TRUE(report.ok()) << report.ToStatus();
 
     for (int loading : {1, 2, 3, 4}) {
       SCOPED_TRACE(absl::StrCat(saving, " ranks saved, ", loading, " load"));
@@ -124,7 +122,7 @@ TEST(CheckpointMultiRankTest, SavesWithNRanksAndLoadsWithM) {
 }
 
 TEST(CheckpointMultiRankTest, ReplicatedTensorsAreBalancedAcrossRanksByBytes) {
-  const std::string dir = TempDir("balance");
+  const std::string dir = NewTempDir("balance");
   KEEL_ASSERT_OK(RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
     CheckpointerOptions options;
     options.checkpoint_dir = dir;
@@ -155,7 +153,7 @@ class FailingState : public Stateful {
 };
 
 TEST(CheckpointMultiRankTest, OneRankFailingFailsEveryRankAndCommitsNothing) {
-  const std::string dir = TempDir("failure");
+  const std::string dir = NewTempDir("failure");
   std::vector<absl::Status> statuses(3);
   KEEL_ASSERT_OK(RunOnRanks(3, [&](keel::testing::Rank& r) -> absl::Status {
     CheckpointerOptions options;
@@ -176,7 +174,7 @@ TEST(CheckpointMultiRankTest, OneRankFailingFailsEveryRankAndCommitsNothing) {
 }
 
 TEST(CheckpointMultiRankTest, RanksDisagreeingOnATensorIsAnError) {
-  const std::string dir = TempDir("disagree");
+  const std::string dir = NewTempDir("disagree");
   std::vector<absl::Status> statuses(2);
   KEEL_ASSERT_OK(RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
     CheckpointerOptions options;
@@ -195,7 +193,7 @@ TEST(CheckpointMultiRankTest, RanksDisagreeingOnATensorIsAnError) {
 }
 
 TEST(CheckpointMultiRankTest, AsyncSaveCommitsOnEveryRank) {
-  const std::string dir = TempDir("async_ranks");
+  const std::string dir = NewTempDir("async_ranks");
   KEEL_ASSERT_OK(RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
     CheckpointerOptions options;
     options.checkpoint_dir = dir;

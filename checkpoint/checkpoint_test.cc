@@ -14,9 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint_testutil.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "xxhash.h"
 
@@ -24,35 +26,24 @@ namespace keel::checkpoint {
 namespace {
 
 using ::keel::checkpoint::testing::TensorsState;
+using ::keel::testing::FlipBit;
+using ::keel::testing::IsOk;
+using ::keel::testing::NewTempDir;
+using ::keel::testing::ReadFileOrFail;
 using ::keel::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::string TempDir(const std::string& name) {
-  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_XXXXXX");
-  char* made = ::mkdtemp(dir.data());
-  EXPECT_NE(made, nullptr);
-  return dir;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Flips one bit of the byte at `offset`.
-void FlipBit(const std::string& path, off_t offset) {
-  const int fd = ::open(path.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0) << path;
-  unsigned char byte = 0;
-  ASSERT_EQ(::pread(fd, &byte, 1, offset), 1);
-  byte ^= 0x10;
-  ASSERT_EQ(::pwrite(fd, &byte, 1, offset), 1);
-  ::close(fd);
+// The messages of the problems Verify finds in `path` (the test fails if Verify itself errs).
+std::vector<std::string> Problems(const std::string& path, VerifyLevel level) {
+  absl::StatusOr<VerifyReport> report = Verify(path, level);
+  EXPECT_THAT(report.status(), IsOk());
+  std::vector<std::string> messages;
+  if (!report.ok()) return messages;
+  for (const VerifyProblem& problem : report->problems) messages.push_back(problem.message);
+  return messages;
 }
 
 // Tensors of every kind a checkpoint meets, and values of every JSON type.
@@ -85,7 +76,7 @@ void ExpectSameTensors(const TensorsState& a, const TensorsState& b) {
 class CheckpointFormatTest : public ::testing::TestWithParam<SerializationFormat> {};
 
 TEST_P(CheckpointFormatTest, RoundTripsEveryDtypeAndValue) {
-  const std::string dir = TempDir("round_trip");
+  const std::string dir = NewTempDir("round_trip");
   CheckpointerOptions options;
   options.checkpoint_dir = dir;
   options.model_save_format = GetParam();
@@ -95,8 +86,8 @@ TEST_P(CheckpointFormatTest, RoundTripsEveryDtypeAndValue) {
 
   const std::string path = dir + "/step_0000000100";
   EXPECT_EQ(checkpointer->last_saved(), path);
-  EXPECT_EQ(ReadText(dir + "/latest"), "step_0000000100\n");
-  KEEL_EXPECT_OK(Verify(path, VerifyLevel::kChecksums));
+  EXPECT_EQ(ReadFileOrFail(dir + "/latest"), "step_0000000100\n");
+  EXPECT_THAT(Problems(path, VerifyLevel::kChecksums), IsEmpty());
 
   TensorsState loaded = saved.EmptyLike();
   KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
@@ -136,7 +127,7 @@ TEST_P(CheckpointFormatTest, LargeStateRoundTripsWithAndWithoutDirectIo) {
     KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
     KEEL_ASSERT_OK(checkpointer->Save({{"model", &saved}}, /*step=*/1, /*epoch=*/0));
     const std::string path = dir + "/step_0000000001";
-    KEEL_EXPECT_OK(Verify(path, VerifyLevel::kChecksums));
+    EXPECT_THAT(Problems(path, VerifyLevel::kChecksums), IsEmpty());
     TensorsState loaded = saved.EmptyLike();
     KEEL_ASSERT_OK(checkpointer->Load(path, {{"model", &loaded}}, LoadOptions{}).status());
     ExpectSameTensors(saved, loaded);
@@ -145,7 +136,7 @@ TEST_P(CheckpointFormatTest, LargeStateRoundTripsWithAndWithoutDirectIo) {
 }
 
 TEST_P(CheckpointFormatTest, ShardFilesFollowTheirFormat) {
-  const std::string dir = TempDir("shard_format");
+  const std::string dir = NewTempDir("shard_format");
   CheckpointerOptions options;
   options.checkpoint_dir = dir;
   options.model_save_format = GetParam();
@@ -182,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, CheckpointFormatTest,
                          });
 
 TEST(CheckpointTest, RefusesToOverwriteAStep) {
-  const std::string dir = TempDir("overwrite");
+  const std::string dir = NewTempDir("overwrite");
   CheckpointerOptions options;
   options.checkpoint_dir = dir;
   KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
@@ -209,7 +200,7 @@ TEST(CheckpointTest, CreateRejectsBadOptions) {
 class SavedCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = TempDir("saved");
+    dir_ = NewTempDir("saved");
     CheckpointerOptions options;
     options.checkpoint_dir = dir_;
     KEEL_ASSERT_OK_AND_ASSIGN(checkpointer_, Checkpointer::Create(options, nullptr));
@@ -273,17 +264,20 @@ TEST_F(SavedCheckpointTest, NonStrictLoadReportsAndLoadsTheRest) {
 }
 
 TEST_F(SavedCheckpointTest, FlippedBitIsCaughtNamingFileAndTensor) {
-  FlipBit(path_ + "/__0.keel", static_cast<off_t>(Tensor("model/w").chunks(0).byte_offset() + 5));
+  FlipBit(path_ + "/__0.keel", Tensor("model/w").chunks(0).byte_offset() + 5);
   TensorsState other = state_.EmptyLike();
   EXPECT_THAT(
       LoadCheckpoint(path_, {{"model", &other}}),
       StatusIs(absl::StatusCode::kDataLoss,
                AllOf(HasSubstr("__0.keel"), HasSubstr("\"model/w\""), HasSubstr("checksum"))));
-  EXPECT_THAT(Verify(path_, VerifyLevel::kChecksums),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("__0.keel"), HasSubstr("\"model/w\""))));
+  KEEL_ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(path_, VerifyLevel::kChecksums));
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_EQ(report.problems[0].file, path_ + "/__0.keel");
+  EXPECT_EQ(report.problems[0].tensor, "model/w");
+  EXPECT_THAT(report.problems[0].message, AllOf(HasSubstr("__0.keel"), HasSubstr("\"model/w\"")));
+  EXPECT_EQ(report.checkpoint.step, 20);
   // Structure alone cannot see it; checksums can, and FindLatest then falls back.
-  KEEL_EXPECT_OK(Verify(path_, VerifyLevel::kStructure));
+  EXPECT_THAT(Problems(path_, VerifyLevel::kStructure), IsEmpty());
   KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir_, VerifyLevel::kChecksums));
   ASSERT_TRUE(found.latest.has_value());
   EXPECT_EQ(found.latest->step, 10);
@@ -308,8 +302,8 @@ TEST_F(SavedCheckpointTest, MissingShardIsDataLoss) {
   TensorsState other = state_.EmptyLike();
   EXPECT_THAT(LoadCheckpoint(path_, {{"model", &other}}),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("__0.keel")));
-  EXPECT_THAT(Verify(path_, VerifyLevel::kStructure),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("__0.keel: missing")));
+  EXPECT_THAT(Problems(path_, VerifyLevel::kStructure),
+              ElementsAre(HasSubstr("__0.keel: missing")));
 }
 
 TEST_F(SavedCheckpointTest, GarbageManifestIsDataLoss) {
@@ -318,6 +312,9 @@ TEST_F(SavedCheckpointTest, GarbageManifestIsDataLoss) {
   EXPECT_THAT(ReadManifest(path_),
               StatusIs(absl::StatusCode::kDataLoss,
                        AllOf(HasSubstr("manifest.pb"), HasSubstr("checksum"))));
+  // Verify reports a corrupt manifest as a problem of the checkpoint, not as an error.
+  EXPECT_THAT(Problems(path_, VerifyLevel::kStructure),
+              ElementsAre(AllOf(HasSubstr("manifest.pb"), HasSubstr("checksum"))));
   std::ofstream(manifest, std::ios::trunc) << "not a manifest at all";
   EXPECT_THAT(ReadManifest(path_),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("is not a Keel manifest")));
@@ -347,7 +344,7 @@ TEST_F(SavedCheckpointTest, ManifestFromTheFutureIsRefused) {
 }
 
 TEST(FindLatestTest, IgnoresUnfinishedSavesAndEmptyDirectories) {
-  const std::string dir = TempDir("find");
+  const std::string dir = NewTempDir("find");
   KEEL_ASSERT_OK_AND_ASSIGN(FindResult none, FindLatest(dir));
   EXPECT_FALSE(none.latest.has_value());
   EXPECT_THAT(FindLatest(dir + "/absent"),
@@ -370,7 +367,7 @@ TEST(FindLatestTest, IgnoresUnfinishedSavesAndEmptyDirectories) {
 }
 
 TEST(RetentionTest, KeepsLastKEveryNthTheLoadedAndTheNewestGood) {
-  const std::string dir = TempDir("retention");
+  const std::string dir = NewTempDir("retention");
   CheckpointerOptions options;
   options.checkpoint_dir = dir;
   options.keep_last_k = 2;
@@ -405,7 +402,7 @@ TEST(RetentionTest, KeepsLastKEveryNthTheLoadedAndTheNewestGood) {
 }
 
 TEST(AsyncSaveTest, SnapshotsAtSaveAndCommitsInTheBackground) {
-  const std::string dir = TempDir("async");
+  const std::string dir = NewTempDir("async");
   CheckpointerOptions options;
   options.checkpoint_dir = dir;
   options.is_async = true;

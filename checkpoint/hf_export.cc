@@ -1,12 +1,10 @@
 #include "checkpoint/hf_export.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -16,13 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/files.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "c10/core/ScalarType.h"
-#include "checkpoint/checkpoint.h"
 #include "checkpoint/internal/dtype.h"
-#include "checkpoint/internal/files.h"
-#include "checkpoint/manifest.pb.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
 
 namespace keel::checkpoint {
@@ -54,7 +51,7 @@ std::vector<std::vector<const ExportedTensor*>> AssignToFiles(
 }
 
 absl::Status CheckNoExport(const std::string& output_dir) {
-  KEEL_ASSIGN_OR_RETURN(std::vector<std::string> names, internal::ListDirectory(output_dir));
+  KEEL_ASSIGN_OR_RETURN(std::vector<std::string> names, base::ListDirectory(output_dir));
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     if (name == kIndexName ||
@@ -98,12 +95,7 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
   std::sort(tensors.begin(), tensors.end(),
             [](const ExportedTensor& a, const ExportedTensor& b) { return a.key < b.key; });
 
-  std::error_code error;
-  std::filesystem::create_directories(output_dir, error);
-  if (error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create ", output_dir, ": ", error.message()));
-  }
+  KEEL_RETURN_IF_ERROR(base::MakeDirectories(output_dir));
   KEEL_RETURN_IF_ERROR(CheckNoExport(output_dir));
 
   const std::vector<std::vector<const ExportedTensor*>> files =
@@ -123,13 +115,13 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
       ++result.num_tensors;
     }
     KEEL_RETURN_IF_ERROR(
-        WriteSafetensorsFile(internal::JoinPath(output_dir, file_name), contents, metadata));
+        WriteSafetensorsFile(base::JoinPath(output_dir, file_name), contents, metadata));
     result.files.push_back(file_name);
   }
   const base::Json index = {{"metadata", {{"total_size", result.total_size}}},
                             {"weight_map", std::move(weight_map)}};
-  KEEL_RETURN_IF_ERROR(internal::WriteFileAtomically(internal::JoinPath(output_dir, kIndexName),
-                                                     absl::StrCat(index.dump(2), "\n")));
+  KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kIndexName),
+                                                 absl::StrCat(index.dump(2), "\n")));
   result.files.push_back(kIndexName);
   return result;
 }

@@ -18,9 +18,11 @@
 #include "base/json.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_testutil.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
@@ -29,35 +31,14 @@ namespace {
 
 using ::keel::base::Json;
 using ::keel::checkpoint::testing::TensorsState;
+using ::keel::testing::FlipBit;
+using ::keel::testing::NewTempDir;
+using ::keel::testing::ReadFileOrFail;
 using ::keel::testing::RunOnRanks;
 using ::keel::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_XXXXXX");
-  EXPECT_NE(::mkdtemp(dir.data()), nullptr);
-  return dir;
-}
-
-// Flips one bit of the byte at `offset`.
-void FlipBit(const std::string& path, uint64_t offset) {
-  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  ASSERT_TRUE(file.good()) << path;
-  file.seekg(static_cast<std::streamoff>(offset));
-  char byte = 0;
-  ASSERT_TRUE(file.get(byte));
-  file.seekp(static_cast<std::streamoff>(offset));
-  file.put(static_cast<char>(byte ^ 0x10));
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // The model's whole tensors, made once from their own generator (ranks are threads).
 const std::map<std::string, at::Tensor>& ModelTensors() {
@@ -95,7 +76,7 @@ void SaveTwoRankCheckpoint(const std::string& dir) {
 class HfExportTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    run_dir_ = new std::string(TempDir("run"));
+    run_dir_ = new std::string(NewTempDir("run"));
     SaveTwoRankCheckpoint(*run_dir_);
   }
   static void TearDownTestSuite() { delete run_dir_; }
@@ -113,7 +94,7 @@ TEST_F(HfExportTest, CheckpointHoldsAShardedTensor) {
 }
 
 TEST_F(HfExportTest, SplitsFilesInNameOrderAtTheLimit) {
-  const std::string out = TempDir("split") + "/nested/export";
+  const std::string out = NewTempDir("split") + "/nested/export";
   HfExportOptions options;
   options.max_shard_bytes = 64;
   KEEL_ASSERT_OK_AND_ASSIGN(HfExportResult result, ExportHfSafetensors(checkpoint(), out, options));
@@ -147,7 +128,7 @@ TEST_F(HfExportTest, SplitsFilesInNameOrderAtTheLimit) {
   }
 
   KEEL_ASSERT_OK_AND_ASSIGN(Json index,
-                            base::ParseJson(ReadText(out + "/model.safetensors.index.json")));
+                            base::ParseJson(ReadFileOrFail(out + "/model.safetensors.index.json")));
   const Json expected_index = {{"metadata", {{"total_size", 210}}},
                                {"weight_map",
                                 {{"a", "model-00001-of-00004.safetensors"},
@@ -161,7 +142,7 @@ TEST_F(HfExportTest, SplitsFilesInNameOrderAtTheLimit) {
 }
 
 TEST_F(HfExportTest, DefaultLimitWritesOneFile) {
-  const std::string out = TempDir("default");
+  const std::string out = NewTempDir("default");
   KEEL_ASSERT_OK_AND_ASSIGN(HfExportResult result, ExportHfSafetensors(checkpoint(), out));
   EXPECT_THAT(result.files,
               ElementsAre("model-00001-of-00001.safetensors", "model.safetensors.index.json"));
@@ -171,7 +152,7 @@ TEST_F(HfExportTest, DefaultLimitWritesOneFile) {
 }
 
 TEST_F(HfExportTest, ExportsAnotherObject) {
-  const std::string out = TempDir("optim");
+  const std::string out = NewTempDir("optim");
   HfExportOptions options;
   options.object = "optim";
   KEEL_ASSERT_OK_AND_ASSIGN(HfExportResult result, ExportHfSafetensors(checkpoint(), out, options));
@@ -186,18 +167,18 @@ TEST_F(HfExportTest, ExportsAnotherObject) {
 TEST_F(HfExportTest, UnknownObjectListsTheObjects) {
   HfExportOptions options;
   options.object = "ema";
-  EXPECT_THAT(ExportHfSafetensors(checkpoint(), TempDir("unknown"), options),
+  EXPECT_THAT(ExportHfSafetensors(checkpoint(), NewTempDir("unknown"), options),
               StatusIs(absl::StatusCode::kNotFound,
                        AllOf(HasSubstr("\"ema\""), HasSubstr("model, optim"))));
 }
 
 TEST_F(HfExportTest, RefusesADirectoryHoldingAnExport) {
-  const std::string out = TempDir("twice");
+  const std::string out = NewTempDir("twice");
   KEEL_ASSERT_OK(ExportHfSafetensors(checkpoint(), out).status());
   EXPECT_THAT(ExportHfSafetensors(checkpoint(), out),
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr(out)));
 
-  const std::string shard_only = TempDir("shard_only");
+  const std::string shard_only = NewTempDir("shard_only");
   std::ofstream(shard_only + "/model-00001-of-00002.safetensors") << "x";
   EXPECT_THAT(
       ExportHfSafetensors(checkpoint(), shard_only),
@@ -207,25 +188,25 @@ TEST_F(HfExportTest, RefusesADirectoryHoldingAnExport) {
 TEST_F(HfExportTest, RejectsANonPositiveLimit) {
   HfExportOptions options;
   options.max_shard_bytes = 0;
-  EXPECT_THAT(ExportHfSafetensors(checkpoint(), TempDir("limit"), options),
+  EXPECT_THAT(ExportHfSafetensors(checkpoint(), NewTempDir("limit"), options),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("max_shard_bytes (0)"), HasSubstr(">= 1"))));
 }
 
 TEST_F(HfExportTest, CorruptChunkIsDataLossAndWritesNoIndex) {
-  const std::string copy = TempDir("corrupt") + "/step";
+  const std::string copy = NewTempDir("corrupt") + "/step";
   std::filesystem::copy(checkpoint(), copy);
   KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(copy));
   const Chunk& chunk = manifest.tensors(0).chunks(1);  // "model/a", rows 2-3
   FlipBit(copy + "/" + manifest.files(chunk.file()).name(), chunk.byte_offset() + 5);
-  const std::string out = TempDir("corrupt_out");
+  const std::string out = NewTempDir("corrupt_out");
   EXPECT_THAT(ExportHfSafetensors(copy, out),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("model/a")));
   EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors.index.json"));
 }
 
 TEST_F(HfExportTest, MissingCheckpointIsNotFound) {
-  EXPECT_THAT(ExportHfSafetensors(*run_dir_ + "/step_0000000099", TempDir("missing")),
+  EXPECT_THAT(ExportHfSafetensors(*run_dir_ + "/step_0000000099", NewTempDir("missing")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("step_0000000099")));
 }
 

@@ -2,14 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <map>
-#include <memory>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -18,6 +15,7 @@
 #include "ATen/ops/empty.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/files.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/internal/dtype.h"
@@ -335,48 +333,35 @@ class HeaderParser final : public nlohmann::json_sax<Json> {
 
 // ---- I/O ------------------------------------------------------------------------------
 
-// A file open for reading, closed by the destructor.
-class InputFile {
- public:
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<InputFile>> Open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return internal::ErrnoError("opening", path);
-    auto file = std::unique_ptr<InputFile>(new InputFile(fd));
-    struct stat info;
-    if (::fstat(fd, &info) != 0) return internal::ErrnoError("stat of", path);
-    file->size_ = static_cast<uint64_t>(info.st_size);
-    return file;
-  }
-  InputFile(const InputFile&) = delete;
-  InputFile& operator=(const InputFile&) = delete;
-  ~InputFile() { ::close(fd_); }
-
-  int fd() const { return fd_; }
-  uint64_t size() const { return size_; }
-
- private:
-  explicit InputFile(int fd) : fd_(fd) {}
-  int fd_;
-  uint64_t size_ = 0;
+// A file open for reading and its size.
+struct InputFile {
+  base::UniqueFd fd;
+  uint64_t size = 0;
 };
+
+absl::StatusOr<InputFile> OpenInput(const std::string& path) {
+  InputFile file;
+  KEEL_ASSIGN_OR_RETURN(file.fd, base::OpenFile(path, O_RDONLY));
+  struct stat info;
+  if (::fstat(file.fd.get(), &info) != 0) return base::ErrnoError("examining", path);
+  file.size = static_cast<uint64_t>(info.st_size);
+  return file;
+}
 
 absl::StatusOr<SafetensorsHeader> ReadHeader(int fd, const std::string& path, uint64_t file_size) {
   // Reads 8 bytes, then the N they announce if N is plausible; the parser reports the rest.
   std::string prefix(std::min<uint64_t>(file_size, 8), '\0');
-  KEEL_RETURN_IF_ERROR(internal::PreadAll(fd, path, prefix.data(), prefix.size(), 0));
+  KEEL_RETURN_IF_ERROR(base::PreadAll(fd, path, prefix.data(), prefix.size(), 0));
   if (prefix.size() == 8) {
     uint64_t n;
     std::memcpy(&n, prefix.data(), 8);
     if (n <= kMaxSafetensorsHeaderSize && n <= file_size - 8) {
       prefix.resize(8 + n);
-      KEEL_RETURN_IF_ERROR(internal::PreadAll(fd, path, prefix.data() + 8, n, 8));
+      KEEL_RETURN_IF_ERROR(base::PreadAll(fd, path, prefix.data() + 8, n, 8));
     }
   }
   absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(prefix, file_size);
-  if (!header.ok()) {
-    return absl::Status(header.status().code(),
-                        absl::StrCat(path, ": ", header.status().message()));
-  }
+  KEEL_RETURN_IF_ERROR(base::Annotate(header.status(), path));
   return header;
 }
 
@@ -549,8 +534,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
 }
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<InputFile> file, InputFile::Open(path));
-  return ReadHeader(file->fd(), path, file->size());
+  KEEL_ASSIGN_OR_RETURN(InputFile file, OpenInput(path));
+  return ReadHeader(file.fd.get(), path, file.size);
 }
 
 absl::Status WriteSafetensorsFile(const std::string& path,
@@ -573,19 +558,16 @@ absl::Status WriteSafetensorsFile(const std::string& path,
   const std::string temporary = absl::StrCat(path, ".tmp");
   KEEL_ASSIGN_OR_RETURN(internal::OutputFile file, internal::OutputFile::Create(temporary));
   absl::Status status = WriteContents(file, header, tensors, entries);
-  if (status.ok()) status = internal::RenameDurably(temporary, path);
-  if (!status.ok()) {
-    ::unlink(temporary.c_str());
-    return status;
-  }
-  return absl::OkStatus();
+  if (status.ok()) status = base::RenameDurably(temporary, path);
+  if (!status.ok()) base::RemoveTree(temporary).IgnoreError();
+  return status;
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ReadSafetensorsFile(
     const std::string& path) {
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<InputFile> file, InputFile::Open(path));
-  const int fd = file->fd();
-  KEEL_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadHeader(fd, path, file->size()));
+  KEEL_ASSIGN_OR_RETURN(InputFile file, OpenInput(path));
+  const int fd = file.fd.get();
+  KEEL_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadHeader(fd, path, file.size));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   tensors.reserve(header.entries.size());
   for (const SafetensorsEntry& entry : header.entries) {
@@ -597,7 +579,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ReadSafetensorsF
     const uint64_t size = entry.end - entry.begin;
     if (size > 0) {
       KEEL_RETURN_IF_ERROR(
-          internal::PreadAll(fd, path, tensor.data_ptr(), size, header.data_start + entry.begin));
+          base::PreadAll(fd, path, tensor.data_ptr(), size, header.data_start + entry.begin));
     }
     if (entry.dtype == at::kBool) {
       const auto* bytes = static_cast<const unsigned char*>(tensor.data_ptr());

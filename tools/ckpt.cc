@@ -30,13 +30,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
-#include "checkpoint/manifest.pb.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/reader.h"
 #include "tools/user_path.h"
 
 ABSL_FLAG(int64_t, max_shard_bytes, keel::checkpoint::HfExportOptions().max_shard_bytes,
@@ -142,14 +142,15 @@ absl::StatusOr<int> Inspect(const std::string& dir) {
 
 absl::StatusOr<int> Verify(const std::string& dir) {
   std::string path = dir;
-  if (!std::filesystem::exists(std::filesystem::path(dir) / "manifest.pb")) {
+  if (!std::filesystem::exists(checkpoint::ManifestPath(dir))) {
     // A run's checkpoint_dir: check what a resume would load.
     KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found, checkpoint::FindLatest(dir));
     for (const std::string& warning : found.warnings) std::cout << "warning: " << warning << "\n";
     if (!found.latest) {
       if (found.warnings.empty()) {
         return absl::NotFoundError(absl::StrCat(
-            dir, " holds neither a manifest.pb nor committed step_* checkpoint directories"));
+            dir,
+            " holds neither a checkpoint manifest nor committed step_* checkpoint directories"));
       }
       std::cout << "FAILED: no checkpoint under " << dir << " passes verification\n";
       return 1;
@@ -157,20 +158,17 @@ absl::StatusOr<int> Verify(const std::string& dir) {
     path = found.latest->path;
     std::cout << "newest checkpoint: " << path << "\n";
   }
-  const absl::Status status = checkpoint::Verify(path, checkpoint::VerifyLevel::kChecksums);
-  if (status.code() == absl::StatusCode::kDataLoss) {
+  KEEL_ASSIGN_OR_RETURN(checkpoint::VerifyReport report,
+                        checkpoint::Verify(path, checkpoint::VerifyLevel::kChecksums));
+  if (!report.ok()) {
     std::cout << "FAILED: " << path << "\n";
-    for (absl::string_view problem : absl::StrSplit(status.message(), '\n')) {
-      std::cout << "  " << problem << "\n";
+    for (const checkpoint::VerifyProblem& problem : report.problems) {
+      std::cout << "  " << problem.message << "\n";
     }
     return 1;
   }
-  KEEL_RETURN_IF_ERROR(status);
-  KEEL_ASSIGN_OR_RETURN(Manifest manifest, checkpoint::ReadManifest(path));
-  uint64_t bytes = 0;
-  for (const checkpoint::FileEntry& file : manifest.files()) bytes += file.size();
-  std::cout << "OK: " << manifest.files_size() << " files, " << manifest.tensors_size()
-            << " tensors, " << bytes << " bytes verified\n";
+  std::cout << "OK: " << report.files << " files, " << report.tensors << " tensors, "
+            << report.bytes << " bytes verified\n";
   return 0;
 }
 

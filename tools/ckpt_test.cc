@@ -16,7 +16,7 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/manifest.pb.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/state_dict.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

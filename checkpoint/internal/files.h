@@ -1,6 +1,6 @@
-// POSIX file plumbing for checkpoints: whole reads and writes, fsync of files and directories,
-// durable renames, recursive removal, and the XXH3-64 checksum. Errors name the path and the
-// system's reason; a full disk or file-size limit is kResourceExhausted.
+// Checkpoint file I/O on top of //base:files: the XXH3-64 checksums, shard files written in
+// direct-I/O blocks and hashed while copied, and chunk reads hashed while read. Errors come
+// from base::ErrnoCode's table (a full disk is kResourceExhausted).
 #ifndef KEEL_CHECKPOINT_INTERNAL_FILES_H_
 #define KEEL_CHECKPOINT_INTERNAL_FILES_H_
 
@@ -13,11 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/files.h"
 
 namespace keel::checkpoint::internal {
-
-// An error for the failed system call `what` on `path`, from errno.
-absl::Status ErrnoError(absl::string_view what, const std::string& path);
 
 // Streaming XXH3-64.
 class Hasher {
@@ -65,9 +63,8 @@ class OutputFile {
   enum class Mode { kDirectIfSupported, kBuffered };
   [[nodiscard]] static absl::StatusOr<OutputFile> Create(const std::string& path,
                                                          Mode mode = Mode::kDirectIfSupported);
-  OutputFile(OutputFile&& other) noexcept;
+  OutputFile(OutputFile&& other) noexcept = default;
   OutputFile& operator=(OutputFile&&) = delete;
-  ~OutputFile();
 
   // Writes bytes that are not chunk data (headers, padding) at the current end.
   [[nodiscard]] absl::Status Write(const void* data, size_t size);
@@ -90,7 +87,8 @@ class OutputFile {
   struct FreeBlock {
     void operator()(char* block) const;
   };
-  OutputFile(std::string path, int fd, bool direct, std::unique_ptr<char[], FreeBlock> block);
+  OutputFile(std::string path, base::UniqueFd fd, bool direct,
+             std::unique_ptr<char[], FreeBlock> block);
   // Appends to the block buffer in cache-sized pieces, hashing each copied piece into `hasher`
   // (if given), and writes every block that fills.
   template <typename H>
@@ -99,7 +97,7 @@ class OutputFile {
   absl::Status WriteBlock(size_t length);
 
   std::string path_;
-  int fd_ = -1;
+  base::UniqueFd fd_;
   bool direct_ = false;
   std::unique_ptr<char[], FreeBlock> block_;
   size_t filled_ = 0;
@@ -109,29 +107,14 @@ class OutputFile {
   Hasher summary_;
 };
 
-// Reads exactly `size` bytes at `offset`, hashing them into `hasher` if given (each block
-// while it is still in cache). Errors: kDataLoss if the file ends first.
-[[nodiscard]] absl::Status PreadAll(int fd, const std::string& path, void* out, size_t size,
-                                    uint64_t offset, Hasher* hasher = nullptr);
+// base::PreadAll, hashing the bytes into `hasher` block by block while they are in cache.
+// Errors: kDataLoss if the file ends first.
+[[nodiscard]] absl::Status PreadHashed(int fd, const std::string& path, void* out, size_t size,
+                                       uint64_t offset, Hasher& hasher);
 // Reads a chunk's `size` bytes at `offset`, its segments in parallel (a thread per core);
 // returns its checksum.
 [[nodiscard]] absl::StatusOr<uint64_t> PreadChunk(int fd, const std::string& path, void* out,
                                                   size_t size, uint64_t offset);
-[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
-// Writes `contents` to `path` durably: a temporary sibling, fsync, rename, fsync the directory.
-[[nodiscard]] absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
-
-[[nodiscard]] absl::Status FsyncPath(const std::string& path);
-// rename(2) then fsync of the destination's parent directory.
-[[nodiscard]] absl::Status RenameDurably(const std::string& from, const std::string& to);
-[[nodiscard]] absl::Status MakeDirectory(const std::string& path);
-// Removes a file or a directory tree; a missing path is fine.
-[[nodiscard]] absl::Status RemoveTree(const std::string& path);
-bool PathExists(const std::string& path);
-// Names in a directory (no "." or ".."). Errors: kNotFound.
-[[nodiscard]] absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path);
-std::string JoinPath(absl::string_view dir, absl::string_view name);
-std::string ParentDirectory(const std::string& path);
 
 }  // namespace keel::checkpoint::internal
 
