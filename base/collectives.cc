@@ -16,22 +16,32 @@ absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
                        absl::string_view context) {
   std::vector<at::Tensor> tensors = {tensor};
   c10d::AllreduceOptions options;
-  options.reduceOp = op == Reduce::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+  switch (op) {
+    case Reduce::kSum:
+      options.reduceOp = c10d::ReduceOp::SUM;
+      break;
+    case Reduce::kMax:
+      options.reduceOp = c10d::ReduceOp::MAX;
+      break;
+    case Reduce::kMin:
+      options.reduceOp = c10d::ReduceOp::MIN;
+      break;
+  }
   return CallTorch(absl::StatusCode::kUnavailable, absl::StrCat("all-reducing ", context),
                    [&] { group.allreduce(tensors, options)->wait(); });
 }
 
 absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
-                                                         c10d::ProcessGroup& group,
-                                                         absl::string_view context) {
+                                                        c10d::ProcessGroup& group,
+                                                        absl::string_view context) {
   const int world = group.getSize();
   std::vector<std::string> gathered(world);
-  KEEL_RETURN_IF_ERROR(CallTorch(
-      absl::StatusCode::kUnavailable, absl::StrCat("all-gathering ", context), [&] {
+  KEEL_RETURN_IF_ERROR(
+      CallTorch(absl::StatusCode::kUnavailable, absl::StrCat("all-gathering ", context), [&] {
         // Lengths first, then the payloads padded to the longest (list-based all-gather: the
         // only form Gloo offers on LibTorch 1.13).
-        std::vector<at::Tensor> length = {at::full({1}, static_cast<int64_t>(bytes.size()),
-                                                   at::kLong)};
+        std::vector<at::Tensor> length = {
+            at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
         std::vector<std::vector<at::Tensor>> lengths(1);
         for (int r = 0; r < world; ++r) lengths[0].push_back(at::empty({1}, at::kLong));
         group.allgather(lengths, length)->wait();

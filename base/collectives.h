@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
-#include "absl/status/statusor.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace c10d {
@@ -21,7 +21,7 @@ class ProcessGroup;
 
 namespace keel::base {
 
-enum class Reduce { kSum, kMax };
+enum class Reduce { kSum, kMax, kMin };
 
 // All-reduces `tensor` in place over `group` and waits for it. Errors: kUnavailable, "all-reducing
 // <context>: <what c10d said>", when a peer or the backend fails.
@@ -33,8 +33,8 @@ enum class Reduce { kSum, kMax };
 // "all-gathering <context>: ...", when a peer or the backend fails.
 // Requires: every rank of `group` calls it.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
-                                                                     c10d::ProcessGroup& group,
-                                                                     absl::string_view context);
+                                                                      c10d::ProcessGroup& group,
+                                                                      absl::string_view context);
 
 }  // namespace keel::base
 

@@ -167,15 +167,19 @@ absl::Status RenameDurably(const std::string& from, const std::string& to) {
   return FsyncPath(ParentDirectory(to));
 }
 
-absl::Status MakeDirectories(const std::string& path) {
-  if (path.empty() || IsDirectory(path)) return absl::OkStatus();
-  const std::string parent = ParentDirectory(path);
-  if (parent != path) KEEL_RETURN_IF_ERROR(MakeDirectories(parent));
+absl::Status MakeDirectory(const std::string& path) {
   if (::mkdir(path.c_str(), 0755) != 0) {
     if (errno != EEXIST) return ErrnoError("creating directory", path);
     if (!IsDirectory(path)) return ErrnoStatus(ENOTDIR, "creating directory", path);
   }
   return absl::OkStatus();
+}
+
+absl::Status MakeDirectories(const std::string& path) {
+  if (path.empty() || IsDirectory(path)) return absl::OkStatus();
+  const std::string parent = ParentDirectory(path);
+  if (parent != path) KEEL_RETURN_IF_ERROR(MakeDirectories(parent));
+  return MakeDirectory(path);
 }
 
 absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& path) {

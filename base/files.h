@@ -88,6 +88,9 @@ class UniqueFd {
 // rename(2), then fsync of the destination's parent directory.
 [[nodiscard]] absl::Status RenameDurably(const std::string& from, const std::string& to);
 
+// mkdir: creates the directory `path`, whose parent must exist; an existing one is fine.
+[[nodiscard]] absl::Status MakeDirectory(const std::string& path);
+
 // mkdir -p: creates `path` and its missing parents; an existing directory is fine.
 [[nodiscard]] absl::Status MakeDirectories(const std::string& path);
 

@@ -87,6 +87,14 @@ TEST(FilesTest, MakeDirectoriesRemoveTreeAndList) {
   EXPECT_FALSE(PathExists(JoinPath(dir, "a")));
 }
 
+TEST(FilesTest, MakeDirectoryNeedsItsParent) {
+  const std::string dir = NewTempDir("one_level");
+  ASSERT_THAT(MakeDirectory(JoinPath(dir, "a")), IsOk());
+  ASSERT_THAT(MakeDirectory(JoinPath(dir, "a")), IsOk());  // existing: fine
+  EXPECT_THAT(MakeDirectory(JoinPath(dir, "x/y")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(JoinPath(dir, "x/y"))));
+}
+
 TEST(FilesTest, MakeDirectoriesUnderAFileIsAnError) {
   const std::string dir = NewTempDir("under_file");
   ASSERT_THAT(WriteFile(JoinPath(dir, "f"), "x"), IsOk());

@@ -1,9 +1,10 @@
 #include "base/json.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
+
+#include "base/files.h"
+#include "base/status.h"
 
 namespace keel::base {
 
@@ -17,11 +18,8 @@ absl::StatusOr<Json> ParseJson(absl::string_view text) {
 }
 
 absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open JSON file ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  absl::StatusOr<Json> json = ParseJson(buffer.str());
+  KEEL_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", json.status().message()));
   }
@@ -29,11 +27,7 @@ absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
 }
 
 absl::Status WriteJsonFile(const std::string& path, const Json& json) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << json.dump(1) << "\n";
-  out.close();
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write JSON file ", path));
-  return absl::OkStatus();
+  return WriteFile(path, absl::StrCat(json.dump(1), "\n"));
 }
 
 Json DoubleToJson(double value) {

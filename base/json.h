@@ -28,12 +28,12 @@ using Json = nlohmann::ordered_json;
 // Parses JSON text. Errors: kInvalidArgument naming the byte offset of the syntax error.
 [[nodiscard]] absl::StatusOr<Json> ParseJson(absl::string_view text);
 
-// Reads and parses a JSON file. Errors: kNotFound if it cannot be opened; kInvalidArgument
-// (with the path) if it is not JSON.
+// Reads and parses a JSON file. Errors: base::ErrnoCode's (kNotFound for a missing file) if it
+// cannot be read; kInvalidArgument (with the path) if it is not JSON.
 [[nodiscard]] absl::StatusOr<Json> ReadJsonFile(const std::string& path);
 
-// Writes `json` to `path`, indented by 1, with a trailing newline. Errors: kUnavailable if
-// the file cannot be written.
+// Writes `json` to `path`, indented by 1, with a trailing newline. Errors: base::ErrnoCode's
+// when the file cannot be written.
 [[nodiscard]] absl::Status WriteJsonFile(const std::string& path, const Json& json);
 
 // A double as JSON: a number, or "nan" / "inf" / "-inf".

@@ -21,7 +21,7 @@ readonly PACKAGES=(
   libxxhash-dev       # XXH3 checksums of checkpoint shards and manifests
   clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
-  python3-torch       # torchrun (tools:train_test) and the Python baseline of tools/train_benchmark.sh
+  python3-torch       # torchrun (tools:train_test) and the Python baseline of tools/scripts/train_benchmark.sh
 )
 
 sudo_cmd=()

@@ -6,13 +6,12 @@
 //   bazel run //tools:ckpt -- diff runs/a/step_0000001000 runs/b/step_0000001000
 //   bazel run //tools:ckpt -- export-safetensors runs/gpt/step_0000001000 hf/ --object=model
 //
-// Exit status: 0 when verified or identical, 1 when verify finds problems or diff finds
-// differences, 2 for errors and bad usage.
+// Exit status (tools/cli/exit_code.h): 0 when verified or identical; 1 when verify finds
+// problems, diff finds differences, or a checkpoint cannot be read; 2 for bad usage.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -30,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/files.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -37,7 +37,8 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
-#include "tools/user_path.h"
+#include "tools/cli/exit_code.h"
+#include "tools/cli/user_path.h"
 
 ABSL_FLAG(int64_t, max_shard_bytes, keel::checkpoint::HfExportOptions().max_shard_bytes,
           "export-safetensors: start a new file when the next tensor would pass this many bytes.");
@@ -64,7 +65,8 @@ Commands:
   export-safetensors DIR OUT   writes one object as Hugging Face sharded safetensors into OUT
                                [--object=model] [--max_shard_bytes=5368709120]
 
-Exit status: 0 verified or identical, 1 problems or differences found, 2 errors.)";
+Exit status: 0 verified or identical; 1 problems or differences found, or an error;
+2 bad usage.)";
 
 std::string Shape(const TensorEntry& tensor) {
   return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
@@ -137,12 +139,12 @@ absl::StatusOr<int> Inspect(const std::string& dir) {
   std::cout << "total: " << manifest.tensors_size() << " tensors, " << tensor_bytes
             << " tensor bytes; " << manifest.files_size() << " files, " << file_bytes
             << " bytes on disk; " << manifest.objects_size() << " objects\n";
-  return 0;
+  return cli::kExitSuccess;
 }
 
 absl::StatusOr<int> Verify(const std::string& dir) {
   std::string path = dir;
-  if (!std::filesystem::exists(checkpoint::ManifestPath(dir))) {
+  if (!base::PathExists(checkpoint::ManifestPath(dir))) {
     // A run's checkpoint_dir: check what a resume would load.
     KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found, checkpoint::FindLatest(dir));
     for (const std::string& warning : found.warnings) std::cout << "warning: " << warning << "\n";
@@ -153,7 +155,7 @@ absl::StatusOr<int> Verify(const std::string& dir) {
             " holds neither a checkpoint manifest nor committed step_* checkpoint directories"));
       }
       std::cout << "FAILED: no checkpoint under " << dir << " passes verification\n";
-      return 1;
+      return cli::kExitFailure;
     }
     path = found.latest->path;
     std::cout << "newest checkpoint: " << path << "\n";
@@ -165,11 +167,11 @@ absl::StatusOr<int> Verify(const std::string& dir) {
     for (const checkpoint::VerifyProblem& problem : report.problems) {
       std::cout << "  " << problem.message << "\n";
     }
-    return 1;
+    return cli::kExitFailure;
   }
   std::cout << "OK: " << report.files << " files, " << report.tensors << " tensors, "
             << report.bytes << " bytes verified\n";
-  return 0;
+  return cli::kExitSuccess;
 }
 
 // The difference between two tensors of the same dtype and shape, computed in double (complex
@@ -276,10 +278,10 @@ absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path) {
 
   if (differences == 0) {
     std::cout << "identical: " << equal << " tensors, " << objects.size() << " objects\n";
-    return 0;
+    return cli::kExitSuccess;
   }
   std::cout << differences << " differences; " << equal << " tensors identical\n";
-  return 1;
+  return cli::kExitFailure;
 }
 
 absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string& out) {
@@ -291,17 +293,18 @@ absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string&
   std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size
             << " bytes) of \"" << options.object << "\" to " << out << ":\n";
   for (const std::string& file : result.files) std::cout << "  " << file << "\n";
-  return 0;
+  return cli::kExitSuccess;
 }
 
 absl::StatusOr<int> Run(const std::vector<std::string>& args) {
   const std::string command = args.empty() ? "" : args[0];
   const size_t operands = args.empty() ? 0 : args.size() - 1;
-  if (command == "inspect" && operands == 1) return Inspect(UserPath(args[1]));
-  if (command == "verify" && operands == 1) return Verify(UserPath(args[1]));
-  if (command == "diff" && operands == 2) return Diff(UserPath(args[1]), UserPath(args[2]));
+  if (command == "inspect" && operands == 1) return Inspect(cli::UserPath(args[1]));
+  if (command == "verify" && operands == 1) return Verify(cli::UserPath(args[1]));
+  if (command == "diff" && operands == 2)
+    return Diff(cli::UserPath(args[1]), cli::UserPath(args[2]));
   if (command == "export-safetensors" && operands == 2) {
-    return ExportSafetensors(UserPath(args[1]), UserPath(args[2]));
+    return ExportSafetensors(cli::UserPath(args[1]), cli::UserPath(args[2]));
   }
   if (command.empty()) {
     std::cerr << "ckpt: no command given\n\n";
@@ -309,7 +312,7 @@ absl::StatusOr<int> Run(const std::vector<std::string>& args) {
     std::cerr << "ckpt: bad command line: " << absl::StrJoin(args, " ") << "\n\n";
   }
   std::cerr << kUsage << "\n";
-  return 2;
+  return cli::kExitUsage;
 }
 
 }  // namespace
@@ -318,10 +321,5 @@ absl::StatusOr<int> Run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(keel::tools::kUsage);
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<int> code = keel::tools::Run({args.begin() + 1, args.end()});
-  if (!code.ok()) {
-    std::cerr << "ckpt: " << code.status().message() << "\n";
-    return 2;
-  }
-  return *code;
+  return keel::tools::cli::Exit("ckpt", keel::tools::Run({args.begin() + 1, args.end()}));
 }

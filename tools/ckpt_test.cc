@@ -20,6 +20,7 @@
 #include "checkpoint/state_dict.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 
 ABSL_FLAG(std::string, ckpt, "", "Path of the //tools:ckpt binary.");
@@ -33,6 +34,7 @@ using ::keel::checkpoint::CheckpointerOptions;
 using ::keel::checkpoint::Manifest;
 using ::keel::checkpoint::State;
 using ::keel::checkpoint::StateReader;
+using ::keel::testing::FlipBit;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -72,23 +74,7 @@ absl::StatusOr<std::string> Save(const std::string& run_dir, int64_t step,
   return absl::StrFormat("%s/step_%010d", run_dir, step);
 }
 
-std::string NewDir(const std::string& name) {
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-// Flips one bit of the byte at `offset`.
-void FlipBit(const std::string& path, uint64_t offset) {
-  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  ASSERT_TRUE(file.good()) << path;
-  file.seekg(static_cast<std::streamoff>(offset));
-  char byte = 0;
-  ASSERT_TRUE(file.get(byte));
-  file.seekp(static_cast<std::streamoff>(offset));
-  file.put(static_cast<char>(byte ^ 0x10));
-}
+std::string NewDir(const std::string& name) { return keel::testing::NewTempDir(name); }
 
 struct ToolResult {
   int exit_code = -1;
@@ -182,17 +168,19 @@ TEST(CkptToolTest, ExportSafetensorsWritesTheShardsAndIndex) {
                            "model.safetensors.index.json"}) {
     EXPECT_TRUE(std::filesystem::exists(absl::StrCat(out, "/", file))) << file;
   }
+  // A second export into the same directory refuses to overwrite it: a failure (exit 1).
   const ToolResult again = RunCkpt(absl::StrCat("export-safetensors ", path, " ", out));
-  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_EQ(again.exit_code, 1);
   EXPECT_THAT(again.output, HasSubstr("ckpt: "));
 }
 
 TEST(CkptToolTest, RelativePathsAreResolvedFromTheBazelRunDirectory) {
   const std::string run = NewDir("relative");
   KEEL_ASSERT_OK(Save(run, 7, Model()).status());
-  const ToolResult result =
-      RunCkpt("inspect relative/step_0000000007",
-              absl::StrCat("BUILD_WORKING_DIRECTORY=", std::getenv("TEST_TMPDIR")));
+  const std::filesystem::path relative = std::filesystem::path(run).filename() / "step_0000000007";
+  const ToolResult result = RunCkpt(
+      absl::StrCat("inspect ", relative.string()),
+      absl::StrCat("BUILD_WORKING_DIRECTORY=", std::filesystem::path(run).parent_path().string()));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("step 7,"));
 }
@@ -208,10 +196,11 @@ TEST(CkptToolTest, BadCommandLinesPrintUsage) {
   }
 }
 
-TEST(CkptToolTest, ErrorsNameTheProblemAndExitWith2) {
+// A checkpoint that cannot be read is a failure (exit 1), not bad usage (2).
+TEST(CkptToolTest, ErrorsNameTheProblemAndExitWith1) {
   const ToolResult result =
       RunCkpt(absl::StrCat("inspect ", std::getenv("TEST_TMPDIR"), "/no_such_checkpoint"));
-  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, AllOf(HasSubstr("ckpt: "), HasSubstr("no_such_checkpoint")));
 }
 

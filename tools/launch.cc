@@ -6,9 +6,9 @@
 //   bazel run //tools:launch -- --nproc_per_node=2 -- bazel-bin/tools/train --run_dir=runs/a
 //   bazel run //tools:launch -- --nproc_per_node=4 --master_port=0 bazel-bin/tools/train
 //
-// Exit status: 0 when every rank exits 0; otherwise the code of the first rank that failed
-// (128 + the signal for a rank killed by one); 127 when PROGRAM cannot be started; 1 when the
-// launcher itself fails; 2 for bad usage.
+// Exit status (tools/cli/exit_code.h): 0 when every rank exits 0; otherwise the code of the
+// first rank that failed (128 + the signal for a rank killed by one); 127 when PROGRAM cannot
+// be started; 1 when the launcher itself fails; 2 for bad usage.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -38,8 +37,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "base/files.h"
 #include "base/status.h"
-#include "tools/user_path.h"
+#include "tools/cli/exit_code.h"
+#include "tools/cli/torchrun_env.h"
+#include "tools/cli/user_path.h"
 
 extern char** environ;
 
@@ -145,7 +147,7 @@ struct LaunchOptions {
 // get_free_port does; the port is free again (for rank 0's store) once the socket closes.
 [[nodiscard]] absl::StatusOr<int64_t> PickFreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (fd < 0) return base::ErrnoError("opening a socket", "");
   sockaddr_in address = {};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -153,10 +155,9 @@ struct LaunchOptions {
   socklen_t length = sizeof(address);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const int error = errno;
+    const absl::Status status = base::ErrnoError("picking a free port on", "127.0.0.1");
     ::close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("picking a free port on 127.0.0.1: ", std::strerror(error)));
+    return status;
   }
   ::close(fd);
   return ntohs(address.sin_port);
@@ -165,23 +166,14 @@ struct LaunchOptions {
 // The launcher's environment with torchrun's worker variables for `rank` set.
 std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, int64_t master_port,
                                            int64_t rank) {
-  const std::string world = absl::StrCat(options.nproc_per_node);
-  std::vector<std::pair<std::string, std::string>> set = {
-      {"RANK", absl::StrCat(rank)},
-      {"LOCAL_RANK", absl::StrCat(rank)},
-      {"GROUP_RANK", "0"},
-      {"ROLE_RANK", absl::StrCat(rank)},
-      {"ROLE_NAME", "default"},
-      {"WORLD_SIZE", world},
-      {"LOCAL_WORLD_SIZE", world},
-      {"ROLE_WORLD_SIZE", world},
-      {"GROUP_WORLD_SIZE", "1"},
-      {"MASTER_ADDR", options.master_addr},
-      {"MASTER_PORT", absl::StrCat(master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"},
-      {"TORCHELASTIC_RUN_ID", "none"},
-  };
+  cli::WorkerEnv worker;
+  worker.rank = static_cast<int>(rank);
+  worker.local_rank = static_cast<int>(rank);
+  worker.world_size = static_cast<int>(options.nproc_per_node);
+  worker.local_world_size = worker.world_size;
+  worker.master_addr = options.master_addr;
+  worker.master_port = static_cast<int>(master_port);
+  std::vector<std::pair<std::string, std::string>> set = cli::WorkerVariables(worker);
   // torchrun sets OMP_NUM_THREADS=1 for several workers so that they do not oversubscribe
   // the cores.
   if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -191,7 +183,8 @@ std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, int64_t
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const absl::string_view variable = *entry;
     const absl::string_view name = variable.substr(0, variable.find('='));
-    bool replaced = name == "TORCHELASTIC_USE_AGENT_STORE";  // no agent store: rank 0 hosts it
+    bool replaced = false;
+    for (const char* outer : cli::kOuterVariables) replaced = replaced || name == outer;
     for (const auto& [key, value] : set) replaced = replaced || name == key;
     if (!replaced) environment.emplace_back(variable);
   }
@@ -228,7 +221,7 @@ class Launcher {
       }
     }
     if (const int error = pthread_sigmask(SIG_BLOCK, &waited_, &original_mask_); error != 0) {
-      return absl::InternalError(absl::StrCat("blocking signals: ", std::strerror(error)));
+      return base::ErrnoStatus(error, "blocking signals", "");
     }
     return absl::OkStatus();
   }
@@ -248,8 +241,7 @@ class Launcher {
         posix_spawnp(&pid, c_argv[0], nullptr, &attributes, c_argv.data(), c_environment.data());
     posix_spawnattr_destroy(&attributes);
     if (error != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot start rank ", rank, ", ", argv[0], ": ", std::strerror(error)));
+      return base::ErrnoStatus(error, absl::StrCat("starting rank ", rank, ","), argv[0]);
     }
     workers_.push_back(Worker{rank, pid});
     return absl::OkStatus();
@@ -355,12 +347,9 @@ class Launcher {
     KEEL_ASSIGN_OR_RETURN(master_port, PickFreePort());
   }
   std::vector<std::string> argv = options.program;
-  if (argv[0].find('/') != std::string::npos) argv[0] = UserPath(argv[0]);  // else: PATH
+  if (argv[0].find('/') != std::string::npos) argv[0] = cli::UserPath(argv[0]);  // else: PATH
   if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"); dir != nullptr) {
-    if (chdir(dir) != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot enter BUILD_WORKING_DIRECTORY ", dir, ": ", std::strerror(errno)));
-    }
+    if (chdir(dir) != 0) return base::ErrnoError("entering BUILD_WORKING_DIRECTORY", dir);
   }
   Launcher launcher(options.grace_seconds);
   KEEL_RETURN_IF_ERROR(launcher.BlockSignals());
@@ -384,16 +373,11 @@ int main(int argc, char** argv) {
       keel::tools::ParseArgs(std::vector<std::string>(argv + 1, argv + argc));
   if (!options.ok()) {
     std::cerr << "launch: " << options.status().message() << "\n\n" << keel::tools::kUsage << "\n";
-    return 2;
+    return keel::tools::cli::kExitUsage;
   }
   if (options->help) {
     std::cout << keel::tools::kUsage << "\n";
-    return 0;
+    return keel::tools::cli::kExitSuccess;
   }
-  absl::StatusOr<int> code = keel::tools::Launch(*options);
-  if (!code.ok()) {
-    std::cerr << "launch: " << code.status().message() << "\n";
-    return 1;
-  }
-  return *code;
+  return keel::tools::cli::Exit("launch", keel::tools::Launch(*options));
 }

@@ -17,7 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/subprocess_testutil.h"
+#include "testing/files.h"
+#include "tools/cli/subprocess_testutil.h"
 
 ABSL_FLAG(std::string, launch, "", "Path of the //tools:launch binary.");
 ABSL_FLAG(std::string, child, "", "Path of the //tools:launch_test_child binary.");
@@ -25,6 +26,10 @@ ABSL_FLAG(std::string, child, "", "Path of the //tools:launch_test_child binary.
 namespace keel::tools {
 namespace {
 
+using ::keel::testing::NewTempDir;
+using ::keel::testing::ReadFileOrFail;
+using ::keel::tools::cli::Subprocess;
+using ::keel::tools::cli::SubprocessOptions;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -86,7 +91,7 @@ void AwaitReady(Pipe& ready, int count) {
 }
 
 TEST(LaunchTest, EveryRankGetsTheTorchrunEnvironmentAndOneFreePort) {
-  const std::string out = FreshTestDir("environment");
+  const std::string out = NewTempDir("environment");
   Subprocess launch =
       StartLauncher({"--nproc_per_node=3", "--master_port=0", "--", absl::GetFlag(FLAGS_child),
                      "--out_dir=" + out, "exit:0", "exit:0", "exit:0"},
@@ -113,7 +118,7 @@ TEST(LaunchTest, EveryRankGetsTheTorchrunEnvironmentAndOneFreePort) {
 }
 
 TEST(LaunchTest, TakesFlagsWithSeparateValuesAndPassesProgramFlagsThrough) {
-  const std::string out = FreshTestDir("explicit");
+  const std::string out = NewTempDir("explicit");
   // No "--": the launcher's flags end at PROGRAM, whose own flags it leaves alone.
   Subprocess launch =
       StartLauncher({"--nproc-per-node", "2", "--master_addr=10.1.2.3", "--master_port", "29517",
@@ -131,7 +136,7 @@ TEST(LaunchTest, TakesFlagsWithSeparateValuesAndPassesProgramFlagsThrough) {
 }
 
 TEST(LaunchTest, ResolvesProgramAndRunsWorkersInBuildWorkingDirectory) {
-  const std::string out = FreshTestDir("working_directory");
+  const std::string out = NewTempDir("working_directory");
   char cwd[PATH_MAX];
   ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);  // the runfiles folder, where --child is relative
   // The launcher starts elsewhere, as under `bazel run`; OMP_NUM_THREADS set by the user stays.
@@ -139,14 +144,14 @@ TEST(LaunchTest, ResolvesProgramAndRunsWorkersInBuildWorkingDirectory) {
       {"--nproc_per_node=1", "--", absl::GetFlag(FLAGS_child), "--out_dir=" + out, "exit:0"},
       out + "/stderr", {absl::StrCat("BUILD_WORKING_DIRECTORY=", cwd), "OMP_NUM_THREADS=3"}, out);
   ASSERT_EQ(launch.Wait(), 0) << launch.Stderr();
-  EXPECT_EQ(ReadFile(out + "/rank0.cwd"), cwd);
+  EXPECT_EQ(ReadFileOrFail(out + "/rank0.cwd"), cwd);
   auto env = ReadEnvironment(out + "/rank0.env");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "3");
   EXPECT_EQ(env["WORLD_SIZE"], "1");
 }
 
 TEST(LaunchTest, ExitsWithTheFailingRanksCode) {
-  const std::string out = FreshTestDir("exit_code");
+  const std::string out = NewTempDir("exit_code");
   Subprocess launch = StartLauncher({"--nproc_per_node=2", "--", absl::GetFlag(FLAGS_child),
                                      "--out_dir=" + out, "exit:0", "exit:7"},
                                     out + "/stderr");
@@ -155,7 +160,7 @@ TEST(LaunchTest, ExitsWithTheFailingRanksCode) {
 }
 
 TEST(LaunchTest, ExitsWith128PlusTheSignalThatKilledARank) {
-  const std::string out = FreshTestDir("signal_code");
+  const std::string out = NewTempDir("signal_code");
   Subprocess launch =
       StartLauncher({"--nproc_per_node=2", "--", absl::GetFlag(FLAGS_child), "--out_dir=" + out,
                      "exit:0", absl::StrCat("signal:", SIGUSR1)},
@@ -166,7 +171,7 @@ TEST(LaunchTest, ExitsWith128PlusTheSignalThatKilledARank) {
 }
 
 TEST(LaunchTest, FailingRankMakesTheLauncherTerminateItsPeers) {
-  const std::string out = FreshTestDir("terminate_peers");
+  const std::string out = NewTempDir("terminate_peers");
   Pipe ready, go;
   Subprocess launch =
       StartLauncher({"--nproc_per_node=2", "--", absl::GetFlag(FLAGS_child), "--out_dir=" + out,
@@ -176,14 +181,14 @@ TEST(LaunchTest, FailingRankMakesTheLauncherTerminateItsPeers) {
   AwaitReady(ready, 2);
   ASSERT_EQ(write(go.write_fd(), "g", 1), 1);  // rank 1 fails only once rank 0 waits for SIGTERM
   EXPECT_EQ(launch.Wait(), 3);
-  EXPECT_EQ(ReadFile(out + "/rank0.signal"), absl::StrCat(SIGTERM));
+  EXPECT_EQ(ReadFileOrFail(out + "/rank0.signal"), absl::StrCat(SIGTERM));
   const std::string log = launch.Stderr();
   EXPECT_THAT(log, HasSubstr("launch: rank 1 exited with code 3\n"));
   EXPECT_THAT(log, Not(HasSubstr("launch: rank 0")));  // it exited 0 after SIGTERM
 }
 
 TEST(LaunchTest, PeerIgnoringSigtermIsKilledAfterTheGracePeriod) {
-  const std::string out = FreshTestDir("kill_peers");
+  const std::string out = NewTempDir("kill_peers");
   Pipe ready, go;
   Subprocess launch =
       StartLauncher({"--nproc_per_node=2", "--grace_seconds=0.1", "--", absl::GetFlag(FLAGS_child),
@@ -201,7 +206,7 @@ TEST(LaunchTest, PeerIgnoringSigtermIsKilledAfterTheGracePeriod) {
 TEST(LaunchTest, ForwardsSigtermAndSigintToEveryRank) {
   for (const int signal : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(absl::StrCat("signal ", signal));
-    const std::string out = FreshTestDir(absl::StrCat("forward_", signal));
+    const std::string out = NewTempDir(absl::StrCat("forward_", signal));
     Pipe ready;
     Subprocess launch =
         StartLauncher({"--nproc_per_node=3", "--", absl::GetFlag(FLAGS_child), "--out_dir=" + out,
@@ -212,14 +217,14 @@ TEST(LaunchTest, ForwardsSigtermAndSigintToEveryRank) {
     // Every worker handled the signal and exited 0, so the launcher does too.
     EXPECT_EQ(launch.Wait(), 0) << launch.Stderr();
     for (int rank = 0; rank < 3; ++rank) {
-      EXPECT_EQ(ReadFile(absl::StrCat(out, "/rank", rank, ".signal")), absl::StrCat(signal))
+      EXPECT_EQ(ReadFileOrFail(absl::StrCat(out, "/rank", rank, ".signal")), absl::StrCat(signal))
           << "rank " << rank;
     }
   }
 }
 
 TEST(LaunchTest, ProgramThatCannotStartExits127) {
-  const std::string out = FreshTestDir("no_program");
+  const std::string out = NewTempDir("no_program");
   Subprocess launch =
       StartLauncher({"--nproc_per_node=2", "--", "/nonexistent/program"}, out + "/stderr");
   EXPECT_EQ(launch.Wait(), 127);
@@ -239,7 +244,7 @@ TEST(LaunchTest, BadUsageExits2WithTheUsageText) {
       {{"--nnodes=2", child}, "unknown flag --nnodes"},
       {{"--master_port"}, "--master_port needs a value"},
   };
-  const std::string out = FreshTestDir("usage");
+  const std::string out = NewTempDir("usage");
   for (const auto& [args, message] : cases) {
     SCOPED_TRACE(message);
     Subprocess launch = StartLauncher(args, out + "/stderr");

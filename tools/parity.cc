@@ -7,7 +7,6 @@
 //
 // A case whose inputs Keel refuses gets `actual: {"error": "<message>"}`.
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,14 +19,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/files.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "gradients/grad_utils_cases.h"
 #include "optim/param_scheduler_cases.h"
 #include "sampling/samplers_cases.h"
 #include "scheduling/step_scheduler_cases.h"
+#include "tools/cli/exit_code.h"
+#include "tools/cli/user_path.h"
 #include "tools/cpp/runfiles/runfiles.h"
-#include "tools/user_path.h"
 
 ABSL_FLAG(
     std::string, component, "all",
@@ -102,18 +103,13 @@ absl::Status Main(const std::string& argv0) {
 
   std::string error;
   std::unique_ptr<Runfiles> runfiles(Runfiles::Create(argv0, &error));
-  const std::string out = UserPath(absl::GetFlag(FLAGS_out));
+  const std::string out = cli::UserPath(absl::GetFlag(FLAGS_out));
   if (!out.empty() && components.size() > 1) {
-    std::error_code error_code;
-    std::filesystem::create_directories(out, error_code);
-    if (error_code) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot create ", out, ": ", error_code.message()));
-    }
+    KEEL_RETURN_IF_ERROR(base::MakeDirectories(out));
   }
   Json all = Json::object();
   for (const Component* component : components) {
-    std::string path = UserPath(cases);
+    std::string path = cli::UserPath(cases);
     if (path.empty()) {
       if (runfiles == nullptr) return absl::NotFoundError(absl::StrCat("runfiles: ", error));
       path = runfiles->Rlocation(absl::StrCat("keel/testdata/golden/", component->name, ".json"));
@@ -140,9 +136,5 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Runs Keel on golden-format cases and writes them back with `actual` beside `expected`.");
   absl::ParseCommandLine(argc, argv);
-  if (absl::Status status = keel::tools::Main(argv[0]); !status.ok()) {
-    std::cerr << "parity: " << status << "\n";
-    return 1;
-  }
-  return 0;
+  return keel::tools::cli::Exit("parity", keel::tools::Main(argv[0]));
 }

@@ -1,0 +1,74 @@
+#include "tools/recipe/data.h"
+
+#include <ostream>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/files.h"
+#include "base/status.h"
+#include "sampling/indexed_dataset.h"
+#include "tools/recipe/corpus.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+// Rank 0's part of DataPrefix: builds the default corpus at `prefix` unless it is there.
+absl::Status PrepareDefaultCorpus(const TrainOptions& options, const std::string& prefix,
+                                  std::ostream& log) {
+  if (sampling::IndexedDataset::Open(prefix).ok()) return absl::OkStatus();
+  const std::vector<std::string> files = DefaultCorpusFiles();
+  if (files.empty()) {
+    return absl::NotFoundError(
+        "the default corpus (/usr/share/common-licenses, from Debian's base-files) is missing; "
+        "set data.prefix to a Megatron indexed dataset");
+  }
+  KEEL_RETURN_IF_ERROR(base::MakeDirectories(base::ParentDirectory(prefix)));
+  KEEL_ASSIGN_OR_RETURN(CorpusStats stats, BuildByteCorpus(files, prefix));
+  log << "data: default corpus, " << files.size() << " files from /usr/share/common-licenses, "
+      << stats.tokens << " byte tokens -> " << prefix << "\n";
+  return absl::OkStatus();
+}
+
+// data.prefix, or the default corpus in <run_dir>/data, prepared by rank 0.
+absl::StatusOr<std::string> DataPrefix(const TrainOptions& options, const TrainRuntime& runtime) {
+  if (!options.data.prefix.empty()) return options.data.prefix;
+  const std::string prefix = base::JoinPath(options.run_dir, "data/corpus");
+  const absl::Status prepared =
+      runtime.rank == 0 ? PrepareDefaultCorpus(options, prefix, *runtime.log) : absl::OkStatus();
+  KEEL_RETURN_IF_ERROR(AgreeOverRanks(prepared, runtime, "preparing the default corpus"));
+  return prefix;
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> Splits::Batch(const std::vector<int64_t>& indices,
+                                         bool validation) const {
+  std::vector<at::Tensor> samples;
+  for (int64_t index : indices) {
+    if (index < 0) continue;
+    KEEL_ASSIGN_OR_RETURN(at::Tensor sample,
+                          dataset_.Sample(validation ? ValIndex(index) : TrainIndex(index)));
+    samples.push_back(std::move(sample));
+  }
+  if (samples.empty()) return at::Tensor();
+  return at::stack(samples);
+}
+
+int64_t Splits::TrainIndex(int64_t j) const {
+  return every_n_ == 0 ? j : (j / (every_n_ - 1)) * every_n_ + j % (every_n_ - 1);
+}
+
+absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const TrainRuntime& runtime) {
+  KEEL_ASSIGN_OR_RETURN(std::string prefix, DataPrefix(options, runtime));
+  KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, sampling::IndexedDataset::Open(prefix));
+  KEEL_ASSIGN_OR_RETURN(sampling::GptDataset windows,
+                        sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
+  Splits splits(std::move(windows), options.data.validation_every_n_samples);
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<sampling::MegatronSampler> sampler,
+                        sampling::CreateMegatronSampler(options.sampler, splits.train_size(),
+                                                        runtime.rank, runtime.world_size));
+  return TrainData{std::move(prefix), std::move(splits), std::move(sampler)};
+}
+
+}  // namespace keel::tools::recipe

@@ -1,0 +1,131 @@
+#include "tools/recipe/options.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/files.h"
+#include "base/status.h"
+#include "tools/recipe/config.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+absl::Status Require(bool ok, absl::string_view field, int64_t value, absl::string_view allowed) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") ", allowed));
+}
+
+absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
+  KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
+  options.model.max_sequence_length = options.data.dataset.sequence_length;
+  const GptOptions& m = options.model;
+  for (auto [field, value] : {std::pair{"model.vocab_size", m.vocab_size},
+                              {"model.hidden_size", m.hidden_size},
+                              {"model.num_layers", m.num_layers},
+                              {"model.num_attention_heads", m.num_attention_heads},
+                              {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
+    KEEL_RETURN_IF_ERROR(Require(value > 0, field, value, "must be > 0"));
+  }
+  return Require(
+      m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
+      absl::StrCat("must be divisible by model.num_attention_heads (", m.num_attention_heads, ")"));
+}
+
+absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& options) {
+  if (config.has_name() && config.name() != "AdamW") {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.name \"", config.name(),
+                                                   "\" is not supported; allowed: \"AdamW\""));
+  }
+  if (config.has_lr()) options.lr = config.lr();
+  if (config.has_beta1()) options.beta1 = config.beta1();
+  if (config.has_beta2()) options.beta2 = config.beta2();
+  if (config.has_eps()) options.eps = config.eps();
+  if (config.has_weight_decay()) options.weight_decay = config.weight_decay();
+  return absl::OkStatus();
+}
+
+absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions& options) {
+  if (config.has_backend()) {
+    if (config.backend() == "nccl") {
+      options.backend = Backend::kNccl;
+    } else if (config.backend() != "gloo") {
+      return absl::InvalidArgumentError(absl::StrCat("distributed.backend \"", config.backend(),
+                                                     "\" is not one of \"gloo\", \"nccl\""));
+    }
+  }
+  if (config.has_timeout_seconds()) options.timeout_seconds = config.timeout_seconds();
+  return Require(options.timeout_seconds > 0, "distributed.timeout_seconds",
+                 options.timeout_seconds, "must be > 0");
+}
+
+absl::Status ReadLogging(const LoggingConfig& config, LoggingOptions& options) {
+  if (config.has_log_every_steps()) options.log_every_steps = config.log_every_steps();
+  if (config.has_tensorboard()) options.tensorboard = config.tensorboard();
+  return Require(options.log_every_steps > 0, "logging.log_every_steps", options.log_every_steps,
+                 "must be > 0");
+}
+
+absl::Status ReadData(const DataConfig& config, DataOptions& options) {
+  options.prefix = config.prefix();
+  KEEL_RETURN_IF_ERROR(CopyFields(config, options.dataset));
+  options.validation_every_n_samples = config.validation_every_n_samples();
+  const int64_t every_n = options.validation_every_n_samples;
+  return Require(every_n == 0 || every_n >= 2, "data.validation_every_n_samples", every_n,
+                 "must be 0 (no validation) or >= 2");
+}
+
+// Sizes in [1, limit] for which `fits` holds, as "1, 2, 4" ("none" when there are none).
+template <typename Fits>
+std::string Working(int64_t limit, Fits fits) {
+  std::vector<int64_t> sizes;
+  for (int64_t n = 1; n <= limit && sizes.size() < 8; ++n) {
+    if (fits(n)) sizes.push_back(n);
+  }
+  return sizes.empty() ? "none" : absl::StrJoin(sizes, ", ");
+}
+
+}  // namespace
+
+absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
+  TrainOptions options;
+  options.run_dir = config.run_dir();
+  if (options.run_dir.empty()) return absl::InvalidArgumentError("run_dir must be set");
+  options.seed = config.has_seed() ? config.seed() : 0;
+  KEEL_RETURN_IF_ERROR(CopyFields(config.step_scheduler(), options.step_scheduler));
+  options.local_batch_size = config.step_scheduler().local_batch_size();
+  KEEL_RETURN_IF_ERROR(Require(options.local_batch_size > 0, "step_scheduler.local_batch_size",
+                               options.local_batch_size, "must be > 0"));
+  KEEL_RETURN_IF_ERROR(ReadData(config.data(), options.data));
+  KEEL_RETURN_IF_ERROR(
+      CopyFields(config.sampler(), options.sampler, {"micro_batch_size", "global_batch_size"}));
+  options.sampler.micro_batch_size = options.local_batch_size;
+  options.sampler.global_batch_size = options.step_scheduler.global_batch_size;
+  KEEL_RETURN_IF_ERROR(ReadModel(config, options));
+  KEEL_RETURN_IF_ERROR(ReadOptimizer(config.optimizer(), options.optimizer));
+  KEEL_RETURN_IF_ERROR(CopyFields(config.lr_scheduler(), options.lr_scheduler));
+  if (config.clip_grad().has_max_norm()) options.max_norm = config.clip_grad().max_norm();
+  options.checkpoint.checkpoint_dir = base::JoinPath(options.run_dir, "checkpoints");
+  KEEL_RETURN_IF_ERROR(CopyFields(config.checkpoint(), options.checkpoint));
+  KEEL_RETURN_IF_ERROR(ReadDistributed(config.distributed(), options.distributed));
+  KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
+  return options;
+}
+
+absl::Status CheckGeometry(const TrainOptions& options, int world_size) {
+  const int64_t global = options.step_scheduler.global_batch_size;
+  const int64_t local = options.local_batch_size;
+  if (global > 0 && global % (local * world_size) == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "step_scheduler.global_batch_size (", global,
+      ") must be a positive multiple of step_scheduler.local_batch_size (", local,
+      ") x the world size (", world_size, ") = ", local * world_size,
+      "; world sizes that work with this local_batch_size: ",
+      Working(global, [&](int64_t w) { return global > 0 && global % (local * w) == 0; }),
+      "; local_batch_size values that work on ", world_size, " rank(s): ",
+      Working(global, [&](int64_t l) { return global > 0 && global % (l * world_size) == 0; })));
+}
+
+}  // namespace keel::tools::recipe

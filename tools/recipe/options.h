@@ -1,0 +1,99 @@
+// Everything a training run needs to know, read once from a TrainConfig (config.proto) and
+// checked: the components' options structs, filled by field name (config.h's CopyFields),
+// plus the recipe's own settings. Config errors are found here, before anything is built.
+//
+//   KEEL_ASSIGN_OR_RETURN(TrainConfig config, LoadTrainConfig(path, overrides));
+//   KEEL_ASSIGN_OR_RETURN(TrainOptions options, ReadOptions(config));
+//   KEEL_RETURN_IF_ERROR(CheckGeometry(options, world_size));
+#ifndef KEEL_TOOLS_RECIPE_OPTIONS_H_
+#define KEEL_TOOLS_RECIPE_OPTIONS_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.h"
+#include "optim/param_scheduler.h"
+#include "sampling/gpt_dataset.h"
+#include "sampling/megatron_sampler.h"
+#include "scheduling/step_scheduler.h"
+#include "tools/recipe/config.pb.h"
+#include "tools/recipe/gpt.h"
+
+namespace keel::tools::recipe {
+
+struct DataOptions {
+  // Megatron indexed dataset prefix (<prefix>.idx/.bin); empty: the default corpus, prepared
+  // into <run_dir>/data. Default: "".
+  std::string prefix;
+  // GPT windows over the dataset.
+  sampling::GptDatasetOptions dataset;
+  // Every N-th window validates; 0: no validation set. Default: 0.
+  int64_t validation_every_n_samples = 0;
+};
+
+// torch::optim::AdamW's options (the trainer's only optimizer), with its defaults.
+struct OptimizerOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+enum class Backend { kGloo, kNccl };
+
+struct DistributedOptions {
+  // Gloo on the CPU; NCCL on this rank's GPU (a --config=cuda build). Default: kGloo.
+  Backend backend = Backend::kGloo;
+  // A collective or rendezvous that takes longer fails the run. Default: 60.
+  int64_t timeout_seconds = 60;
+};
+
+struct LoggingOptions {
+  // Progress line every N steps (and on validation steps). Default: 1.
+  int64_t log_every_steps = 1;
+  // TensorBoard event files under <run_dir>/tensorboard. Default: true.
+  bool tensorboard = true;
+};
+
+struct TrainOptions {
+  // The run's directory: metrics, TensorBoard events, plot, checkpoints, prepared data.
+  std::string run_dir;
+  // Seeds model initialisation. Default: 0.
+  int64_t seed = 0;
+  scheduling::StepSchedulerOptions step_scheduler;
+  // Samples per micro-batch on each rank (the recipe's local_batch_size). Required, > 0.
+  int64_t local_batch_size = 0;
+  DataOptions data;
+  // micro_batch_size and global_batch_size are the step scheduler's.
+  sampling::MegatronSamplerOptions sampler;
+  // max_sequence_length is data.dataset.sequence_length.
+  GptOptions model;
+  OptimizerOptions optimizer;
+  optim::ParamSchedulerOptions lr_scheduler;
+  // Gradient-norm clipping threshold; infinity clips nothing (the norm is still logged).
+  double max_norm = std::numeric_limits<double>::infinity();
+  // checkpoint_dir defaults to <run_dir>/checkpoints.
+  checkpoint::CheckpointerOptions checkpoint;
+  DistributedOptions distributed;
+  LoggingOptions logging;
+};
+
+// Reads and checks `config`. Errors: kInvalidArgument naming "<section>.<field>", its value
+// and what is allowed: an empty run_dir, a bad enum spelling, a non-positive
+// local_batch_size or model size, hidden_size not divisible by num_attention_heads, a
+// validation_every_n_samples of 1 or below 0, an optimizer other than AdamW, a backend other
+// than gloo or nccl, a non-positive timeout or logging interval.
+[[nodiscard]] absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config);
+
+// Whether the batch geometry works on `world_size` ranks: global_batch_size must be a
+// multiple of local_batch_size * world_size. Errors: kInvalidArgument naming the numbers and
+// the world sizes or local batch sizes that would work.
+[[nodiscard]] absl::Status CheckGeometry(const TrainOptions& options, int world_size);
+
+}  // namespace keel::tools::recipe
+
+#endif  // KEEL_TOOLS_RECIPE_OPTIONS_H_

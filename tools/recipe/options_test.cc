@@ -1,0 +1,130 @@
+#include "tools/recipe/options.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+#include "tools/recipe/config.h"
+
+ABSL_FLAG(std::string, config, "", "Path of tools/recipe/default.textproto.");
+
+namespace keel::tools::recipe {
+namespace {
+
+using ::keel::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+absl::StatusOr<TrainOptions> Read(const std::vector<std::string>& overrides) {
+  KEEL_ASSIGN_OR_RETURN(TrainConfig config,
+                        LoadTrainConfig(absl::GetFlag(FLAGS_config), overrides));
+  return ReadOptions(config);
+}
+
+TEST(ReadOptionsTest, DefaultConfigFillsEveryOption) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
+  // Values as written in default.textproto.
+  EXPECT_EQ(options.run_dir, "runs/default");
+  EXPECT_EQ(options.seed, 1234);
+  EXPECT_EQ(options.step_scheduler.global_batch_size, 16);
+  EXPECT_EQ(options.local_batch_size, 8);
+  EXPECT_EQ(options.sampler.micro_batch_size, 8);  // from step_scheduler
+  EXPECT_EQ(options.sampler.global_batch_size, 16);
+  EXPECT_EQ(options.data.validation_every_n_samples, 20);
+  EXPECT_EQ(options.model.max_sequence_length, 128);  // data.sequence_length
+  EXPECT_EQ(options.optimizer.beta2, 0.95);
+  EXPECT_EQ(options.lr_scheduler.lr_decay_style, optim::LrDecayStyle::kCosine);
+  EXPECT_EQ(options.max_norm, 1.0);
+  EXPECT_EQ(options.checkpoint.checkpoint_dir, "runs/default/checkpoints");
+  EXPECT_TRUE(options.checkpoint.is_async);
+  EXPECT_EQ(options.distributed.backend, Backend::kGloo);
+  EXPECT_EQ(options.logging.log_every_steps, 10);
+}
+
+TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {
+  TrainConfig config;
+  config.set_run_dir("r");
+  config.mutable_step_scheduler()->set_local_batch_size(2);
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, ReadOptions(config));
+  EXPECT_EQ(options.optimizer.lr, 1e-3);  // torch::optim::AdamW's defaults
+  EXPECT_EQ(options.optimizer.weight_decay, 1e-2);
+  EXPECT_EQ(options.max_norm, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(options.distributed.timeout_seconds, 60);
+  EXPECT_TRUE(options.logging.tensorboard);
+  EXPECT_EQ(options.step_scheduler.num_epochs,
+            scheduling::StepSchedulerOptions().num_epochs);  // NeMo's default
+}
+
+// Every configuration error a user can make is found before anything is built, as
+// kInvalidArgument naming the field and the value.
+TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
+  struct Case {
+    std::vector<std::string> overrides;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"model.layers=3"}, "no field \"layers\" in section model"},
+      {{"lr_scheduler.lr_decay_style=sine"}, "lr_scheduler.lr_decay_style"},
+      {{"sampler.dataloader_type=shuffled"}, "sampler.dataloader_type"},
+      {{"checkpoint.model_save_format=pickle"}, "checkpoint.model_save_format"},
+      {{"step_scheduler.local_batch_size=0"}, "step_scheduler.local_batch_size (0) must be > 0"},
+      {{"model.hidden_size=30"},
+       "model.hidden_size (30) must be divisible by model.num_attention_heads (4)"},
+      {{"model.num_layers=0"}, "model.num_layers (0) must be > 0"},
+      {{"model.vocab_size=-1"}, "model.vocab_size (-1) must be > 0"},
+      {{"data.validation_every_n_samples=1"},
+       "data.validation_every_n_samples (1) must be 0 (no validation) or >= 2"},
+      {{"optimizer.name=SGD"}, "optimizer.name \"SGD\" is not supported"},
+      {{"distributed.backend=mpi"}, "distributed.backend \"mpi\" is not one of \"gloo\", \"nccl\""},
+      {{"distributed.timeout_seconds=0"}, "distributed.timeout_seconds (0) must be > 0"},
+      {{"logging.log_every_steps=0"}, "logging.log_every_steps (0) must be > 0"},
+      {{"run_dir="}, "run_dir must be set"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
+    EXPECT_THAT(Read(c.overrides),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+  }
+}
+
+TEST(ReadOptionsTest, ConfigFileErrorsNameTheFile) {
+  EXPECT_THAT(LoadTrainConfig("/nonexistent/train.textproto", {}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/train.textproto")));
+  const std::string typo = keel::testing::NewTempDir("typo") + "/typo.textproto";
+  keel::testing::WriteFileOrFail(typo, "model {\n  num_layer: 2\n}\n");
+  EXPECT_THAT(LoadTrainConfig(typo, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("typo.textproto: line 2, column "),
+                             HasSubstr("no field named \"num_layer\""))));
+}
+
+TEST(CheckGeometryTest, GlobalBatchMustDivideOverRanksAndMicroBatches) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({"step_scheduler.global_batch_size=16",
+                                                        "step_scheduler.local_batch_size=4"}));
+  for (int world_size : {1, 2, 4}) {
+    SCOPED_TRACE(world_size);
+    EXPECT_THAT(CheckGeometry(options, world_size), keel::testing::IsOk());
+  }
+  // 16 / 4 = 4 micro-batches in all: 3 ranks cannot share them evenly.
+  EXPECT_THAT(CheckGeometry(options, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("global_batch_size (16)"),
+                             HasSubstr("(4) x the world size "
+                                       "(3) = 12"),
+                             HasSubstr("world sizes that work with this local_batch_size: 1, 2, 4"),
+                             HasSubstr("local_batch_size values that work on 3 rank(s): none"))));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      options, Read({"step_scheduler.global_batch_size=6", "step_scheduler.local_batch_size=4"}));
+  EXPECT_THAT(CheckGeometry(options, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("local_batch_size values that work on 1 rank(s): 1, 2, 3, 6")));
+}
+
+}  // namespace
+}  // namespace keel::tools::recipe

@@ -1,0 +1,375 @@
+#include "tools/recipe/run.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/files.h"
+#include "base/status.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/model_state.h"
+#include "checkpoint/optimizer_state.h"
+#include "checkpoint/training_state.h"
+#include "gradients/clip_grad_norm.h"
+#include "gradients/dp_sync.h"
+#include "optim/param_scheduler.h"
+#include "scheduling/step_scheduler.h"
+#include "tools/recipe/data.h"
+#include "tools/recipe/gpt.h"
+#include "tools/recipe/plot.h"
+#include "tools/recipe/tensorboard.h"
+#include "torch/optim/adamw.h"
+#include "torch/utils.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Scheduler = scheduling::StepScheduler<sampling::MegatronSampler>;
+
+double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The summed cross-entropy of next-token prediction over `batch` ([n, sequence_length + 1]).
+at::Tensor SummedTokenLoss(Gpt& model, const at::Tensor& batch) {
+  const at::Tensor logits = model->forward(batch.slice(1, 0, -1));
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                batch.slice(1, 1).reshape({-1}), {}, at::Reduction::Sum);
+}
+
+int64_t LabelTokens(const at::Tensor& batch) { return batch.size(0) * (batch.size(1) - 1); }
+
+}  // namespace
+
+// Everything the run builds, in the order it is built.
+class Run::State {
+ public:
+  explicit State(TrainData data) : data(std::move(data)) {}
+
+  TrainData data;
+  std::optional<Gpt> model;
+  std::vector<gradients::NamedParameter> parameters;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::optional<optim::ParamScheduler> lr_scheduler;
+  std::unique_ptr<gradients::DataParallelGradSync> dp_sync;
+  std::optional<Scheduler> scheduler;
+  // What a checkpoint holds, under these names.
+  std::unique_ptr<checkpoint::ModelState> model_state;
+  std::optional<checkpoint::OptimizerState> optim_state;
+  std::unique_ptr<checkpoint::Stateful> step_state;
+  std::unique_ptr<checkpoint::Stateful> sampler_state;
+  std::unique_ptr<checkpoint::RngState> rng_state;
+  checkpoint::Statefuls statefuls;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer;
+  // Rank 0's outputs.
+  std::optional<JsonlWriter> jsonl;
+  std::optional<TensorBoardWriter> tensorboard;
+  // Time spent in the scheduler, the sampler and the LR schedule.
+  Clock::duration bookkeeping{};
+  // Label tokens since the last progress line, and when it was.
+  Clock::time_point loop_start;
+  Clock::time_point interval_start;
+  int64_t interval_tokens = 0;
+
+  // Runs `fn`, counting its time as bookkeeping.
+  template <typename Fn>
+  decltype(auto) Bookkept(Fn&& fn) {
+    struct Timer {
+      Clock::time_point start;
+      Clock::duration& total;
+      ~Timer() { total += Clock::now() - start; }
+    } timer{Clock::now(), bookkeeping};
+    return fn();
+  }
+};
+
+Run::Run(const TrainOptions& options, TrainRuntime runtime)
+    : options_(options), runtime_(std::move(runtime)) {}
+
+Run::~Run() = default;
+
+int64_t Run::step() const { return state_->scheduler->step(); }
+
+absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, TrainRuntime runtime) {
+  KEEL_RETURN_IF_ERROR(base::MakeDirectories(options.run_dir));
+  std::unique_ptr<Run> run(new Run(options, std::move(runtime)));
+  KEEL_ASSIGN_OR_RETURN(TrainData data, OpenTrainData(run->options_, run->runtime_));
+  run->state_ = std::make_unique<State>(std::move(data));
+  State& s = *run->state_;
+  KEEL_ASSIGN_OR_RETURN(s.scheduler,
+                        scheduling::BuildStepScheduler(
+                            options.step_scheduler, *s.data.sampler, run->runtime_.world_size,
+                            options.local_batch_size, run->runtime_.control_group,
+                            std::move(run->runtime_.preemption)));
+  KEEL_RETURN_IF_ERROR(run->BuildModel());
+  KEEL_RETURN_IF_ERROR(run->BuildCheckpointing());
+  return run;
+}
+
+// The model (initialised on the CPU from the default generator, seeded here, so every device
+// starts from the same weights), AdamW, the LR schedule and the data-parallel sync.
+absl::Status Run::BuildModel() {
+  State& s = *state_;
+  torch::manual_seed(options_.seed);
+  s.model.emplace(options_.model);
+  (*s.model)->to(runtime_.device);
+  s.parameters = gradients::TrainableParameters({s.model->get()});
+  std::vector<at::Tensor> tensors;
+  for (const auto& parameter : s.parameters) tensors.push_back(parameter.param);
+  const OptimizerOptions& o = options_.optimizer;
+  s.optimizer = std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(o.lr)
+                                                                   .betas({o.beta1, o.beta2})
+                                                                   .eps(o.eps)
+                                                                   .weight_decay(o.weight_decay));
+  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler,
+                        optim::ParamScheduler::Create(options_.lr_scheduler, *s.optimizer));
+  if (runtime_.group != nullptr) {
+    KEEL_ASSIGN_OR_RETURN(s.dp_sync,
+                          gradients::DataParallelGradSync::Create(**s.model, *runtime_.group));
+  }
+  return absl::OkStatus();
+}
+
+// Everything a checkpoint holds, and the checkpointer.
+absl::Status Run::BuildCheckpointing() {
+  State& s = *state_;
+  checkpoint::ModelStateOptions model_state_options;
+  model_state_options.model_save_format = options_.checkpoint.model_save_format;
+  s.model_state = std::make_unique<checkpoint::ModelState>(**s.model, model_state_options);
+  KEEL_ASSIGN_OR_RETURN(
+      s.optim_state, checkpoint::OptimizerState::Create(**s.model, *s.optimizer, &*s.lr_scheduler));
+  Scheduler& scheduler = *s.scheduler;
+  s.step_state = std::make_unique<checkpoint::ValueState<scheduling::StepSchedulerState>>(
+      [&scheduler] { return scheduler.StateDict(); },
+      [&scheduler](const scheduling::StepSchedulerState& state) {
+        return scheduler.LoadStateDict(state);
+      });
+  sampling::MegatronSampler& sampler = *s.data.sampler;
+  s.sampler_state = std::make_unique<checkpoint::ValueState<sampling::MegatronSamplerState>>(
+      [&sampler] { return sampler.State(); },
+      [&sampler](const sampling::MegatronSamplerState& state) { return sampler.LoadState(state); });
+  s.rng_state = std::make_unique<checkpoint::RngState>(runtime_.rank, runtime_.world_size);
+  s.statefuls = {{"model", s.model_state.get()},
+                 {"optim", &*s.optim_state},
+                 {"rng", s.rng_state.get()},
+                 {"sampler", s.sampler_state.get()},
+                 {"step_scheduler", s.step_state.get()}};
+  KEEL_ASSIGN_OR_RETURN(s.checkpointer, checkpoint::Checkpointer::Create(
+                                            options_.checkpoint, runtime_.checkpoint_group));
+  return base::MakeDirectories(options_.checkpoint.checkpoint_dir);
+}
+
+absl::StatusOr<std::optional<std::string>> Run::Resume() {
+  State& s = *state_;
+  KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found,
+                        checkpoint::FindLatest(options_.checkpoint.checkpoint_dir));
+  std::ostream& log = *runtime_.log;
+  if (runtime_.rank == 0) {
+    for (const std::string& warning : found.warnings) log << "warning: " << warning << "\n";
+  }
+  result_.start_step = s.scheduler->step();
+  if (!found.latest) return std::nullopt;
+  KEEL_RETURN_IF_ERROR(s.checkpointer->Load(found.latest->path, s.statefuls).status());
+  if (runtime_.rank == 0) log << "resumed from " << found.latest->path << "\n";
+  resumed_ = true;
+  result_.start_step = s.scheduler->step();
+  return found.latest->path;
+}
+
+absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& micro_batches) {
+  State& s = *state_;
+  // Label tokens of the global batch: the loss is their mean, however the batch is split.
+  std::vector<at::Tensor> batches;
+  int64_t local_tokens = 0;
+  for (const std::vector<int64_t>& indices : micro_batches) {
+    KEEL_ASSIGN_OR_RETURN(at::Tensor batch, s.data.splits.Batch(indices, /*validation=*/false));
+    if (batch.defined()) {
+      batch = batch.to(runtime_.device);
+      local_tokens += LabelTokens(batch);
+    }
+    batches.push_back(std::move(batch));
+  }
+  at::Tensor global_tokens = at::full({1}, local_tokens, at::kLong);
+  KEEL_RETURN_IF_ERROR(
+      ReduceOverRanks(global_tokens, base::Reduce::kSum, runtime_, "label-token count"));
+  StepOutput output;
+  output.label_tokens = global_tokens.item<int64_t>();
+  const double label_tokens = static_cast<double>(output.label_tokens);
+  output.lr = s.lr_scheduler->GetLr();
+  if (s.dp_sync) s.dp_sync->PrepareForGradAccumulation();
+  double loss_sum = 0.0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (s.dp_sync && i + 1 == batches.size()) s.dp_sync->PrepareForFinalBackward();
+    if (!batches[i].defined()) continue;
+    const at::Tensor loss = SummedTokenLoss(*s.model, batches[i]);
+    loss_sum += loss.item<double>();
+    // Gradients are averaged over the ranks: scale so they sum to d(mean loss).
+    (loss * (static_cast<double>(runtime_.world_size) / label_tokens)).backward();
+  }
+  if (s.dp_sync) KEEL_RETURN_IF_ERROR(s.dp_sync->Wait());
+  KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm,
+                        gradients::ClipGradNorm(options_.max_norm, s.parameters));
+  s.optimizer->step();
+  s.optimizer->zero_grad();
+  s.Bookkept([&] { s.lr_scheduler->Step(1); });
+
+  at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
+  KEEL_RETURN_IF_ERROR(ReduceOverRanks(step_loss, base::Reduce::kSum, runtime_, "step loss"));
+  output.loss = step_loss.item<double>() / label_tokens;
+  output.grad_norm = grad_norm.item<double>();
+  return output;
+}
+
+absl::StatusOr<double> Run::Validate() {
+  State& s = *state_;
+  at::NoGradGuard no_grad;
+  const Splits& splits = s.data.splits;
+  const int64_t batch_size = options_.local_batch_size;
+  double loss_sum = 0.0;
+  int64_t tokens = 0;
+  for (int64_t start = runtime_.rank * batch_size; start < splits.val_size();
+       start += runtime_.world_size * batch_size) {
+    std::vector<int64_t> indices;
+    for (int64_t k = start; k < std::min(start + batch_size, splits.val_size()); ++k) {
+      indices.push_back(k);
+    }
+    KEEL_ASSIGN_OR_RETURN(at::Tensor batch, splits.Batch(indices, /*validation=*/true));
+    batch = batch.to(runtime_.device);
+    loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
+    tokens += LabelTokens(batch);
+  }
+  at::Tensor totals = at::tensor({loss_sum, static_cast<double>(tokens)}, at::kDouble);
+  KEEL_RETURN_IF_ERROR(ReduceOverRanks(totals, base::Reduce::kSum, runtime_, "validation loss"));
+  const double total_tokens = totals[1].item<double>();
+  return total_tokens > 0 ? totals[0].item<double>() / total_tokens
+                          : std::numeric_limits<double>::quiet_NaN();
+}
+
+absl::Status Run::OpenOutputs() {
+  State& s = *state_;
+  if (runtime_.rank != 0) return absl::OkStatus();
+  KEEL_ASSIGN_OR_RETURN(s.jsonl,
+                        JsonlWriter::Create(base::JoinPath(options_.run_dir, "metrics.jsonl"),
+                                            /*append=*/resumed_));
+  if (options_.logging.tensorboard) {
+    KEEL_ASSIGN_OR_RETURN(
+        s.tensorboard,
+        TensorBoardWriter::Create(base::JoinPath(options_.run_dir, "tensorboard"), NowSeconds()));
+  }
+  int64_t parameters = 0;
+  for (const auto& p : s.parameters) parameters += p.param.numel();
+  *runtime_.log << "model: " << s.parameters.size() << " tensors, " << parameters << " parameters; "
+                << s.data.splits.train_size() << " training and " << s.data.splits.val_size()
+                << " validation windows of " << options_.data.dataset.sequence_length << " tokens; "
+                << s.scheduler->max_steps() << " steps of "
+                << options_.step_scheduler.global_batch_size << " samples ("
+                << s.scheduler->grad_acc_steps() << " micro-batches of "
+                << options_.local_batch_size << " per rank on " << runtime_.world_size
+                << " rank(s))\n";
+  return absl::OkStatus();
+}
+
+absl::Status Run::Record(const StepMetrics& metrics) {
+  State& s = *state_;
+  if (s.jsonl) KEEL_RETURN_IF_ERROR(s.jsonl->Write(metrics));
+  if (!s.tensorboard) return absl::OkStatus();
+  const double now = NowSeconds();
+  KEEL_RETURN_IF_ERROR(s.tensorboard->AddScalar("train/loss", metrics.step, metrics.loss, now));
+  KEEL_RETURN_IF_ERROR(s.tensorboard->AddScalar("train/lr", metrics.step, metrics.lr, now));
+  KEEL_RETURN_IF_ERROR(
+      s.tensorboard->AddScalar("train/grad_norm", metrics.step, metrics.grad_norm, now));
+  if (metrics.val_loss) {
+    KEEL_RETURN_IF_ERROR(
+        s.tensorboard->AddScalar("val/loss", metrics.step, *metrics.val_loss, now));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run::AfterStep(StepMetrics& metrics) {
+  State& s = *state_;
+  const bool validate = s.Bookkept([&] { return s.scheduler->IsValStep(); });
+  if (validate && s.data.splits.val_size() > 0) {
+    KEEL_ASSIGN_OR_RETURN(metrics.val_loss, Validate());
+  }
+  if (metrics.step % options_.logging.log_every_steps == 0 || validate) {
+    const double seconds = Seconds(Clock::now() - s.interval_start);
+    metrics.tokens_per_second = seconds > 0 ? s.interval_tokens / seconds : 0.0;
+    s.interval_start = Clock::now();
+    s.interval_tokens = 0;
+    // Flushed: a pipe or file (tee, a job log) shows progress as it happens.
+    if (runtime_.rank == 0) {
+      *runtime_.log << ProgressLine(metrics, s.scheduler->max_steps(), result_.start_step)
+                    << std::endl;
+    }
+  }
+  if (runtime_.rank == 0) KEEL_RETURN_IF_ERROR(Record(metrics));
+  if (!s.Bookkept([&] { return s.scheduler->IsCkptStep(); })) return absl::OkStatus();
+  return s.checkpointer->Save(s.statefuls, s.scheduler->StateDict().step, s.scheduler->epoch());
+}
+
+absl::Status Run::Loop() {
+  State& s = *state_;
+  Scheduler& scheduler = *s.scheduler;
+  KEEL_RETURN_IF_ERROR(OpenOutputs());
+  s.loop_start = s.interval_start = Clock::now();
+  result_.final_loss = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t epoch : scheduler.Epochs()) {
+    scheduler.SetEpoch(epoch);
+    auto it = s.Bookkept([&] { return scheduler.begin(); });
+    while (it != scheduler.end()) {
+      KEEL_ASSIGN_OR_RETURN(StepOutput output, Step(*it));
+      StepMetrics metrics;
+      metrics.step = scheduler.step() + 1;
+      metrics.epoch = scheduler.epoch();
+      metrics.loss = output.loss;
+      metrics.lr = output.lr;
+      metrics.grad_norm = output.grad_norm;
+      s.interval_tokens += output.label_tokens;
+      metrics.elapsed_seconds = Seconds(Clock::now() - s.loop_start);
+      result_.final_loss = metrics.loss;
+      KEEL_RETURN_IF_ERROR(AfterStep(metrics));
+      s.Bookkept([&] { ++it; });
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> Run::Finish() {
+  State& s = *state_;
+  KEEL_RETURN_IF_ERROR(s.checkpointer->Wait());
+  KEEL_RETURN_IF_ERROR(s.scheduler->preemption_status());
+  result_.preempted = s.scheduler->SigtermReceived();
+  result_.final_step = s.scheduler->step();
+  result_.loop_seconds = Seconds(Clock::now() - s.loop_start);
+  result_.bookkeeping_seconds = Seconds(s.bookkeeping);
+  if (runtime_.rank != 0) return result_;
+  std::ostream& log = *runtime_.log;
+  if (s.checkpointer->last_saved()) log << "checkpoint: " << *s.checkpointer->last_saved() << "\n";
+  if (s.tensorboard) KEEL_RETURN_IF_ERROR(s.tensorboard->Flush());
+  KEEL_ASSIGN_OR_RETURN(std::vector<StepMetrics> history,
+                        ReadJsonl(base::JoinPath(options_.run_dir, "metrics.jsonl")));
+  KEEL_RETURN_IF_ERROR(WriteLossPlot(base::JoinPath(options_.run_dir, "loss.svg"), history));
+  log << (result_.preempted ? "preempted" : "done") << " at step " << result_.final_step
+      << "; bookkeeping " << 100.0 * result_.bookkeeping_seconds / result_.loop_seconds << "% of "
+      << result_.loop_seconds << " s\n";
+  return result_;
+}
+
+absl::StatusOr<TrainResult> Train(const TrainOptions& options, TrainRuntime runtime) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<Run> run, Run::Build(options, std::move(runtime)));
+  KEEL_RETURN_IF_ERROR(run->Resume().status());
+  KEEL_RETURN_IF_ERROR(run->Loop());
+  return run->Finish();
+}
+
+}  // namespace keel::tools::recipe

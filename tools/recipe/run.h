@@ -1,0 +1,109 @@
+// The training recipe of //tools:train, NeMo AutoModel's pretraining recipe in C++, in named
+// steps: Build (data, model, optimizer, schedules, checkpointer), Resume (the newest valid
+// checkpoint), Step (one optimizer step over a group of micro-batches), Loop (epochs and steps
+// from the StepScheduler, validation, logging and checkpoints until max_steps or preemption)
+// and Finish (the last checkpoint, the plot). Train runs them in that order.
+//
+//   KEEL_ASSIGN_OR_RETURN(TrainOptions options, ReadOptions(config));
+//   KEEL_ASSIGN_OR_RETURN(TrainResult result, Train(options, std::move(runtime)));
+#ifndef KEEL_TOOLS_RECIPE_RUN_H_
+#define KEEL_TOOLS_RECIPE_RUN_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tools/recipe/metrics.h"
+#include "tools/recipe/options.h"
+#include "tools/recipe/runtime.h"
+
+namespace keel::tools::recipe {
+
+struct TrainResult {
+  // The step the run ended at (its StepScheduler's step) and the one it started from.
+  int64_t final_step = 0;
+  int64_t start_step = 0;
+  // Loss of the last step run (NaN if none ran).
+  double final_loss = 0.0;
+  // Whether the run stopped for a preemption request (after checkpointing).
+  bool preempted = false;
+  // Seconds of the loop spent in Keel's bookkeeping (step scheduler and sampler iteration, LR
+  // schedule; not clipping), and in the whole loop.
+  double bookkeeping_seconds = 0.0;
+  double loop_seconds = 0.0;
+};
+
+// What one optimizer step computed.
+struct StepOutput {
+  // Mean loss over the global batch's label tokens, and the learning rate and gradient norm
+  // (before clipping) of the step.
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  // Label tokens of the global batch.
+  int64_t label_tokens = 0;
+};
+
+class Run {
+ public:
+  // Builds everything the run needs; creates run_dir. Collective: over the runtime's groups
+  // (corpus preparation, the data-parallel sync). Errors: kNotFound or kDataLoss for the
+  // data; kInvalidArgument from the components' options (the step scheduler's batch
+  // geometry, the LR schedule, the sampler).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Run>> Build(const TrainOptions& options,
+                                                                  TrainRuntime runtime);
+  ~Run();
+
+  // Loads the newest valid checkpoint under checkpoint_dir, if there is one; returns its path.
+  // Collective. Errors: those of Checkpointer::Load, agreed across ranks.
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> Resume();
+
+  // One optimizer step over `micro_batches` (this rank's sample indices of each micro-batch):
+  // forward and backward of each, the gradient sync on the last, clipping, the optimizer and
+  // LR steps. The loss is the mean over the global batch's label tokens, however the batch is
+  // split into micro-batches and ranks. Collective. Errors: kUnavailable from peers.
+  [[nodiscard]] absl::StatusOr<StepOutput> Step(
+      const std::vector<std::vector<int64_t>>& micro_batches);
+
+  // Mean validation loss per label token over the whole validation split, shared by the ranks
+  // (NaN without a validation split). Collective. Errors: kUnavailable from peers.
+  [[nodiscard]] absl::StatusOr<double> Validate();
+
+  // Trains from the current step until max_steps, the end of the epochs or a preemption
+  // checkpoint: each step is followed by validation, logging and a checkpoint as the step
+  // scheduler says. Collective.
+  [[nodiscard]] absl::Status Loop();
+
+  // Waits for the last (asynchronous) checkpoint; rank 0 writes the plot and a summary line.
+  [[nodiscard]] absl::StatusOr<TrainResult> Finish();
+
+  const TrainOptions& options() const { return options_; }
+  int64_t step() const;
+
+ private:
+  class State;
+  Run(const TrainOptions& options, TrainRuntime runtime);
+  absl::Status BuildModel();
+  absl::Status BuildCheckpointing();
+  absl::Status OpenOutputs();
+  // Validation, logging and the checkpoint after a step.
+  absl::Status AfterStep(StepMetrics& metrics);
+  absl::Status Record(const StepMetrics& metrics);
+
+  TrainOptions options_;
+  TrainRuntime runtime_;
+  std::unique_ptr<State> state_;
+  bool resumed_ = false;
+  TrainResult result_;
+};
+
+// Build, Resume, Loop, Finish.
+[[nodiscard]] absl::StatusOr<TrainResult> Train(const TrainOptions& options, TrainRuntime runtime);
+
+}  // namespace keel::tools::recipe
+
+#endif  // KEEL_TOOLS_RECIPE_RUN_H_

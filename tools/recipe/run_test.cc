@@ -1,0 +1,158 @@
+// The recipe in-process, on a small corpus and model: the loss of a step does not depend on how
+// its batch is split into micro-batches, a run ends at max_steps with its checkpoint and
+// metrics, a second run resumes where the first stopped, and a preemption request checkpoints
+// the step it arrives at and stops.
+#include "tools/recipe/run.h"
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduling/preemption.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+#include "tools/recipe/corpus.h"
+#include "tools/recipe/metrics.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+using ::keel::testing::IsOk;
+using ::testing::HasSubstr;
+
+// A byte corpus of a few thousand tokens, built once.
+const std::string& CorpusPrefix() {
+  static const std::string* const prefix = [] {
+    const std::string dir = keel::testing::NewTempDir("corpus");
+    std::string text;
+    for (int i = 0; i < 200; ++i) {
+      absl::StrAppend(&text, "Line ", i, ": pack my box with five dozen liquor jugs.\n\n");
+    }
+    keel::testing::WriteFileOrFail(dir + "/text.txt", text);
+    auto* path = new std::string(dir + "/corpus");
+    EXPECT_THAT(BuildByteCorpus({dir + "/text.txt"}, *path).status(), IsOk());
+    return path;
+  }();
+  return *prefix;
+}
+
+// One layer of width 32 over 16-token windows, 4 samples a step in micro-batches of 2,
+// synchronous checkpoints every 2 steps.
+TrainOptions SmallOptions(const std::string& run_dir, int64_t max_steps) {
+  TrainOptions options;
+  options.run_dir = run_dir;
+  options.seed = 7;
+  options.step_scheduler.global_batch_size = 4;
+  options.step_scheduler.max_steps = max_steps;
+  options.step_scheduler.ckpt_every_steps = 2;
+  options.step_scheduler.val_every_steps = 2;
+  options.step_scheduler.preemption_signal = std::nullopt;
+  options.local_batch_size = 2;
+  options.data.prefix = CorpusPrefix();
+  options.data.dataset.sequence_length = 16;
+  options.data.validation_every_n_samples = 10;
+  options.sampler.micro_batch_size = 2;
+  options.sampler.global_batch_size = 4;
+  options.sampler.dataloader_type = sampling::DataloaderType::kSingle;
+  options.model.hidden_size = 32;
+  options.model.num_layers = 1;
+  options.model.num_attention_heads = 2;
+  options.model.ffn_hidden_size = 64;
+  options.model.max_sequence_length = 16;
+  options.lr_scheduler.max_lr = 1e-3;
+  options.lr_scheduler.lr_decay_steps = 100;
+  options.checkpoint.checkpoint_dir = run_dir + "/checkpoints";
+  options.logging.tensorboard = false;
+  return options;
+}
+
+TrainRuntime Runtime(std::ostream& log) {
+  TrainRuntime runtime;
+  runtime.log = &log;
+  return runtime;
+}
+
+// Gradient accumulation: two micro-batches of one sample each give the step of one
+// micro-batch of both samples. The loss is divided by the same label-token count either way;
+// the sums differ only in the order of float additions, hence the tolerance.
+TEST(RunTest, StepLossDoesNotDependOnTheMicroBatchSplit) {
+  std::ostringstream log;
+  const std::string dir = keel::testing::NewTempDir("split");
+  KEEL_ASSERT_OK_AND_ASSIGN(auto whole, Run::Build(SmallOptions(dir + "/a", 4), Runtime(log)));
+  KEEL_ASSERT_OK_AND_ASSIGN(auto split, Run::Build(SmallOptions(dir + "/b", 4), Runtime(log)));
+  KEEL_ASSERT_OK_AND_ASSIGN(StepOutput one, whole->Step({{0, 1}}));
+  KEEL_ASSERT_OK_AND_ASSIGN(StepOutput two, split->Step({{0}, {1}}));
+  EXPECT_EQ(one.label_tokens, 2 * 16);
+  EXPECT_EQ(two.label_tokens, one.label_tokens);
+  // A fresh model predicts about uniformly over 256 bytes: ln 256 = 5.55 nats.
+  EXPECT_NEAR(one.loss, std::log(256.0), 0.2);
+  EXPECT_NEAR(two.loss, one.loss, 1e-6 * one.loss);
+  EXPECT_NEAR(two.grad_norm, one.grad_norm, 1e-5 * one.grad_norm);
+  EXPECT_EQ(two.lr, one.lr);
+}
+
+TEST(RunTest, TrainsToMaxStepsThenResumesWhereItStopped) {
+  const std::string run_dir = keel::testing::NewTempDir("resume");
+  std::ostringstream first_log;
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainResult first, Train(SmallOptions(run_dir, 3), Runtime(first_log)));
+  EXPECT_EQ(first.start_step, 0);
+  EXPECT_EQ(first.final_step, 3);
+  EXPECT_FALSE(first.preempted);
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::FindResult found,
+                            checkpoint::FindLatest(run_dir + "/checkpoints"));
+  ASSERT_TRUE(found.latest.has_value());
+  EXPECT_EQ(found.latest->step, 3);
+
+  std::ostringstream second_log;
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainResult second,
+                            Train(SmallOptions(run_dir, 5), Runtime(second_log)));
+  EXPECT_THAT(second_log.str(), HasSubstr("resumed from " + found.latest->path));
+  EXPECT_EQ(second.start_step, 3);
+  EXPECT_EQ(second.final_step, 5);
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> metrics,
+                            ReadJsonl(run_dir + "/metrics.jsonl"));
+  ASSERT_EQ(metrics.size(), 5u);
+  for (size_t i = 0; i < metrics.size(); ++i) EXPECT_EQ(metrics[i].step, int64_t(i) + 1);
+  // Validation: every 2 steps, and on every checkpoint (every 2 steps and each run's last step).
+  EXPECT_FALSE(metrics[0].val_loss.has_value());
+  for (size_t i = 1; i < metrics.size(); ++i) EXPECT_TRUE(metrics[i].val_loss.has_value()) << i;
+  EXPECT_TRUE(keel::testing::ReadFileOrFail(run_dir + "/loss.svg").find("<svg") == 0);
+}
+
+// Raises its flag once the step scheduler has polled it `after` times.
+class PreemptAfterPolls : public scheduling::PreemptionFlag {
+ public:
+  explicit PreemptAfterPolls(int after) : left_(after) {}
+  bool Received() const override { return left_.fetch_sub(1) <= 0; }
+
+ private:
+  mutable std::atomic<int> left_;
+};
+
+TEST(RunTest, PreemptionCheckpointsTheStepAndStops) {
+  const std::string run_dir = keel::testing::NewTempDir("preempt");
+  TrainOptions options = SmallOptions(run_dir, 100);
+  options.step_scheduler.ckpt_every_steps = 1000;
+  std::ostringstream log;
+  TrainRuntime runtime = Runtime(log);
+  // The scheduler polls once per step (and once per epoch): the 4th poll answers yes.
+  runtime.preemption = std::make_unique<PreemptAfterPolls>(3);
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainResult result, Train(options, std::move(runtime)));
+  EXPECT_TRUE(result.preempted);
+  EXPECT_LT(result.final_step, 100);
+  EXPECT_THAT(log.str(), HasSubstr(absl::StrCat("preempted at step ", result.final_step)));
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::FindResult found,
+                            checkpoint::FindLatest(run_dir + "/checkpoints"));
+  ASSERT_TRUE(found.latest.has_value());
+  EXPECT_EQ(found.latest->step, result.final_step);
+}
+
+}  // namespace
+}  // namespace keel::tools::recipe

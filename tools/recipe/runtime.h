@@ -1,0 +1,92 @@
+// Where a training run happens: this process's rank, its device, and the c10d process groups
+// built from torchrun's environment (a TCPStore rendezvous and Gloo, or NCCL for gradients).
+//
+//   KEEL_ASSIGN_OR_RETURN(ProcessGroups groups, ProcessGroups::Connect(env, options));
+//   TrainRuntime runtime;
+//   KEEL_RETURN_IF_ERROR(groups.Attach(env, options, runtime));
+#ifndef KEEL_TOOLS_RECIPE_RUNTIME_H_
+#define KEEL_TOOLS_RECIPE_RUNTIME_H_
+
+#include <memory>
+#include <ostream>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/collectives.h"
+#include "c10/core/Device.h"
+#include "c10/util/intrusive_ptr.h"
+#include "scheduling/preemption.h"
+#include "tools/cli/torchrun_env.h"
+#include "tools/recipe/options.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::tools::recipe {
+
+// This process's place in the run. The groups are not owned (ProcessGroups owns them).
+struct TrainRuntime {
+  int rank = 0;
+  int world_size = 1;
+  // Where the model trains: the CPU, or this rank's GPU with the NCCL backend.
+  at::Device device = at::kCPU;
+  // The data-parallel group for tensors on `device` (gradient sync); nullptr for a single
+  // process.
+  c10d::ProcessGroup* group = nullptr;
+  // A CPU (Gloo) group over the same ranks for host scalars: token counts, losses, the
+  // preemption flag. With Gloo training it is `group` itself; nullptr for a single process.
+  c10d::ProcessGroup* control_group = nullptr;
+  // A third group over the same ranks for checkpoint exchanges (async saves run them on a
+  // background thread); nullptr for a single process.
+  c10d::ProcessGroup* checkpoint_group = nullptr;
+  // Progress lines and notices (rank 0 writes them).
+  std::ostream* log = nullptr;
+  // This rank's preemption flag; nullptr installs handlers for
+  // step_scheduler.preemption_signal.
+  std::unique_ptr<scheduling::PreemptionFlag> preemption;
+};
+
+// Reduces `tensor` in place over the control group (nothing for a single process).
+// Collective: over runtime.control_group. Errors: kUnavailable naming `what`.
+[[nodiscard]] absl::Status ReduceOverRanks(at::Tensor& tensor, base::Reduce op,
+                                           const TrainRuntime& runtime, absl::string_view what);
+
+// Every rank learns whether any rank failed: each rank's `status` is shared over the control
+// group; all ranks return the first failing rank's status (as kUnavailable on the others, naming
+// that rank), or OK. Collective: over runtime.control_group.
+[[nodiscard]] absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
+                                          absl::string_view what);
+
+// The process groups of one rank, built from torchrun's environment: gradients over NCCL or
+// Gloo, host scalars and checkpoint exchanges over Gloo.
+class ProcessGroups {
+ public:
+  // Rendezvous through the TCPStore `env` names (torchrun's agent store, or one rank 0 serves)
+  // and builds the groups; a single Gloo process builds none. For NCCL, selects LOCAL_RANK's
+  // GPU first. Errors: kInvalidArgument for NCCL without a CUDA build; kFailedPrecondition for
+  // a LOCAL_RANK without a GPU; kUnavailable when the rendezvous fails or times out.
+  [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const cli::WorkerEnv& env,
+                                                             const DistributedOptions& options);
+
+  // Fills rank, world size, device and the groups of `runtime`.
+  void Attach(const cli::WorkerEnv& env, TrainRuntime& runtime) const;
+
+  ProcessGroups(ProcessGroups&&) noexcept;
+  ProcessGroups& operator=(ProcessGroups&&) noexcept;
+  ~ProcessGroups();
+
+ private:
+  ProcessGroups();
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<c10d::ProcessGroup> control_group_;
+  c10::intrusive_ptr<c10d::ProcessGroup> checkpoint_group_;
+  at::Device device_ = at::kCPU;
+};
+
+}  // namespace keel::tools::recipe
+
+#endif  // KEEL_TOOLS_RECIPE_RUNTIME_H_

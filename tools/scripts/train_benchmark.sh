@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# Training throughput of //tools:train against tools/scripts/train_reference.py, the same loop in
+# Python PyTorch 1.13 (Debian python3-torch, on the same libtorch_cpu as the trainer), on the
+# same data, model, hyper-parameters and seed. The runs alternate (C++, Python, C++, Python,
+# ...) in one invocation with the same thread count, and a markdown table on stdout gives, per
+# round and as medians: label tokens per second of each over the steps after --untimed_steps,
+# their ratio, the final loss of each (both start from the same weights and see the same
+# batches, so these agree up to rounding), and the share of the trainer's loop spent in Keel's
+# bookkeeping (step scheduler, sampler, LR schedule; its "bookkeeping X% of Y s" line).
+#
+#   tools/scripts/train_benchmark.sh                                   # from the repository root
+#   tools/scripts/train_benchmark.sh --rounds=5 --threads=4 --hidden_size=256 --ffn_hidden_size=1024
+#   tools/scripts/train_benchmark.sh --train_bin=bazel-bin/tools/train --prefix=runs/default/data/corpus
+#
+# --rounds=3 --steps=40 --untimed_steps=5 --threads=2 (the default run's 2 cores)
+# --wait_policy=PASSIVE (OMP_WAIT_POLICY, the trainer's default) by default;
+# any hyper-parameter below can be set the same way (--name=value, both loops get it).
+# Without --train_bin it builds `bazel build --config=opt //tools:train`; without --prefix the
+# trainer prepares its default corpus (/usr/share/common-licenses) once in the work directory
+# (--work_dir, default a new temporary directory; run logs and metrics stay there).
+# Validation and periodic checkpoints are off; the trainer still checkpoints after its last
+# step, outside the timed steps. C++ tokens/s come from <run_dir>/metrics.jsonl
+# (elapsed_seconds), Python's from its tokens_per_second line: the same definition.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+rounds=3
+steps=40
+untimed_steps=5
+threads=2
+# OpenMP wait policy for both (the trainer defaults to PASSIVE; libgomp to spinning).
+wait_policy=PASSIVE
+python=/usr/bin/python3  # Debian's interpreter, where python3-torch lives
+train_bin=""
+prefix=""
+work_dir=""
+
+# The hyper-parameters both loops get: reference flag, trainer field, value
+# (tools/recipe/default.textproto's values).
+hyper_parameters=(
+  "seed                       seed                               1234"
+  "global_batch_size          step_scheduler.global_batch_size   16"
+  "local_batch_size           step_scheduler.local_batch_size    8"
+  "sequence_length            data.sequence_length               128"
+  "validation_every_n_samples data.validation_every_n_samples    20"
+  "vocab_size                 model.vocab_size                   256"
+  "hidden_size                model.hidden_size                  128"
+  "num_layers                 model.num_layers                   4"
+  "num_attention_heads        model.num_attention_heads          4"
+  "ffn_hidden_size            model.ffn_hidden_size              512"
+  "lr                         optimizer.lr                       0.003"
+  "beta1                      optimizer.beta1                    0.9"
+  "beta2                      optimizer.beta2                    0.95"
+  "eps                        optimizer.eps                      1e-8"
+  "weight_decay               optimizer.weight_decay             0.01"
+  "init_lr                    lr_scheduler.init_lr               0.0"
+  "max_lr                     lr_scheduler.max_lr                0.003"
+  "min_lr                     lr_scheduler.min_lr                0.0003"
+  "lr_warmup_steps            lr_scheduler.lr_warmup_steps       20"
+  "lr_decay_steps             lr_scheduler.lr_decay_steps        200"
+  "lr_decay_style             lr_scheduler.lr_decay_style        cosine"
+  "start_wd                   lr_scheduler.start_wd              0.01"
+  "end_wd                     lr_scheduler.end_wd                0.01"
+  "wd_incr_style              lr_scheduler.wd_incr_style         constant"
+  "max_norm                   clip_grad.max_norm                 1.0"
+)
+declare -A value=()
+declare -A field=()
+flag_names=()
+for row in "${hyper_parameters[@]}"; do
+  read -r name trainer_field default <<<"${row}"
+  value[${name}]=${default}
+  field[${name}]=${trainer_field}
+  flag_names+=("${name}")
+done
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  echo "hyper-parameters: ${flag_names[*]}" >&2
+  exit 2
+}
+
+for arg in "$@"; do
+  case "${arg}" in
+    --rounds=*) rounds=${arg#*=} ;;
+    --steps=*) steps=${arg#*=} ;;
+    --untimed_steps=*) untimed_steps=${arg#*=} ;;
+    --threads=*) threads=${arg#*=} ;;
+    --wait_policy=*) wait_policy=${arg#*=} ;;
+    --python=*) python=${arg#*=} ;;
+    --train_bin=*) train_bin=${arg#*=} ;;
+    --prefix=*) prefix=${arg#*=} ;;
+    --work_dir=*) work_dir=${arg#*=} ;;
+    -h | --help) usage ;;
+    --*=*)
+      name=${arg%%=*}
+      name=${name#--}
+      if [[ -z "${field[${name}]+set}" ]]; then
+        echo "train_benchmark: unknown flag ${arg%%=*}" >&2
+        usage
+      fi
+      value[${name}]=${arg#*=}
+      ;;
+    *)
+      echo "train_benchmark: unexpected argument \"${arg}\"" >&2
+      usage
+      ;;
+  esac
+done
+for n in rounds steps threads; do
+  if ! [[ "${!n}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "train_benchmark: --${n} (${!n}) must be a positive integer" >&2
+    exit 2
+  fi
+done
+if ! [[ "${untimed_steps}" =~ ^[0-9]+$ ]] || ((untimed_steps >= steps)); then
+  echo "train_benchmark: --untimed_steps (${untimed_steps}) must be in [0, --steps)" >&2
+  exit 2
+fi
+
+absolute() { [[ "$1" = /* ]] && echo "$1" || echo "${PWD}/$1"; }
+log() { echo "train_benchmark: $*" >&2; }
+
+if ! "${python}" -c 'import numpy, torch' 2>/dev/null; then
+  echo "train_benchmark: ${python} cannot import torch and numpy;" \
+    "install Debian's python3-torch (tools/bootstrap.sh) or pass --python" >&2
+  exit 1
+fi
+
+if [[ -z "${work_dir}" ]]; then
+  work_dir=$(mktemp -d "${TMPDIR:-/tmp}/keel-train-benchmark.XXXXXX")
+fi
+work_dir=$(absolute "${work_dir}")
+mkdir -p "${work_dir}"
+log "work directory ${work_dir}"
+
+if [[ -z "${train_bin}" ]]; then
+  log "building //tools:train (bazel build --config=opt)"
+  (cd "${repo_root}" && bazel build --config=opt //tools:train >&2)
+  train_bin="$(cd "${repo_root}" && bazel info --config=opt bazel-bin)/tools/train"
+fi
+train_bin=$(absolute "${train_bin}")
+[[ -x "${train_bin}" ]] || { echo "train_benchmark: no trainer at ${train_bin}" >&2; exit 1; }
+
+# Settings only the trainer has: no validation, no periodic or per-epoch checkpoints.
+trainer_settings=(
+  --config="${repo_root}/tools/recipe/default.textproto"
+  --set "step_scheduler.max_steps=${steps}"
+  --set step_scheduler.ckpt_every_steps=1000000000
+  --set step_scheduler.save_checkpoint_every_epoch=false
+  --set step_scheduler.val_every_steps=1000000000
+  --set step_scheduler.validate_on_checkpoint=false
+  --set data.add_extra_token_to_sequence=true
+  --set sampler.dataloader_type=cyclic
+  --set sampler.drop_last=true
+  --set logging.log_every_steps=10
+)
+reference_settings=(
+  --steps="${steps}"
+  --untimed_steps="${untimed_steps}"
+  --threads="${threads}"
+  --log_every_steps=10
+)
+for name in "${flag_names[@]}"; do
+  trainer_settings+=(--set "${field[${name}]}=${value[${name}]}")
+  reference_settings+=("--${name}=${value[${name}]}")
+done
+
+# run_trainer RUN_DIR LOG [--set ...]: the trainer on ${threads} intra-op threads.
+run_trainer() {
+  local run_dir=$1 out=$2
+  shift 2
+  rm -rf "${run_dir}"
+  if ! OMP_NUM_THREADS=${threads} OMP_WAIT_POLICY=${wait_policy} "${train_bin}" "${trainer_settings[@]}" \
+    --set "run_dir=${run_dir}" "$@" >"${out}" 2>&1; then
+    tail -n 20 "${out}" >&2
+    echo "train_benchmark: the trainer failed; log: ${out}" >&2
+    exit 1
+  fi
+}
+
+if [[ -z "${prefix}" ]]; then
+  log "preparing the default corpus"
+  run_trainer "${work_dir}/corpus" "${work_dir}/corpus.log" --set step_scheduler.max_steps=1
+  prefix="${work_dir}/corpus/data/corpus"
+fi
+prefix=$(absolute "${prefix}")
+[[ -f "${prefix}.idx" && -f "${prefix}.bin" ]] ||
+  { echo "train_benchmark: no indexed dataset at ${prefix}.{bin,idx}" >&2; exit 1; }
+
+for ((round = 1; round <= rounds; ++round)); do
+  log "round ${round}/${rounds}: C++ (${steps} steps, ${threads} threads)"
+  run_trainer "${work_dir}/cpp_${round}" "${work_dir}/cpp_${round}.log" \
+    --set "data.prefix=${prefix}"
+  log "round ${round}/${rounds}: Python"
+  if ! OMP_NUM_THREADS=${threads} OMP_WAIT_POLICY=${wait_policy} "${python}" "${repo_root}/tools/scripts/train_reference.py" \
+    --prefix="${prefix}" "${reference_settings[@]}" >"${work_dir}/python_${round}.log" 2>&1; then
+    tail -n 20 "${work_dir}/python_${round}.log" >&2
+    echo "train_benchmark: the reference failed; log: ${work_dir}/python_${round}.log" >&2
+    exit 1
+  fi
+done
+
+settings_line=""
+for name in "${flag_names[@]}"; do settings_line+="${name}=${value[${name}]} "; done
+OMP_WAIT_POLICY=${wait_policy} "${python}" - "${work_dir}" "${rounds}" "${steps}" "${untimed_steps}" "${threads}" \
+  "${value[global_batch_size]}" "${value[local_batch_size]}" "${value[sequence_length]}" \
+  "${prefix}" "${train_bin}" "${settings_line}" <<'EOF'
+import json, os, platform, re, statistics, subprocess, sys
+
+import torch
+
+work, rounds, steps, untimed, threads, gbs, lbs, seq = sys.argv[1:9]
+prefix, train_bin, hyper_parameters = sys.argv[9:12]
+rounds, steps, untimed, threads, gbs, lbs, seq = map(int, (rounds, steps, untimed, threads, gbs,
+                                                           lbs, seq))
+
+
+def fail(message):
+    sys.exit(f"train_benchmark: {message}")
+
+
+def step_tokens(train_windows):
+    """Label tokens of each step (1-based) of the trainer: the StepScheduler groups an epoch's
+    train_windows // lbs micro-batches by gbs // lbs, a shorter group at the tail."""
+    per_epoch = train_windows // lbs
+    acc = gbs // lbs
+    groups = -(-per_epoch // acc)
+    tail = per_epoch - (groups - 1) * acc
+    return lambda s: (tail if (s - 1) % groups == groups - 1 else acc) * lbs * seq
+
+
+def cpp_run(r):
+    log = open(os.path.join(work, f"cpp_{r}.log")).read()
+    windows = re.search(r"(\d+) training and \d+ validation windows", log)
+    done = re.search(r"done at step (\d+); bookkeeping ([0-9.eE+-]+)% of ([0-9.eE+-]+) s", log)
+    if not windows or not done:
+        fail(f"cpp_{r}.log lacks the model or done line")
+    rows = {}
+    with open(os.path.join(work, f"cpp_{r}", "metrics.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                rows[row["step"]] = row
+    if steps not in rows or (untimed and untimed not in rows):
+        fail(f"cpp_{r}/metrics.jsonl lacks step {untimed} or {steps}")
+    tokens = step_tokens(int(windows.group(1)))
+    start = rows[untimed]["elapsed_seconds"] if untimed else 0.0
+    seconds = rows[steps]["elapsed_seconds"] - start
+    return {
+        "tps": sum(tokens(s) for s in range(untimed + 1, steps + 1)) / seconds,
+        "loss": float(rows[steps]["loss"]),
+        "book": float(done.group(2)),
+        "book_ms": float(done.group(2)) / 100 * float(done.group(3)) / int(done.group(1)) * 1e3,
+    }
+
+
+def python_run(r):
+    values = dict(re.findall(r"^(\w+)=(\S+)$", open(os.path.join(work, f"python_{r}.log")).read(),
+                             re.M))
+    if "tokens_per_second" not in values:
+        fail(f"python_{r}.log lacks tokens_per_second")
+    return {"tps": float(values["tokens_per_second"]), "loss": float(values["final_loss"])}
+
+
+cpp = [cpp_run(r) for r in range(1, rounds + 1)]
+py = [python_run(r) for r in range(1, rounds + 1)]
+cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+            if line.startswith("model name")), platform.processor())
+blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+package = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "python3-torch"],
+                         capture_output=True, text=True).stdout or "not from Debian"
+
+print("## //tools:train vs tools/scripts/train_reference.py\n")
+print(f"- machine: {cpu}, {os.cpu_count()} cores; {threads} threads and "
+      f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} for both; "
+      f"python3-torch {package} (torch.__version__ {torch.__version__}); BLAS {blas}")
+print(f"- {steps} steps of {gbs} x {seq} tokens ({gbs // lbs} micro-batches of {lbs}), "
+      f"tokens/s over steps {untimed + 1}-{steps}; {hyper_parameters.strip()}")
+print(f"- data: {prefix}; trainer: {train_bin}; logs: {work}\n")
+print("| round | C++ tokens/s | Python tokens/s | C++ / Python | C++ final loss "
+      "| Python final loss | bookkeeping (share of loop) | bookkeeping per step |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for r, (c, p) in enumerate(zip(cpp, py), start=1):
+    print(f"| {r} | {c['tps']:.1f} | {p['tps']:.1f} | {c['tps'] / p['tps']:.3f} | "
+          f"{c['loss']:.4f} | {p['loss']:.4f} | {c['book']:.3g}% | {c['book_ms']:.3g} ms |")
+median = lambda runs, key: statistics.median(run[key] for run in runs)
+print(f"| median | {median(cpp, 'tps'):.1f} | {median(py, 'tps'):.1f} | "
+      f"{median(cpp, 'tps') / median(py, 'tps'):.3f} | {median(cpp, 'loss'):.4f} | "
+      f"{median(py, 'loss'):.4f} | {median(cpp, 'book'):.3g}% | {median(cpp, 'book_ms'):.3g} ms |")
+EOF
