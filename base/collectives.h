@@ -2,8 +2,7 @@
 // (norm scalars, agreement flags, checkpoint plans).
 //
 //   at::Tensor flag = at::ones({1}, at::kInt);
-//   KEEL_RETURN_IF_ERROR(keel::base::AllReduce(flag, keel::base::Reduce::kMax, group, "stop
-//   flag"));
+//   KEEL_RETURN_IF_ERROR(AllReduce(flag, Reduce::kMax, group, "the stop flag"));
 #ifndef KEEL_BASE_COLLECTIVES_H_
 #define KEEL_BASE_COLLECTIVES_H_
 
@@ -23,14 +22,15 @@ namespace keel::base {
 
 enum class Reduce { kSum, kMax, kMin };
 
-// All-reduces `tensor` in place over `group` and waits for it. Errors: kUnavailable, "all-reducing
-// <context>: <what c10d said>", when a peer or the backend fails.
+// All-reduces `tensor` in place over `group` and waits for it. Collective: over `group`.
+// Errors: kUnavailable, "all-reducing <context>: <what c10d said>", when a peer or the backend
+// fails.
 // Requires: every rank of `group` calls it with a tensor of the same shape and dtype.
 [[nodiscard]] absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
                                      absl::string_view context);
 
-// Gathers every rank's `bytes` (any length) on every rank, in rank order. Errors: kUnavailable,
-// "all-gathering <context>: ...", when a peer or the backend fails.
+// Gathers every rank's `bytes` (any length) on every rank, in rank order. Collective: over
+// `group`. Errors: kUnavailable, "all-gathering <context>: ...", when a peer or the backend fails.
 // Requires: every rank of `group` calls it.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
                                                                       c10d::ProcessGroup& group,

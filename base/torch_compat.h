@@ -20,7 +20,7 @@
 namespace keel::base {
 
 // A Gloo process group of `size` ranks rendezvousing through `store`, using the network
-// interface that `hostname` resolves to. Every rank must call it (it is a rendezvous).
+// interface that `hostname` resolves to. Collective: a rendezvous of all `size` ranks.
 // Throws c10::Error when the rendezvous fails (callers convert with CallTorch).
 c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -31,7 +31,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
 bool HasNccl();
 
 // An NCCL process group of `size` ranks rendezvousing through `store`, for CUDA tensors on each
-// rank's current device (SetCudaDevice first). Every rank must call it.
+// rank's current device (SetCudaDevice first). Collective: a rendezvous of all `size` ranks.
 // Throws c10::Error when !HasNccl() or the rendezvous fails (callers convert with CallTorch).
 c10::intrusive_ptr<c10d::ProcessGroup> CreateNcclProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -6,11 +6,12 @@
 //   keel::checkpoint::CheckpointerOptions options;
 //   options.checkpoint_dir = "/runs/gpt/checkpoints";
 //   KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, ckpt_group));
-//   KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &model_state}, {"optim", &optim_state}},
-//                                           scheduler.step(), scheduler.epoch()));
+//   Statefuls statefuls = {{"model", &model_state}, {"optim", &optim_state}};
+//   KEEL_RETURN_IF_ERROR(checkpointer->Save(statefuls, scheduler.step(), scheduler.epoch()));
 //   KEEL_ASSIGN_OR_RETURN(FindResult found, FindLatest(options.checkpoint_dir));
-//   if (found.latest) KEEL_RETURN_IF_ERROR(checkpointer->Load(found.latest->path,
-//   statefuls).status());
+//   if (found.latest) {
+//     KEEL_RETURN_IF_ERROR(checkpointer->Load(found.latest->path, statefuls).status());
+//   }
 //
 // Layout: <checkpoint_dir>/step_<step, 10 digits>/{manifest.pb, __<rank>.keel | .safetensors},
 // and <checkpoint_dir>/latest naming the newest committed step directory. Saves are written
@@ -80,14 +81,17 @@ class Checkpointer {
   // Saves `statefuls` as step `step`. Synchronous saves return once the checkpoint is
   // committed; asynchronous ones once their tensors are copied to host memory (pinned for CUDA
   // tensors). Either way a previous asynchronous save is finished first and its error returned.
+  // Collective: over the group (an asynchronous save goes on on a background thread).
   // Errors: kAlreadyExists if the step directory exists; kInvalidArgument if ranks disagree on
   // a tensor; kResourceExhausted for a full disk; kUnavailable for peers; what StateDict() returns.
   [[nodiscard]] absl::Status Save(const Statefuls& statefuls, int64_t step, int64_t epoch);
-  // Finishes the in-flight asynchronous save, if any, and returns its status.
+  // Finishes the in-flight asynchronous save, if any, and returns its status. Collective: when
+  // a save is in flight, its remaining exchanges.
   [[nodiscard]] absl::Status Wait();
 
   // Loads the checkpoint at `path` into `statefuls`, each rank reading only the chunks that
   // overlap its blocks (any world size). Retention never deletes a checkpoint loaded here.
+  // Collective: over the group (the ranks agree on the outcome).
   // Errors: as LoadCheckpoint, agreed across ranks.
   [[nodiscard]] absl::StatusOr<LoadReport> Load(const std::string& path, const Statefuls& statefuls,
                                                 const LoadOptions& options = {});

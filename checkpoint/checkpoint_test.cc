@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint_testutil.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/stateful_conformance_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
@@ -35,6 +36,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using testing::StatefulConformanceTest;
 
 // The messages of the problems Verify finds in `path` (the test fails if Verify itself errs).
 std::vector<std::string> Problems(const std::string& path, VerifyLevel level) {
@@ -64,6 +66,24 @@ TensorsState MixedState() {
                   {"nested", {{"a", nullptr}, {"b", -3}}}};
   return state;
 }
+
+// TensorsState holding MixedState's tensors and values, offset by its variant.
+class TensorsUnderTest : public testing::StatefulUnderTest {
+ public:
+  explicit TensorsUnderTest(int variant) : state_(MixedState().EmptyLike(variant)) {
+    state_.values = {{"variant", variant}};
+  }
+  Stateful& stateful() override { return state_; }
+
+ private:
+  TensorsState state_;
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    TensorsState, StatefulConformanceTest,
+    ::testing::Values(testing::StatefulCase{
+        "mixed", [](int variant) { return std::make_unique<TensorsUnderTest>(variant); }}),
+    testing::StatefulCaseName);
 
 void ExpectSameTensors(const TensorsState& a, const TensorsState& b) {
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
@@ -115,12 +135,11 @@ TEST_P(CheckpointFormatTest, LargeStateRoundTripsWithAndWithoutDirectIo) {
   saved.tensors["a"] = {at::randn({5 << 20})};               // 20 MiB
   saved.tensors["b"] = {at::randn({12345})};                 // 49380 bytes: no multiple of 4096
   saved.tensors["c"] = {at::randn({3 << 20}, at::kDouble)};  // 24 MiB
-  std::vector<std::string> roots = {::testing::TempDir()};
+  std::vector<std::string> roots = {""};                     // the test's temporary directory
   if (std::filesystem::is_directory("/dev/shm")) roots.push_back("/dev/shm");
   for (const std::string& root : roots) {
     SCOPED_TRACE(root);
-    std::string dir = absl::StrCat(root, "/keel_large_XXXXXX");
-    ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+    const std::string dir = NewTempDir("keel_large", root);
     CheckpointerOptions options;
     options.checkpoint_dir = dir;
     options.model_save_format = GetParam();

@@ -28,7 +28,8 @@ class TensorsState : public Stateful {
 
   absl::Status LoadStateDict(StateReader& reader) override {
     for (const auto& [key, ref] : tensors) KEEL_RETURN_IF_ERROR(reader.ReadTensor(key, ref));
-    values = reader.Values();
+    // Empty when nothing was saved under this name (the reader reports it): keep ours.
+    if (!reader.Values().empty()) values = reader.Values();
     return absl::OkStatus();
   }
 

@@ -11,17 +11,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 
 namespace keel::checkpoint::internal {
 namespace {
 
 using Mode = OutputFile::Mode;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 std::string RandomBytes(size_t size, uint32_t seed) {
   std::mt19937 random(seed);
@@ -55,7 +51,7 @@ TEST(OutputFileTest, WritesExactBytesAndChecksumsInEveryMode) {
   const std::string tail = "the end";
   for (const Mode mode : {Mode::kDirectIfSupported, Mode::kBuffered}) {
     SCOPED_TRACE(mode == Mode::kBuffered ? "buffered" : "direct if supported");
-    const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/file",
+    const std::string path = absl::StrCat(keel::testing::NewTempDir("file"), "/file",
                                           mode == Mode::kBuffered ? "_buffered" : "_direct");
     KEEL_ASSERT_OK_AND_ASSIGN(OutputFile file, OutputFile::Create(path, mode));
     if (mode == Mode::kBuffered) {
@@ -74,7 +70,7 @@ TEST(OutputFileTest, WritesExactBytesAndChecksumsInEveryMode) {
     EXPECT_EQ(file.checksum(), Xxh3(summarised.data(), summarised.size()));
     const std::string expected = absl::StrCat(header, padding, chunk, tail);
     EXPECT_EQ(file.size(), expected.size());
-    const std::string written = ReadAll(path);
+    const std::string written = keel::testing::ReadFileOrFail(path);
     EXPECT_EQ(written.size(), expected.size());
     EXPECT_TRUE(written == expected);  // not EXPECT_EQ: 33 MiB in a failure message
   }

@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/stateful_conformance_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
@@ -24,6 +25,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using testing::StatefulConformanceTest;
 
 // A module holding one given tensor as its "weight" (a tied lm_head, or a plain one).
 struct HeadImpl : torch::nn::Module {
@@ -94,10 +96,33 @@ void ExpectSameTensors(torch::nn::Module& a, torch::nn::Module& b) {
 }
 
 absl::StatusOr<LoadReport> Load(ModelState& target, const State& saved, bool strict = true) {
-  LoadOptions options;
-  options.strict = strict;
-  return LoadFromMemory({{"model", &target}}, {{"model", saved}}, options);
+  return testing::LoadInMemory({{"model", &target}}, {{"model", saved}}, strict);
 }
+
+// ModelState over a tied or untied TinyLm, filled from its variant.
+class ModelStateUnderTest : public testing::StatefulUnderTest {
+ public:
+  ModelStateUnderTest(bool tie, int variant) : lm_(tie), state_(lm_) { Fill(lm_, variant * 1000); }
+  Stateful& stateful() override { return state_; }
+
+ private:
+  TinyLm lm_;
+  ModelState state_;
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    ModelState, StatefulConformanceTest,
+    ::testing::Values(testing::StatefulCase{"tied_lm_head",
+                                            [](int variant) {
+                                              return std::make_unique<ModelStateUnderTest>(true,
+                                                                                           variant);
+                                            }},
+                      testing::StatefulCase{"untied_lm_head",
+                                            [](int variant) {
+                                              return std::make_unique<ModelStateUnderTest>(false,
+                                                                                           variant);
+                                            }}),
+    testing::StatefulCaseName);
 
 TEST(OuterPrefixTest, DropRemovesOnlyTheLeadingOccurrence) {
   EXPECT_THAT(DropOuterPrefix({"model.model.x", "model.y", "lm_head.weight", "xmodel.z", "model."},

@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/stateful_conformance_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "optim/param_scheduler.h"
@@ -32,6 +34,7 @@ using ::keel::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::StatefulConformanceTest;
 
 struct Net : torch::nn::Module {
   Net() {
@@ -132,12 +135,7 @@ std::vector<OptimizerCase> Cases() {
   };
 }
 
-absl::StatusOr<LoadReport> Load(const Statefuls& targets, const std::map<std::string, State>& saved,
-                                bool strict = true) {
-  LoadOptions options;
-  options.strict = strict;
-  return LoadFromMemory(targets, saved, options);
-}
+using testing::LoadInMemory;
 
 // Trains `net` for `steps` steps, then halves every group's learning rate, as a schedule
 // would, so the saved options differ from a fresh optimizer's.
@@ -150,6 +148,62 @@ void Train(Net& net, torch::optim::Optimizer& optimizer, int steps) {
     group.options().set_lr(group.options().get_lr() * 0.5);
   }
 }
+
+// OptimizerState over each case's optimizer, with state from `variant` steps and a learning
+// rate scaled by `variant`; and AdamW with its LR schedule. That schedule is at step 0 in every
+// variant: Megatron's load_state_dict adds the saved steps to the current ones (the reference
+// policy, param_scheduler.h), so only a scheduler that has not stepped ends where the saved one
+// was.
+class OptimizerStateUnderTest : public testing::StatefulUnderTest {
+ public:
+  OptimizerStateUnderTest(const MakeOptimizer& make, bool with_scheduler, int variant) {
+    Fill(net_, variant);
+    optimizer_ = make(net_);
+    for (int step = 0; step < variant; ++step) {
+      SetGrads(net_, step);
+      optimizer_->step();
+    }
+    for (auto& group : optimizer_->param_groups()) {
+      group.options().set_lr(group.options().get_lr() * variant);
+    }
+    if (with_scheduler) {
+      optim::ParamSchedulerOptions options;
+      options.max_lr = 1e-2;
+      options.lr_warmup_steps = 2;
+      options.lr_decay_steps = 10;
+      scheduler_ = *optim::ParamScheduler::Create(options, *optimizer_);
+    }
+    state_ = *OptimizerState::Create(net_, *optimizer_, scheduler_ ? &*scheduler_ : nullptr);
+  }
+  Stateful& stateful() override { return *state_; }
+
+ private:
+  Net net_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<optim::ParamScheduler> scheduler_;
+  std::optional<OptimizerState> state_;
+};
+
+std::vector<testing::StatefulCase> ConformanceCases() {
+  std::vector<testing::StatefulCase> cases;
+  for (const OptimizerCase& c : Cases()) {
+    cases.push_back({c.name, [make = c.make](int variant) {
+                       return std::make_unique<OptimizerStateUnderTest>(make, false, variant);
+                     }});
+  }
+  cases.push_back({"AdamWWithScheduler", [](int variant) {
+                     return std::make_unique<OptimizerStateUnderTest>(
+                         [](Net& net) {
+                           return std::make_unique<torch::optim::AdamW>(
+                               Groups(net), torch::optim::AdamWOptions(1e-2));
+                         },
+                         true, variant);
+                   }});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(OptimizerState, StatefulConformanceTest,
+                         ::testing::ValuesIn(ConformanceCases()), testing::StatefulCaseName);
 
 class OptimizerStateRoundTripTest : public ::testing::TestWithParam<OptimizerCase> {};
 
@@ -190,7 +244,7 @@ TEST_P(OptimizerStateRoundTripTest, FreshOptimizerContinuesExactly) {
   } params;
   params.module = &fresh;
   KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
-                            Load({{"model", &params}, {"optim", &fresh_state}}, saved));
+                            LoadInMemory({{"model", &params}, {"optim", &fresh_state}}, saved));
   EXPECT_TRUE(report.clean()) << report.ToString();
 
   EXPECT_EQ(fresh_optimizer->state().size(), source_optimizer->state().size());
@@ -295,7 +349,7 @@ TEST(OptimizerStateTest, LoadReplacesExistingStateAndLeavesUnsavedParametersWith
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState target_state,
                             OptimizerState::Create(target, target_adam));
   KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
-                            Load({{"optim", &target_state}}, {{"optim", saved}}));
+                            LoadInMemory({{"optim", &target_state}}, {{"optim", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   // a.bias had no saved state, so it has none now.
   EXPECT_EQ(target_adam.state().size(), 3);
@@ -350,7 +404,8 @@ TEST(OptimizerStateTest, SchedulerStateRoundTrips) {
                             optim::ParamScheduler::Create(options, fresh_adamw));
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState fresh_state,
                             OptimizerState::Create(fresh, fresh_adamw, &fresh_sched));
-  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, Load({{"optim", &fresh_state}}, {{"optim", saved}}));
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                            LoadInMemory({{"optim", &fresh_state}}, {{"optim", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   EXPECT_EQ(fresh_sched.num_steps(), 5);
   CopyParameters(source, fresh);
@@ -368,7 +423,7 @@ TEST(OptimizerStateTest, SchedulerStateRoundTrips) {
 
   // Without "sched" in the checkpoint, a strict load names it.
   saved.values.erase("sched");
-  EXPECT_THAT(Load({{"optim", &fresh_state}}, {{"optim", saved}}),
+  EXPECT_THAT(LoadInMemory({{"optim", &fresh_state}}, {{"optim", saved}}),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("sched")));
 }
 
@@ -411,7 +466,7 @@ TEST(OptimizerStateTest, AnotherTypeIsAMismatchThatChangesNothing) {
   torch::optim::SGD sgd(Groups(net), torch::optim::SGDOptions(0.5).momentum(0.9));
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState state, OptimizerState::Create(net, sgd));
   EXPECT_THAT(
-      Load({{"optim", &state}}, {{"optim", SavedAdam()}}),
+      LoadInMemory({{"optim", &state}}, {{"optim", SavedAdam()}}),
       StatusIs(StatusCode::kInvalidArgument, HasSubstr("type: Adam in the checkpoint, SGD here")));
   EXPECT_TRUE(sgd.state().empty());
   EXPECT_EQ(sgd.param_groups()[0].options().get_lr(), 0.5);
@@ -423,7 +478,8 @@ TEST(OptimizerStateTest, ParamGroupsMustMatchInCountAndNames) {
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState one_state,
                             OptimizerState::Create(one_group_net, one_group));
   KEEL_ASSERT_OK_AND_ASSIGN(
-      LoadReport report, Load({{"optim", &one_state}}, {{"optim", SavedAdam()}}, /*strict=*/false));
+      LoadReport report,
+      LoadInMemory({{"optim", &one_state}}, {{"optim", SavedAdam()}}, /*strict=*/false));
   EXPECT_THAT(report.mismatches, ElementsAre("optim: param_groups: 2 in the checkpoint, 1 here"));
   EXPECT_TRUE(one_group.state().empty());
   EXPECT_EQ(one_group.param_groups()[0].options().get_lr(), 0.5);
@@ -436,7 +492,7 @@ TEST(OptimizerStateTest, ParamGroupsMustMatchInCountAndNames) {
           torch::optim::OptimizerParamGroup({net.a->bias, net.b->weight, net.b->bias})},
       torch::optim::AdamOptions(0.5));
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState moved_state, OptimizerState::Create(net, moved));
-  EXPECT_THAT(Load({{"optim", &moved_state}}, {{"optim", SavedAdam()}}),
+  EXPECT_THAT(LoadInMemory({{"optim", &moved_state}}, {{"optim", SavedAdam()}}),
               StatusIs(StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("param_groups[0].params: 2 parameters in the checkpoint, "
                                        "1 here"),
@@ -451,7 +507,7 @@ TEST(OptimizerStateTest, ParamGroupsMustMatchInCountAndNames) {
           torch::optim::OptimizerParamGroup({net.b->weight, net.b->bias})},
       torch::optim::AdamOptions(0.5));
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState swapped_state, OptimizerState::Create(net, swapped));
-  EXPECT_THAT(Load({{"optim", &swapped_state}}, {{"optim", SavedAdam()}}),
+  EXPECT_THAT(LoadInMemory({{"optim", &swapped_state}}, {{"optim", SavedAdam()}}),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("param_groups[0].params[0]: 'a.weight' in the checkpoint, "
                                  "'a.bias' here")));
@@ -466,19 +522,19 @@ TEST(OptimizerStateTest, MissingOrMisshapedStateTensorsAreReportedAndNotInstalle
   Net net;
   torch::optim::Adam adam(Groups(net), torch::optim::AdamOptions(0.5));
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState state, OptimizerState::Create(net, adam));
-  EXPECT_THAT(Load({{"optim", &state}}, {{"optim", saved}}),
+  EXPECT_THAT(LoadInMemory({{"optim", &state}}, {{"optim", saved}}),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("param_groups[0].eps")));
   EXPECT_TRUE(adam.state().empty());
 
   saved.values["param_groups"][0]["eps"] = 1e-8;
   EXPECT_THAT(
-      Load({{"optim", &state}}, {{"optim", saved}}),
+      LoadInMemory({{"optim", &state}}, {{"optim", saved}}),
       StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("optim/state/a.weight/exp_avg"),
                                                    HasSubstr("optim/state/b.weight/exp_avg_sq"),
                                                    HasSubstr("[4, 2]"), HasSubstr("[2, 4]"))));
   // Non-strict: the two parameters whose state does not fit get none; the others get theirs.
-  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
-                            Load({{"optim", &state}}, {{"optim", saved}}, /*strict=*/false));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      LoadReport report, LoadInMemory({{"optim", &state}}, {{"optim", saved}}, /*strict=*/false));
   EXPECT_THAT(report.missing_keys, ElementsAre("optim/state/a.weight/exp_avg"));
   EXPECT_EQ(adam.state().size(), 2);
   EXPECT_EQ(adam.state().count(c10::guts::to_string(net.a->bias.unsafeGetTensorImpl())), 1);
@@ -508,7 +564,8 @@ TEST(OptimizerStateTest, ShardedParameterStateUsesTheParameterPlacement) {
   torch::optim::SGD fresh_sgd(Groups(fresh), torch::optim::SGDOptions(0.1).momentum(0.9));
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState fresh_state,
                             OptimizerState::Create(fresh, fresh_sgd, nullptr, placements));
-  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, Load({{"optim", &fresh_state}}, {{"optim", saved}}));
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
+                            LoadInMemory({{"optim", &fresh_state}}, {{"optim", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   const auto& loaded = static_cast<const torch::optim::SGDParamState&>(
       *fresh_sgd.state().at(c10::guts::to_string(fresh.a->weight.unsafeGetTensorImpl())));

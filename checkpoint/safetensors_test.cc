@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 
 namespace keel::checkpoint {
@@ -44,7 +45,10 @@ absl::StatusOr<SafetensorsHeader> Parse(const std::string& file) {
   return ParseSafetensorsHeader(file, file.size());
 }
 
-std::string TempPath(absl::string_view name) { return absl::StrCat(::testing::TempDir(), name); }
+std::string TempPath(absl::string_view name) {
+  static const std::string* const dir = new std::string(keel::testing::NewTempDir("safetensors"));
+  return absl::StrCat(*dir, "/", name);
+}
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

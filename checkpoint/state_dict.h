@@ -4,8 +4,12 @@
 // StateReader, which reads only the saved chunks that overlap each requested block.
 //
 //   class Embedding : public keel::checkpoint::Stateful {
-//     absl::StatusOr<State> StateDict() const override { State s; s.tensors["w"] = {w_}; return s;
-//     } absl::Status LoadStateDict(StateReader& reader) override {
+//     absl::StatusOr<State> StateDict() const override {
+//       State state;
+//       state.tensors["w"] = {w_};
+//       return state;
+//     }
+//     absl::Status LoadStateDict(StateReader& reader) override {
 //       return reader.ReadTensor("w", {w_});  // in place
 //     }
 //   };

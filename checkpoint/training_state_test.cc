@@ -13,6 +13,7 @@
 #include "base/fields.h"
 #include "base/json.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/stateful_conformance_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sampling/megatron_sampler.h"
@@ -26,13 +27,9 @@ using ::absl::StatusCode;
 using ::keel::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::StatefulConformanceTest;
 
-absl::StatusOr<LoadReport> Load(const Statefuls& targets, const std::map<std::string, State>& saved,
-                                bool strict = true) {
-  LoadOptions options;
-  options.strict = strict;
-  return LoadFromMemory(targets, saved, options);
-}
+using testing::LoadInMemory;
 
 // A user's own state struct.
 struct Counters {
@@ -58,6 +55,42 @@ ValueState<Counters> CountersState(Counters* counters, int* sets) {
                               });
 }
 
+// ValueState over Counters, and RngState over a generator, each set from its variant.
+class CountersUnderTest : public testing::StatefulUnderTest {
+ public:
+  explicit CountersUnderTest(int variant)
+      : counters_{variant * 100, variant * 0.5, variant},
+        state_(CountersState(&counters_, &sets_)) {}
+  Stateful& stateful() override { return state_; }
+
+ private:
+  Counters counters_;
+  int sets_ = 0;
+  ValueState<Counters> state_;
+};
+
+class RngUnderTest : public testing::StatefulUnderTest {
+ public:
+  explicit RngUnderTest(int variant)
+      : generator_(at::detail::createCPUGenerator(variant)), state_(0, 1, generator_) {}
+  Stateful& stateful() override { return state_; }
+
+ private:
+  at::Generator generator_;
+  RngState state_;
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    TrainingState, StatefulConformanceTest,
+    ::testing::Values(testing::StatefulCase{"value_state",
+                                            [](int variant) {
+                                              return std::make_unique<CountersUnderTest>(variant);
+                                            }},
+                      testing::StatefulCase{
+                          "rng_state",
+                          [](int variant) { return std::make_unique<RngUnderTest>(variant); }}),
+    testing::StatefulCaseName);
+
 TEST(ValueStateTest, SavesEveryFieldAndLoadsThemThroughTheSetter) {
   Counters source{1234, 0.5, 17};
   int source_sets = 0;
@@ -70,7 +103,7 @@ TEST(ValueStateTest, SavesEveryFieldAndLoadsThemThroughTheSetter) {
   int sets = 0;
   ValueState<Counters> fresh_state = CountersState(&fresh, &sets);
   KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
-                            Load({{"counters", &fresh_state}}, {{"counters", saved}}));
+                            LoadInMemory({{"counters", &fresh_state}}, {{"counters", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   EXPECT_EQ(sets, 1);
   EXPECT_EQ(fresh.tokens, 1234);
@@ -86,7 +119,7 @@ TEST(ValueStateTest, AMissingFieldIsReportedAndNothingIsSet) {
   Counters fresh{7, 8.0, 9};
   int sets = 0;
   ValueState<Counters> fresh_state = CountersState(&fresh, &sets);
-  EXPECT_THAT(Load({{"counters", &fresh_state}}, {{"counters", saved}}),
+  EXPECT_THAT(LoadInMemory({{"counters", &fresh_state}}, {{"counters", saved}}),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("loss")));
   EXPECT_EQ(sets, 0);
   EXPECT_EQ(fresh.tokens, 7);
@@ -98,14 +131,14 @@ TEST(ValueStateTest, IllTypedValuesAndSetterErrorsAreErrors) {
   KEEL_ASSERT_OK_AND_ASSIGN(State saved, CountersState(&source, &unused).StateDict());
   saved.values["tokens"] = "many";
   ValueState<Counters> target = CountersState(&source, &unused);
-  EXPECT_THAT(Load({{"counters", &target}}, {{"counters", saved}}),
+  EXPECT_THAT(LoadInMemory({{"counters", &target}}, {{"counters", saved}}),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("tokens")));
 
   saved.values["tokens"] = 3;
   ValueState<Counters> refusing(
       [] { return Counters(); },
       [](const Counters& c) { return absl::FailedPreconditionError("not now"); });
-  EXPECT_THAT(Load({{"counters", &refusing}}, {{"counters", saved}}),
+  EXPECT_THAT(LoadInMemory({{"counters", &refusing}}, {{"counters", saved}}),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("not now")));
 }
 
@@ -131,8 +164,8 @@ TEST(ValueStateTest, RoundTripsAStepScheduler) {
   ValueState<scheduling::StepSchedulerState> fresh_state(
       [&] { return fresh.StateDict(); },
       [&](const scheduling::StepSchedulerState& s) { return fresh.LoadStateDict(s); });
-  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
-                            Load({{"step_scheduler", &fresh_state}}, {{"step_scheduler", saved}}));
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, LoadInMemory({{"step_scheduler", &fresh_state}},
+                                                            {{"step_scheduler", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   // The fresh scheduler resumes where the saved state says.
   EXPECT_EQ(fresh.step(), source.StateDict().step);
@@ -167,7 +200,7 @@ TEST(ValueStateTest, RoundTripsARandomSampler) {
       [&] { return fresh->State(); },
       [&](const sampling::MegatronSamplerState& s) { return fresh->LoadState(s); });
   KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
-                            Load({{"sampler", &fresh_state}}, {{"sampler", saved}}));
+                            LoadInMemory({{"sampler", &fresh_state}}, {{"sampler", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   EXPECT_EQ(Take(*fresh, 4), expected);
 }
@@ -195,7 +228,7 @@ TEST(RngStateTest, RoundTripReproducesTheSameRandomNumbers) {
   // Another generator, as in a fresh process.
   at::Generator fresh = at::detail::createCPUGenerator(7);
   RngState target(0, 1, fresh);
-  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, Load({{"rng", &target}}, {{"rng", saved}}));
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, LoadInMemory({{"rng", &target}}, {{"rng", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   EXPECT_TRUE(at::equal(at::randn({8}, fresh), expected));
 }
@@ -206,7 +239,7 @@ TEST(RngStateTest, DefaultsToTheDefaultCpuGenerator) {
   KEEL_ASSERT_OK_AND_ASSIGN(State saved, rng.StateDict());
   const at::Tensor expected = at::randn({5});
   at::randn({50});
-  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, Load({{"rng", &rng}}, {{"rng", saved}}));
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, LoadInMemory({{"rng", &rng}}, {{"rng", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   EXPECT_TRUE(at::equal(at::randn({5}), expected));
 }
@@ -219,11 +252,11 @@ TEST(RngStateTest, AnotherWorldSizeIsAMismatchOnEveryRank) {
   // Rank 1 of 3 has a saved row: strict fails, non-strict restores it.
   at::Generator rank1 = at::detail::createCPUGenerator(7);
   RngState rank1_state(1, 3, rank1);
-  EXPECT_THAT(Load({{"rng", &rank1_state}}, {{"rng", saved}}),
+  EXPECT_THAT(LoadInMemory({{"rng", &rank1_state}}, {{"rng", saved}}),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("saved for 2 ranks, loaded by 3")));
   rank1.set_current_seed(7);
-  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
-                            Load({{"rng", &rank1_state}}, {{"rng", saved}}, /*strict=*/false));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      LoadReport report, LoadInMemory({{"rng", &rank1_state}}, {{"rng", saved}}, /*strict=*/false));
   EXPECT_THAT(report.mismatches, ElementsAre(HasSubstr("saved for 2 ranks, loaded by 3")));
   EXPECT_TRUE(at::equal(at::randn({4}, rank1), expected));
 
@@ -231,15 +264,15 @@ TEST(RngStateTest, AnotherWorldSizeIsAMismatchOnEveryRank) {
   at::Generator rank2 = at::detail::createCPUGenerator(7);
   const at::Tensor rank2_expected = at::randn({4}, at::detail::createCPUGenerator(7));
   RngState rank2_state(2, 3, rank2);
-  KEEL_ASSERT_OK_AND_ASSIGN(report,
-                            Load({{"rng", &rank2_state}}, {{"rng", saved}}, /*strict=*/false));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      report, LoadInMemory({{"rng", &rank2_state}}, {{"rng", saved}}, /*strict=*/false));
   EXPECT_THAT(report.mismatches, ElementsAre(HasSubstr("saved for 2 ranks, loaded by 3")));
   EXPECT_TRUE(at::equal(at::randn({4}, rank2), rank2_expected));
 }
 
 TEST(RngStateTest, AMissingStateIsReported) {
   RngState target(0, 1, at::detail::createCPUGenerator(1));
-  EXPECT_THAT(Load({{"rng", &target}}, {{"rng", State()}}),
+  EXPECT_THAT(LoadInMemory({{"rng", &target}}, {{"rng", State()}}),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("rng/cpu")));
 }
 

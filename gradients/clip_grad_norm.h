@@ -50,16 +50,17 @@ struct ClipGradNormOptions {
   bool fused = false;
 };
 
-// Computes the total p-norm of the gradients, then multiplies every gradient in place by
-// min(1, max_norm / (total_norm + 1e-6)), as NeMo does: parameters grouped by identical
-// layout; Partial gradients first all-reduced (SUM) in place over their group into
-// replicated ones;
-// per group the local max |g| and the max-scaled sum of |g|^p in float64, all-reduced (MAX,
-// SUM) over every sharded dimension's group; groups combined with the max-scaled formula,
-// then across `pp_group`. Parameters without a gradient are skipped; empty gradients,
-// mixed dtypes (float32, float64, bfloat16, float16) are fine. Returns the total norm as a
-// 0-d float64 tensor on the gradients' device (no host sync), or 0 when `max_norm` is absent
-// (nothing is clipped then). A non-finite norm is applied as PyTorch does (NaN gradients).
+// NeMo's clip_grad_norm: clips the gradients of `parameters` by their total p-norm.
+// - Computed: the p-norm of every gradient together, each element counted once however
+//   `sharding` lays it out, accumulated in float64 with NeMo's max-scaled sums (bit-identical
+//   to NeMo; options.fused trades that for speed). Parameters without a gradient are skipped.
+// - Reduced: Partial gradients are first summed in place over their group; each layout's max
+//   and sum are reduced (MAX, SUM) over the groups of its sharded dimensions, then over pp_group.
+// - Applied: every gradient is multiplied in place by min(1, max_norm / (norm + 1e-6)); a
+//   non-finite norm makes NaN gradients, as PyTorch does.
+// - max_norm = nullopt: nothing is computed, reduced or clipped, and the result is 0.
+// Returns the norm as a 0-d float64 tensor on the gradients' device (no host sync).
+// Collective: over every group of `sharding` and options.pp_group.
 // Errors: kInvalidArgument for norm_type 0 or NaN; kFailedPrecondition for a non-finite norm with
 // error_if_nonfinite (PyTorch's message); kUnavailable when a collective fails.
 // Requires: every rank of each group calls it with the same groups, layouts and options.
@@ -89,8 +90,8 @@ struct GradScalingOptions {
 
 // Divides every gradient by num_label_tokens / dp_group_size (PP), and expert gradients by
 // (dp_group_size / ep_shard_size) * expert_tp_replication_factor (EP), in one pass over the
-// parameters, then clips as ClipGradNorm. Errors: kInvalidArgument for
-// expert_tp_replication_factor < 1; ClipGradNorm's errors.
+// parameters, then clips as ClipGradNorm. Collective: as ClipGradNorm.
+// Errors: kInvalidArgument for expert_tp_replication_factor < 1; ClipGradNorm's errors.
 [[nodiscard]] absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(
     std::optional<double> max_norm, const std::vector<NamedParameter>& parameters,
     const GradScalingOptions& scaling, const ClipGradNormOptions& options = {},

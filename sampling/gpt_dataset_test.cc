@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sampling/indexed_dataset.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 
 namespace keel::sampling {
@@ -20,8 +21,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string TempPrefix(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+  static const std::string* const dir = new std::string(keel::testing::NewTempDir("datasets"));
+  return absl::StrCat(*dir, "/", name);
 }
 
 std::vector<int64_t> ToVector(const at::Tensor& t) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 
 namespace keel::sampling {
@@ -24,13 +25,8 @@ using ::testing::HasSubstr;
 constexpr auto kDataLoss = absl::StatusCode::kDataLoss;
 
 std::string TempPrefix(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  static const std::string* const dir = new std::string(keel::testing::NewTempDir("datasets"));
+  return absl::StrCat(*dir, "/", name);
 }
 
 void WriteFile(const std::string& path, const std::string& bytes) {
@@ -73,8 +69,9 @@ TEST(IndexedDatasetTest, WritesMegatronsIndexBytes) {
   for (int32_t length : {3, 1, 2, 0}) i32(length);
   for (uint64_t pointer : {0, 6, 8, 12}) u64(pointer);
   for (uint64_t document : {0, 2, 3, 4}) u64(document);
-  EXPECT_EQ(ReadFile(prefix + ".idx"), expected);
-  EXPECT_EQ(ReadFile(prefix + ".bin"), std::string("\1\0\2\0\3\0\4\0\5\0\6\0", 12));
+  EXPECT_EQ(keel::testing::ReadFileOrFail(prefix + ".idx"), expected);
+  EXPECT_EQ(keel::testing::ReadFileOrFail(prefix + ".bin"),
+            std::string("\1\0\2\0\3\0\4\0\5\0\6\0", 12));
 }
 
 TEST(IndexedDatasetTest, RoundTripsEveryDtype) {
@@ -183,7 +180,7 @@ class BadIndexTest : public ::testing::Test {
   void SetUp() override {
     prefix_ = TempPrefix(::testing::UnitTest::GetInstance()->current_test_info()->name());
     WriteSmall(prefix_, TokenDtype::kInt32);  // N = 4, D = 4, 4-byte tokens, 24-byte .bin
-    index_ = ReadFile(prefix_ + ".idx");
+    index_ = keel::testing::ReadFileOrFail(prefix_ + ".idx");
   }
 
   template <typename T>
@@ -291,7 +288,7 @@ TEST_F(BadIndexTest, SequenceEndingPastTheEndOfBin) {
 }
 
 TEST_F(BadIndexTest, TruncatedBin) {
-  std::string bin = ReadFile(prefix_ + ".bin");
+  std::string bin = keel::testing::ReadFileOrFail(prefix_ + ".bin");
   bin.resize(20);
   WriteFile(prefix_ + ".bin", bin);
   EXPECT_THAT(Open(), StatusIs(kDataLoss, HasSubstr("ends past the end of the .bin (20 bytes)")));
@@ -315,7 +312,7 @@ TEST_F(BadIndexTest, NegativePointer) {
 }
 
 TEST_F(BadIndexTest, GapsAreValidButNotContiguous) {
-  std::string bin = ReadFile(prefix_ + ".bin");
+  std::string bin = keel::testing::ReadFileOrFail(prefix_ + ".bin");
   bin.insert(12, 4, '\0');  // 4 bytes between sequences 0 and 1
   WriteFile(prefix_ + ".bin", bin);
   Patch<int64_t>(kPointers + 8, 16);

@@ -4,10 +4,10 @@
 // validate, log and collect garbage, ends at max_steps or when epochs run out, and stops every
 // rank at the same step when one of them is preempted.
 //
-//   KEEL_ASSIGN_OR_RETURN(auto scheduler, BuildStepScheduler(options, loader, dp_size, batch,
-//   group)); for (int64_t epoch : scheduler.Epochs()) {
+//   KEEL_ASSIGN_OR_RETURN(auto scheduler, BuildStepScheduler(options, loader, dp, batch, group));
+//   for (int64_t epoch : scheduler.Epochs()) {
 //     scheduler.SetEpoch(epoch);
-//     for (auto& micro_batches : scheduler) {  // grad_acc_steps micro-batches (fewer at the tail)
+//     for (auto& micro_batches : scheduler) {  // grad_acc_steps of them (fewer at the tail)
 //       Train(micro_batches);
 //       if (scheduler.IsCkptStep()) Save(scheduler.StateDict());
 //     }
@@ -144,11 +144,12 @@ class StepSchedule {
   // step % log_remote_every_steps == 0.
   bool IsRemoteLoggingStep() const;
   // (step % val_every_steps == val_every_steps - 1, or a checkpoint step when
-  // validate_on_checkpoint) and no preemption seen.
+  // validate_on_checkpoint) and no preemption seen. Collective: as SigtermReceived.
   bool IsValStep();
   // step % ckpt_every_steps == ckpt_every_steps - 1, an epoch's last batch (if
   // save_checkpoint_every_epoch), the last step, or preemption: evaluated in that order, so
-  // preemption is polled only when nothing before it fired, as in NeMo.
+  // preemption is polled only when nothing before it fired, as in NeMo. Collective: as
+  // SigtermReceived, when it polls.
   bool IsCkptStep();
   // step % gc_every_steps == 0, when gc_every_steps is set.
   bool IsGcStep() const;
@@ -159,7 +160,7 @@ class StepSchedule {
   // Whether preemption was requested on any rank. Polls at most once per step: the local flag,
   // all-reduced (MAX) over the process group, so every rank sees the same answer at the same
   // step. Once true, stays true. If the all-reduce fails, returns true (stop) and keeps the
-  // error in preemption_status().
+  // error in preemption_status(). Collective: over the process group, when it polls.
   bool SigtermReceived();
   // OK unless the preemption all-reduce failed.
   const absl::Status& preemption_status() const { return preemption_status_; }
@@ -173,6 +174,7 @@ class StepSchedule {
   [[nodiscard]] absl::Status LoadStateDict(const StepSchedulerState& state);
 
   // The epochs from the current one to num_epochs, stopping early at max_steps or preemption.
+  // Collective: starting and advancing the range poll as SigtermReceived.
   class EpochRange;
   EpochRange Epochs();
 

@@ -13,9 +13,10 @@
 
 namespace keel::testing {
 
-std::string NewTempDir(absl::string_view name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(root != nullptr ? root : "/tmp", "/", name, "_XXXXXX");
+std::string NewTempDir(absl::string_view name, absl::string_view root) {
+  const char* test_tmpdir = std::getenv("TEST_TMPDIR");
+  if (root.empty()) root = test_tmpdir != nullptr ? test_tmpdir : "/tmp";
+  std::string dir = absl::StrCat(root, "/", name, "_XXXXXX");
   if (::mkdtemp(dir.data()) == nullptr) ADD_FAILURE() << "mkdtemp " << dir << " failed";
   return dir;
 }

@@ -13,9 +13,9 @@
 
 namespace keel::testing {
 
-// A new, empty directory under the test's temporary directory (TEST_TMPDIR), its name
-// starting with `name`; never one an earlier call returned.
-std::string NewTempDir(absl::string_view name);
+// A new, empty directory under `root` (default: the test's TEST_TMPDIR), its name starting
+// with `name`; never one an earlier call returned.
+std::string NewTempDir(absl::string_view name, absl::string_view root = "");
 
 // The bytes of `path`; fails the test (and returns "") if it cannot be read.
 std::string ReadFileOrFail(const std::string& path);

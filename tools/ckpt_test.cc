@@ -159,7 +159,7 @@ TEST(CkptToolTest, DiffFindsIdenticalAndChangedCheckpoints) {
 
 TEST(CkptToolTest, ExportSafetensorsWritesTheShardsAndIndex) {
   KEEL_ASSERT_OK_AND_ASSIGN(const std::string path, Save(NewDir("export_run"), 1, Model()));
-  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/export");
+  const std::string out = NewDir("export_out") + "/export";
   // b (6 bytes) then w (48): 54 > 48, so two files.
   const ToolResult result =
       RunCkpt(absl::StrCat("export-safetensors ", path, " ", out, " --max_shard_bytes=48"));
@@ -199,7 +199,7 @@ TEST(CkptToolTest, BadCommandLinesPrintUsage) {
 // A checkpoint that cannot be read is a failure (exit 1), not bad usage (2).
 TEST(CkptToolTest, ErrorsNameTheProblemAndExitWith1) {
   const ToolResult result =
-      RunCkpt(absl::StrCat("inspect ", std::getenv("TEST_TMPDIR"), "/no_such_checkpoint"));
+      RunCkpt(absl::StrCat("inspect ", NewDir("missing"), "/no_such_checkpoint"));
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, AllOf(HasSubstr("ckpt: "), HasSubstr("no_such_checkpoint")));
 }

@@ -7,6 +7,7 @@
 #include "base/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/golden.h"
 #include "testing/status_matchers.h"
 
@@ -23,7 +24,7 @@ int RunParity(const std::string& args) {
 }
 
 TEST(ParityToolTest, WritesActualBesideExpectedForEveryCase) {
-  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/param_scheduler.json");
+  const std::string out = keel::testing::NewTempDir("one") + "/param_scheduler.json";
   ASSERT_EQ(RunParity(absl::StrCat("--component=param_scheduler --cases=",
                                    absl::GetFlag(FLAGS_golden), " --out=", out)),
             0);
@@ -47,7 +48,7 @@ TEST(ParityToolTest, WritesActualBesideExpectedForEveryCase) {
 }
 
 TEST(ParityToolTest, AllComponentsWriteOneFileEachIntoTheOutputFolder) {
-  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/all/nested");
+  const std::string out = keel::testing::NewTempDir("all") + "/nested";
   ASSERT_EQ(RunParity(absl::StrCat("--out=", out)), 0);
   for (const char* component : {"grad_utils", "param_scheduler", "samplers", "step_scheduler"}) {
     SCOPED_TRACE(component);
