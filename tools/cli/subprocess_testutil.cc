@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "gtest/gtest.h"
 
 extern char** environ;
@@ -84,7 +85,7 @@ Subprocess Subprocess::Start(const std::vector<std::string>& argv,
   posix_spawn_file_actions_destroy(&actions);
   if (out[1] >= 0) close(out[1]);
   if (error != 0) {
-    ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(error);
+    ADD_FAILURE() << base::ErrnoStatus(error, "starting", argv[0]).message();
     if (out[0] >= 0) close(out[0]);
     return Subprocess(-1, -1, options.stderr_path);
   }
