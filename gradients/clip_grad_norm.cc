@@ -214,6 +214,19 @@ absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(std::optional<double> max_n
     return absl::InvalidArgumentError(absl::StrCat(
         "expert_tp_replication_factor (", scaling.expert_tp_replication_factor, ") must be >= 1"));
   }
+  for (const auto& [name, value] : {std::pair{"num_label_tokens", scaling.num_label_tokens},
+                                    {"dp_group_size", scaling.dp_group_size},
+                                    {"ep_shard_size", scaling.ep_shard_size}}) {
+    if (value.has_value() && *value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " (", *value, ") must be >= 0"));
+    }
+  }
+  // NeMo would divide the expert gradients by 0 / ep_shard_size = 0: infinite gradients.
+  if (scaling.ep_shard_size.value_or(0) > 0 && scaling.dp_group_size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp_group_size (0) must be > 0 for expert scaling (ep_shard_size ",
+                     *scaling.ep_shard_size, "): expert gradients would be divided by 0"));
+  }
   std::optional<double> pp_divisor;
   if (scaling.pp_enabled && scaling.num_label_tokens.has_value() &&
       scaling.dp_group_size.has_value() && *scaling.dp_group_size != 0) {

@@ -91,7 +91,8 @@ struct GradScalingOptions {
 // Divides every gradient by num_label_tokens / dp_group_size (PP), and expert gradients by
 // (dp_group_size / ep_shard_size) * expert_tp_replication_factor (EP), in one pass over the
 // parameters, then clips as ClipGradNorm. Collective: as ClipGradNorm.
-// Errors: kInvalidArgument for expert_tp_replication_factor < 1; ClipGradNorm's errors.
+// Errors: kInvalidArgument for expert_tp_replication_factor < 1, a negative count or size, or
+// dp_group_size 0 with an ep_shard_size (NeMo would divide by 0); ClipGradNorm's errors.
 [[nodiscard]] absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(
     std::optional<double> max_norm, const std::vector<NamedParameter>& parameters,
     const GradScalingOptions& scaling, const ClipGradNormOptions& options = {},

@@ -2,9 +2,12 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
@@ -200,6 +203,35 @@ TEST(ScaleGradsAndClipGradNormTest, ExpertScalingSelectsByNamePatternOrLayoutAxi
   EXPECT_EQ(Grad(params[0])[0], 1.0);   // TE grouped-experts name
   EXPECT_EQ(Grad(params[1])[0], 1.0);   // layout on the "ep" axis
   EXPECT_EQ(Grad(params[2])[0], 12.0);  // not an expert
+}
+
+// Zero counts and sizes: a pipeline divisor of 0 (no tokens, or dp 0) skips the PP scaling, as
+// NeMo's guards do; an expert scaling by dp 0 / ep would divide by 0 (infinite gradients in NeMo)
+// and is an error, as are negative values.
+TEST(ScaleGradsAndClipGradNormTest, ZeroCountsSkipScalingAndDivisionsByZeroAreErrors) {
+  std::vector<NamedParameter> params = {
+      WithGrad("model.layers.0.mlp.experts.gate_up_linear.weight0", {6.0})};
+  for (const auto& [tokens, dp] : {std::pair<int64_t, int64_t>{8, 0}, {0, 4}}) {
+    SCOPED_TRACE(absl::StrCat("tokens ", tokens, ", dp ", dp));
+    GradScalingOptions scaling;
+    scaling.pp_enabled = true;
+    scaling.num_label_tokens = tokens;
+    scaling.dp_group_size = dp;
+    params[0].param.mutable_grad() = at::full({1}, 6.0);
+    KEEL_ASSERT_OK(ScaleGradsAndClipGradNorm(std::nullopt, params, scaling).status());
+    EXPECT_EQ(Grad(params[0])[0], 6.0);
+  }
+  GradScalingOptions expert;
+  expert.dp_group_size = 0;
+  expert.ep_shard_size = 2;
+  EXPECT_THAT(ScaleGradsAndClipGradNorm(1.0, params, expert),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("dp_group_size (0) must be > 0 for expert scaling")));
+  EXPECT_EQ(Grad(params[0])[0], 6.0);  // refused before anything is divided
+  GradScalingOptions negative;
+  negative.ep_shard_size = -1;
+  EXPECT_THAT(ScaleGradsAndClipGradNorm(1.0, params, negative),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("ep_shard_size (-1) must be >= 0")));
 }
 
 TEST(ScaleGradsAndClipGradNormTest, ReplicationFactorBelowOneIsAnError) {

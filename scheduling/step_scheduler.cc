@@ -37,7 +37,13 @@ absl::StatusOr<StepSchedule> StepSchedule::Create(const StepSchedulerOptions& op
   if (absl::Status s = Positive("global_batch_size", options.global_batch_size); !s.ok()) return s;
   if (absl::Status s = Positive("local_batch_size", runtime.local_batch_size); !s.ok()) return s;
   if (absl::Status s = Positive("dp_size", runtime.dp_size); !s.ok()) return s;
-  if (options.global_batch_size % (runtime.local_batch_size * runtime.dp_size) != 0) {
+  int64_t local_global_batch_size = 0;
+  if (__builtin_mul_overflow(runtime.local_batch_size, runtime.dp_size, &local_global_batch_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("local_batch_size (", runtime.local_batch_size,
+                                                   ") * dp_size (", runtime.dp_size,
+                                                   ") overflows int64"));
+  }
+  if (options.global_batch_size % local_global_batch_size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("global_batch_size (", options.global_batch_size,
                      ") must be divisible by local_batch_size * dp_size (",
@@ -52,20 +58,22 @@ absl::StatusOr<StepSchedule> StepSchedule::Create(const StepSchedulerOptions& op
         absl::StrCat("start_epoch must be greater than or equal to 0, got ", options.start_epoch));
   }
   StepSchedule schedule(options, std::move(runtime));
-  schedule.grad_acc_steps_ =
-      options.global_batch_size / (schedule.runtime_.local_batch_size * schedule.runtime_.dp_size);
-  if (schedule.runtime_.source_length.has_value()) {
-    schedule.epoch_len_ = PythonCeilDiv(*schedule.runtime_.source_length, schedule.grad_acc_steps_);
+  schedule.grad_acc_steps_ = options.global_batch_size / local_global_batch_size;
+  if (const std::optional<int64_t>& length = schedule.runtime_.source_length) {
+    // NeMo divides by epoch_len = 0 as soon as a flag is read (ZeroDivisionError).
+    if (*length <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the data source yields no micro-batch (its length is ", *length,
+                       "): a StepScheduler needs at least one; check the dataset and the sampler's "
+                       "batch sizes"));
+    }
+    schedule.epoch_len_ = PythonCeilDiv(*length, schedule.grad_acc_steps_);
   }
   const std::optional<int64_t>& epoch_len = schedule.epoch_len_;
 
   if (options.num_epochs.has_value()) {
     schedule.num_epochs_ = *options.num_epochs;
   } else if (epoch_len.has_value() && options.max_steps.has_value()) {
-    if (*epoch_len == 0) {
-      return absl::InvalidArgumentError(
-          "num_epochs cannot be derived from max_steps: the data source yields no micro-batch");
-    }
     schedule.num_epochs_ = PythonCeilDiv(*options.max_steps, *epoch_len);
   } else {
     schedule.num_epochs_ = 10;

@@ -123,8 +123,9 @@ class StepSchedule {
   // dp_size; a negative start_step or start_epoch; a non-positive num_epochs,
   // val_every_steps, log_remote_every_steps, loss_average_window_steps, gc_every_steps,
   // max_steps or ckpt_every_steps; no max_steps for a source without a length; a bad signal
-  // list. Also: an empty source with max_steps but no num_epochs (a division by zero in NeMo),
-  // and a num_epochs * epoch_len that overflows int64.
+  // list. Also, where NeMo would divide by zero or overflow: a data source of length 0 (NeMo
+  // fails on the first flag read), local_batch_size * dp_size or num_epochs * epoch_len
+  // beyond int64.
   [[nodiscard]] static absl::StatusOr<StepSchedule> Create(const StepSchedulerOptions& options,
                                                            StepScheduleRuntime runtime);
 

@@ -306,6 +306,13 @@ TEST(StepSchedulerValidationTest, RejectsEveryInvalidArgumentWithNemosMessage) {
       {"overflow",
        [](StepSchedulerOptions& o, int64_t&, int64_t&) { o.num_epochs = int64_t{1} << 62; },
        "overflows int64"},
+      // 2^40 * 2^40 wraps to 0 in int64, which NeMo's modulo would then divide by.
+      {"batch overflow",
+       [](StepSchedulerOptions&, int64_t& dp, int64_t& local) {
+         dp = int64_t{1} << 40;
+         local = int64_t{1} << 40;
+       },
+       "local_batch_size (1099511627776) * dp_size (1099511627776) overflows int64"},
   };
   std::vector<int> data = Range(8);
   for (const RejectCase& c : cases) {
@@ -330,6 +337,24 @@ TEST(StepSchedulerValidationTest, SourceWithoutLengthNeedsMaxStepsAndEmptySource
   o.max_steps = 5;
   EXPECT_THAT(BuildStepScheduler(o, empty, 1, 1),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("yields no micro-batch")));
+}
+
+// A source that yields nothing made NeMo divide by epoch_len = 0 at the first flag read (and
+// Keel crash with SIGFPE). Whatever the options, it is refused when the scheduler is built.
+TEST(StepSchedulerValidationTest, AnEmptySourceIsRefusedWhateverTheOptions) {
+  std::vector<int> empty;
+  StepSchedulerOptions with_both = Options();
+  with_both.num_epochs = 2;
+  with_both.max_steps = 5;  // the case that crashed: nothing else divides by epoch_len
+  StepSchedulerOptions derived_ckpt = Options();
+  derived_ckpt.max_steps = 5;
+  derived_ckpt.ckpt_every_steps.reset();  // would be epoch_len = 0
+  StepSchedulerOptions defaults = Options();
+  for (const StepSchedulerOptions& o : {with_both, derived_ckpt, defaults}) {
+    EXPECT_THAT(BuildStepScheduler(o, empty, 1, 1),
+                StatusIs(StatusCode::kInvalidArgument,
+                         HasSubstr("the data source yields no micro-batch (its length is 0)")));
+  }
 }
 
 // The real signal path: a child process runs the loop and the parent sends it SIGTERM after

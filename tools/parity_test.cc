@@ -59,6 +59,30 @@ TEST(ParityToolTest, AllComponentsWriteOneFileEachIntoTheOutputFolder) {
   }
 }
 
+// A StepScheduler over a loader that yields nothing, with both max_steps and num_epochs: NeMo
+// divides by zero at the first flag read. The tool reports it as an error case, like any other.
+TEST(ParityToolTest, ReportsAnEmptyDataSourceAsAnError) {
+  const std::string dir = keel::testing::NewTempDir("empty_source");
+  const Json cases = Json::parse(R"({"component": "step_scheduler", "cases": [{
+      "name": "empty_dataloader", "feature": "degenerate input",
+      "inputs": {"global_batch_size": 8, "local_batch_size": 2, "dp_size": 2,
+                 "ckpt_every_steps": 1000, "save_checkpoint_every_epoch": true,
+                 "val_every_steps": null, "log_remote_every_steps": 1,
+                 "loss_average_window_steps": 50, "gc_every_steps": null, "start_step": 0,
+                 "start_epoch": 0, "num_epochs": 1, "max_steps": 1000, "preemption_signal": null,
+                 "dataloader": {"num_batches": 0, "has_len": true, "sampler_set_epoch": false}},
+      "expected": {"error": "ZeroDivisionError", "error_type": "ZeroDivisionError"}}]})");
+  KEEL_ASSERT_OK(base::WriteJsonFile(dir + "/cases.json", cases));
+  ASSERT_EQ(RunParity(absl::StrCat("--component=step_scheduler --cases=", dir,
+                                   "/cases.json --out=", dir, "/out.json")),
+            0);
+  KEEL_ASSERT_OK_AND_ASSIGN(Json written, base::ReadJsonFile(dir + "/out.json"));
+  const Json& actual = written["cases"][0]["actual"];
+  ASSERT_TRUE(actual.contains("error")) << actual.dump();
+  EXPECT_THAT(actual["error"].get<std::string>(),
+              ::testing::HasSubstr("the data source yields no micro-batch"));
+}
+
 TEST(ParityToolTest, RejectsAnUnknownComponent) {
   EXPECT_NE(RunParity("--component=nonexistent"), 0);
 }

@@ -65,10 +65,13 @@ absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const Train
   KEEL_ASSIGN_OR_RETURN(sampling::GptDataset windows,
                         sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
   Splits splits(std::move(windows), options.data.validation_every_n_samples);
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<sampling::MegatronSampler> sampler,
-                        sampling::CreateMegatronSampler(options.sampler, splits.train_size(),
-                                                        runtime.rank, runtime.world_size));
-  return TrainData{std::move(prefix), std::move(splits), std::move(sampler)};
+  absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
+      sampling::CreateMegatronSampler(options.sampler, splits.train_size(), runtime.rank,
+                                      runtime.world_size);
+  KEEL_RETURN_IF_ERROR(base::Annotate(
+      sampler.status(),
+      absl::StrCat("sampler over the ", splits.train_size(), " training windows of ", prefix)));
+  return TrainData{std::move(prefix), std::move(splits), *std::move(sampler)};
 }
 
 }  // namespace keel::tools::recipe

@@ -106,11 +106,13 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
   KEEL_ASSIGN_OR_RETURN(TrainData data, OpenTrainData(run->options_, run->runtime_));
   run->state_ = std::make_unique<State>(std::move(data));
   State& s = *run->state_;
-  KEEL_ASSIGN_OR_RETURN(s.scheduler,
-                        scheduling::BuildStepScheduler(
-                            options.step_scheduler, *s.data.sampler, run->runtime_.world_size,
-                            options.local_batch_size, run->runtime_.control_group,
-                            std::move(run->runtime_.preemption)));
+  absl::StatusOr<Scheduler> scheduler = scheduling::BuildStepScheduler(
+      options.step_scheduler, *s.data.sampler, run->runtime_.world_size, options.local_batch_size,
+      run->runtime_.control_group, std::move(run->runtime_.preemption));
+  KEEL_RETURN_IF_ERROR(base::Annotate(
+      scheduler.status(), absl::StrCat("step_scheduler over the ", s.data.splits.train_size(),
+                                       " training windows of ", s.data.prefix)));
+  s.scheduler = *std::move(scheduler);
   KEEL_RETURN_IF_ERROR(run->BuildModel());
   KEEL_RETURN_IF_ERROR(run->BuildCheckpointing());
   return run;

@@ -126,6 +126,25 @@ TEST(RunTest, TrainsToMaxStepsThenResumesWhereItStopped) {
   EXPECT_TRUE(keel::testing::ReadFileOrFail(run_dir + "/loss.svg").find("<svg") == 0);
 }
 
+// Too little data for one global batch is an error naming the data, not a crash.
+TEST(RunTest, DataWithoutAGlobalBatchIsAnErrorNamingIt) {
+  const std::string dir = keel::testing::NewTempDir("tiny");
+  keel::testing::WriteFileOrFail(dir + "/text.txt", std::string(200, 'x'));
+  ASSERT_THAT(BuildByteCorpus({dir + "/text.txt"}, dir + "/tiny").status(), IsOk());
+  TrainOptions options = SmallOptions(dir + "/run", 4);
+  options.data.prefix = dir + "/tiny";  // 201 tokens: 12 windows of 16, 11 for training
+  options.step_scheduler.global_batch_size = 16;
+  options.sampler.global_batch_size = 16;
+  options.sampler.drop_last = true;
+  std::ostringstream log;
+  EXPECT_THAT(Run::Build(options, Runtime(log)).status(),
+              keel::testing::StatusIs(
+                  absl::StatusCode::kInvalidArgument,
+                  ::testing::AllOf(
+                      HasSubstr("step_scheduler over the 11 training windows of " + dir + "/tiny"),
+                      HasSubstr("the data source yields no micro-batch"))));
+}
+
 // Raises its flag once the step scheduler has polled it `after` times.
 class PreemptAfterPolls : public scheduling::PreemptionFlag {
  public:
