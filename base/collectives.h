@@ -1,5 +1,6 @@
 // Blocking c10d collectives that report failure as a Status, for Keel's few small exchanges
-// (norm scalars, agreement flags, checkpoint plans).
+// (norm scalars, agreement flags, checkpoint plans), and agreement: every rank returns the same
+// status when any rank failed.
 //
 //   at::Tensor flag = at::ones({1}, at::kInt);
 //   KEEL_RETURN_IF_ERROR(AllReduce(flag, Reduce::kMax, group, "the stop flag"));
@@ -35,6 +36,20 @@ enum class Reduce { kSum, kMax, kMin };
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
                                                                       c10d::ProcessGroup& group,
                                                                       absl::string_view context);
+
+// Every rank's (status, payload), gathered on every rank: all OK gives every rank's payload in
+// rank order; otherwise every rank returns the lowest failing rank's status, its message
+// prefixed "rank <r>: " when there are several ranks, so ranks fail together instead of one
+// waiting for the others in its next collective. `group` nullptr is a single process.
+// Collective: over `group`. Errors: the failing rank's; kUnavailable when the exchange fails.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ExchangeWithStatus(
+    const absl::Status& status, const std::string& payload, c10d::ProcessGroup* group,
+    absl::string_view context);
+
+// ExchangeWithStatus without payloads: every rank returns the same status.
+// Collective: over `group`.
+[[nodiscard]] absl::Status AgreeOnStatus(const absl::Status& status, c10d::ProcessGroup* group,
+                                         absl::string_view context);
 
 }  // namespace keel::base
 

@@ -30,11 +30,11 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/collectives.h"
 #include "base/files.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/internal/agreement.h"
 #include "checkpoint/internal/disk_state.h"
 #include "checkpoint/internal/dtype.h"
 #include "checkpoint/internal/layout.h"
@@ -86,15 +86,15 @@ absl::Status WriteAndCommit(PendingSave& save, const absl::Status& staged,
   std::string payload;
   if (written.ok()) written->SerializeToString(&payload);
   absl::StatusOr<std::vector<std::string>> results =
-      internal::Exchange(written.status(), payload, group, "checkpoint shard results");
+      base::ExchangeWithStatus(written.status(), payload, group, "checkpoint shard results");
   absl::Status committed = results.status();
   if (save.rank == 0) {
     if (committed.ok()) committed = Commit(save, *results);
     if (!committed.ok()) base::RemoveTree(save.temporary_dir).IgnoreError();
   }
   if (save.world_size > 1 && group != nullptr) {
-    KEEL_RETURN_IF_ERROR(
-        internal::Agree(save.rank == 0 ? committed : absl::OkStatus(), group, "checkpoint commit"));
+    KEEL_RETURN_IF_ERROR(base::AgreeOnStatus(save.rank == 0 ? committed : absl::OkStatus(), group,
+                                             "checkpoint commit"));
   }
   return committed;
 }
@@ -174,7 +174,7 @@ class Checkpointer::Impl {
     std::string payload;
     if (prepared.ok()) local.SerializeToString(&payload);
     KEEL_ASSIGN_OR_RETURN(std::vector<std::string> plans,
-                          internal::Exchange(prepared, payload, group_, "checkpoint plans"));
+                          base::ExchangeWithStatus(prepared, payload, group_, "checkpoint plans"));
     std::vector<Manifest> local_plans(plans.size());
     for (size_t r = 0; r < plans.size(); ++r) {
       if (!local_plans[r].ParseFromString(plans[r])) {
@@ -207,7 +207,7 @@ class Checkpointer::Impl {
   absl::StatusOr<LoadReport> Load(const std::string& path, const Statefuls& statefuls,
                                   const LoadOptions& options) {
     absl::StatusOr<LoadReport> report = LoadCheckpoint(path, statefuls, options);
-    KEEL_RETURN_IF_ERROR(internal::Agree(report.status(), group_, "checkpoint load"));
+    KEEL_RETURN_IF_ERROR(base::AgreeOnStatus(report.status(), group_, "checkpoint load"));
     loaded_ = path;
     return report;
   }

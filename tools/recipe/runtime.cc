@@ -62,13 +62,7 @@ absl::Status ReduceOverRanks(at::Tensor& tensor, base::Reduce op, const TrainRun
 
 absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                             absl::string_view what) {
-  if (runtime.control_group == nullptr) return status;
-  // The lowest failing rank, or world_size when every rank is fine.
-  at::Tensor failed = at::full({1}, status.ok() ? runtime.world_size : runtime.rank, at::kLong);
-  KEEL_RETURN_IF_ERROR(ReduceOverRanks(failed, base::Reduce::kMin, runtime, what));
-  const int64_t first = failed.item<int64_t>();
-  if (first == runtime.world_size || first == runtime.rank) return status;
-  return absl::UnavailableError(absl::StrCat(what, ": rank ", first, " failed"));
+  return base::AgreeOnStatus(status, runtime.control_group, what);
 }
 
 ProcessGroups::ProcessGroups() = default;

@@ -54,9 +54,8 @@ struct TrainRuntime {
 [[nodiscard]] absl::Status ReduceOverRanks(at::Tensor& tensor, base::Reduce op,
                                            const TrainRuntime& runtime, absl::string_view what);
 
-// Every rank learns whether any rank failed: each rank's `status` is shared over the control
-// group; all ranks return the first failing rank's status (as kUnavailable on the others, naming
-// that rank), or OK. Collective: over runtime.control_group.
+// Every rank learns whether any rank failed: all ranks return the lowest failing rank's status
+// ("rank <r>: ..."), or OK (base::AgreeOnStatus). Collective: over runtime.control_group.
 [[nodiscard]] absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                                           absl::string_view what);
 

@@ -1,0 +1,76 @@
+// The collectives on real Gloo ranks (threads), including one rank failing among two and three.
+#include "base/collectives.h"
+
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+
+namespace keel::base {
+namespace {
+
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+using ::keel::testing::StatusIs;
+using ::testing::ElementsAre;
+
+TEST(AllReduceTest, SumMaxAndMinOverThreeRanks) {
+  std::vector<std::vector<int64_t>> results(3);
+  KEEL_ASSERT_OK(RunOnRanks(3, [&](Rank& r) -> absl::Status {
+    for (Reduce op : {Reduce::kSum, Reduce::kMax, Reduce::kMin}) {
+      at::Tensor value = at::full({1}, r.rank + 1, at::kLong);
+      KEEL_RETURN_IF_ERROR(AllReduce(value, op, *r.group, "a test value"));
+      results[r.rank].push_back(value.item<int64_t>());
+    }
+    return absl::OkStatus();
+  }));
+  for (const auto& result : results) EXPECT_THAT(result, ElementsAre(1 + 2 + 3, 3, 1));
+}
+
+TEST(AllGatherBytesTest, PayloadsOfEveryLengthInRankOrder) {
+  std::vector<std::vector<std::string>> gathered(3);
+  KEEL_ASSERT_OK(RunOnRanks(3, [&](Rank& r) -> absl::Status {
+    KEEL_ASSIGN_OR_RETURN(gathered[r.rank],
+                          AllGatherBytes(std::string(r.rank * 3, 'a' + r.rank), *r.group, "bytes"));
+    return absl::OkStatus();
+  }));
+  for (const auto& g : gathered) EXPECT_THAT(g, ElementsAre("", "bbb", "cccccc"));
+}
+
+// One rank fails: every rank returns that rank's status, code and message, and none waits.
+TEST(AgreeOnStatusTest, EveryRankReturnsTheFailingRanksStatus) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world_size=", world));
+    std::vector<absl::Status> statuses(world);
+    KEEL_ASSERT_OK(RunOnRanks(world, [&](Rank& r) -> absl::Status {
+      const absl::Status mine =
+          r.rank == 1 ? absl::DataLossError("shard 1 is corrupt") : absl::OkStatus();
+      statuses[r.rank] = AgreeOnStatus(mine, r.group.get(), "a decision");
+      return absl::OkStatus();
+    }));
+    for (const absl::Status& status : statuses) {
+      EXPECT_THAT(status, StatusIs(absl::StatusCode::kDataLoss, "rank 1: shard 1 is corrupt"));
+    }
+  }
+}
+
+TEST(ExchangeWithStatusTest, PayloadsWhenAllSucceedAndAloneWithoutAGroup) {
+  std::vector<std::vector<std::string>> payloads(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    KEEL_ASSIGN_OR_RETURN(payloads[r.rank],
+                          ExchangeWithStatus(absl::OkStatus(), absl::StrCat("plan ", r.rank),
+                                             r.group.get(), "plans"));
+    return absl::OkStatus();
+  }));
+  for (const auto& p : payloads) EXPECT_THAT(p, ElementsAre("plan 0", "plan 1"));
+  EXPECT_THAT(ExchangeWithStatus(absl::NotFoundError("gone"), "", nullptr, "alone"),
+              StatusIs(absl::StatusCode::kNotFound, "gone"));
+}
+
+}  // namespace
+}  // namespace keel::base
