@@ -8,18 +8,17 @@
 //   KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, ckpt_group));
 //   Statefuls statefuls = {{"model", &model_state}, {"optim", &optim_state}};
 //   KEEL_RETURN_IF_ERROR(checkpointer->Save(statefuls, scheduler.step(), scheduler.epoch()));
-//   KEEL_ASSIGN_OR_RETURN(FindResult found, FindLatest(options.checkpoint_dir));
-//   if (found.latest) {
-//     KEEL_RETURN_IF_ERROR(checkpointer->Load(found.latest->path, statefuls).status());
-//   }
+//   KEEL_ASSIGN_OR_RETURN(ResumeResult resumed, checkpointer->LoadLatest(statefuls));
 //
 // Layout: <checkpoint_dir>/step_<step, 10 digits>/{manifest.pb, __<rank>.keel | .safetensors},
 // and <checkpoint_dir>/latest naming the newest committed step directory. Saves are written
-// into ".step_<step>.tmp" and renamed into place after every file is durable.
+// into ".step_<step>.tmp" and renamed into place after every file is durable; checkpoints that
+// do not load are moved to quarantine/.
 #ifndef KEEL_CHECKPOINT_CHECKPOINT_H_
 #define KEEL_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +60,38 @@ void VisitFields(O& o, V&& v) {
   v("keep_every_n_steps", o.keep_every_n_steps);
 }
 
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;
+  int64_t epoch = 0;
+};
+
+struct ResumeOptions {
+  LoadOptions load;
+  // Called on every rank with each checkpoint before any of its tensors is read; an error
+  // stops the search, agreed across ranks (for checks such as a configuration that must
+  // match). Default: none.
+  std::function<absl::Status(const CheckpointInfo&)> before_load;
+  // Called on every rank after a load failed part-way, before the next older checkpoint is
+  // tried: it must put the objects back as they were before the first load (loads need not
+  // overwrite everything: Megatron's scheduler adds the saved steps to its own). Without it,
+  // the search ends there with `partial`. Default: none.
+  std::function<absl::Status()> reset;
+};
+
+struct ResumeResult {
+  // The checkpoint loaded, if one did.
+  std::optional<CheckpointInfo> loaded;
+  LoadReport report;
+  // One line per newer checkpoint that did not load: why, and where it was moved.
+  std::vector<std::string> warnings;
+  // Where those checkpoints went.
+  std::vector<std::string> quarantined;
+  // A load failed after writing into the objects and there was no `reset`: they hold part of a
+  // bad checkpoint, and the search stopped. Reset them, then call LoadLatest again.
+  bool partial = false;
+};
+
 // Saves and loads the checkpoints of one training run, on every rank of `group`.
 //
 // Each rank writes the blocks it holds into its own shard file; a block held by several ranks
@@ -96,6 +127,18 @@ class Checkpointer {
   [[nodiscard]] absl::StatusOr<LoadReport> Load(const std::string& path, const Statefuls& statefuls,
                                                 const LoadOptions& options = {});
 
+  // Loads the newest committed checkpoint under checkpoint_dir that loads. One that does not
+  // (a checksum, a truncated or missing shard, an unreadable or missing manifest: kDataLoss or
+  // kNotFound) is moved out of the committed namespace to <checkpoint_dir>/quarantine/ (never
+  // deleted) with a warning, and the next older one is tried; a later save of its step does
+  // not collide with it. Manifests and file sizes are checked before anything is read into
+  // `statefuls`; after a checksum fails mid-load, options.reset restores them (see `partial`).
+  // Collective: every rank tries the same checkpoints, and the ranks agree on each outcome;
+  // rank 0 moves them. Errors: other load errors (a checkpoint that does not fit `statefuls`,
+  // a newer format), before_load's, and failures to list or move, agreed across ranks.
+  [[nodiscard]] absl::StatusOr<ResumeResult> LoadLatest(const Statefuls& statefuls,
+                                                        const ResumeOptions& options = {});
+
   // The directory of the last save committed and waited for, if any.
   std::optional<std::string> last_saved() const;
 
@@ -119,12 +162,6 @@ enum class VerifyLevel {
   kStructure,
   // Also every byte: each file's and each chunk's XXH3-64.
   kChecksums,
-};
-
-struct CheckpointInfo {
-  std::string path;
-  int64_t step = 0;
-  int64_t epoch = 0;
 };
 
 // One problem Verify found.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@ namespace keel::checkpoint {
 namespace {
 
 using ::keel::checkpoint::testing::TensorsState;
+using ::keel::testing::FlipBit;
+using ::keel::testing::IsOk;
 using ::keel::testing::NewTempDir;
 using ::keel::testing::RunOnRanks;
 using ::keel::testing::StatusIs;
@@ -69,6 +72,13 @@ TensorsState RankState(int rank, int world, double fill = 0, bool zero = false) 
   }
   state.values = {{"world", world}};
   return state;
+}
+
+bool SameTensors(const TensorsState& a, const TensorsState& b) {
+  for (const auto& [name, ref] : a.tensors) {
+    if (!at::equal(ref.tensor, b.tensors.at(name).tensor)) return false;
+  }
+  return true;
 }
 
 TEST(CheckpointMultiRankTest, SavesWithNRanksAndLoadsWithM) {
@@ -213,6 +223,95 @@ TEST(CheckpointMultiRankTest, AsyncSaveCommitsOnEveryRank) {
   }
   KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir, VerifyLevel::kChecksums));
   EXPECT_EQ(found.latest->step, 2);
+}
+
+// Rank 1 alone reads the corrupt chunk of step 2 (its block of "w"): every rank still agrees
+// that step 2 does not load, rank 0 moves it aside once, and all load step 1.
+TEST(CheckpointMultiRankTest, ResumeFallsBackTogetherWhenOneRanksChunkIsCorrupt) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world_size=", world));
+    const std::string dir = NewTempDir(absl::StrCat("resume_", world));
+    KEEL_ASSERT_OK(RunOnRanks(world, [&](keel::testing::Rank& r) -> absl::Status {
+      CheckpointerOptions options;
+      options.checkpoint_dir = dir;
+      KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+      TensorsState state = RankState(r.rank, r.world_size);
+      KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &state}}, 1, 0));
+      state.values = {{"world", world}, {"step", 2}};
+      return checkpointer->Save({{"model", &state}}, 2, 0);
+    }));
+    KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(dir + "/step_0000000002"));
+    const int64_t rank1_begin = ChunkOf(8, 1, world).first;
+    for (const TensorEntry& tensor : manifest.tensors()) {
+      if (tensor.name() != "model/w") continue;
+      for (const Chunk& chunk : tensor.chunks()) {
+        if (chunk.offsets(0) != rank1_begin) continue;
+        FlipBit(absl::StrCat(dir, "/step_0000000002/", manifest.files(chunk.file()).name()),
+                chunk.byte_offset() + 2);
+      }
+    }
+    std::vector<absl::StatusOr<ResumeResult>> results(world);
+    KEEL_ASSERT_OK(RunOnRanks(world, [&](keel::testing::Rank& r) -> absl::Status {
+      CheckpointerOptions options;
+      options.checkpoint_dir = dir;
+      KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+      TensorsState target = RankState(r.rank, r.world_size, -1, /*zero=*/true);
+      ResumeOptions resume;
+      resume.reset = [&] {
+        target = RankState(r.rank, r.world_size, -1, /*zero=*/true);
+        return absl::OkStatus();
+      };
+      results[r.rank] = checkpointer->LoadLatest({{"model", &target}}, resume);
+      if (results[r.rank].ok() && !SameTensors(target, RankState(r.rank, r.world_size))) {
+        return absl::InternalError("step 1 was not what got loaded");
+      }
+      return absl::OkStatus();
+    }));
+    for (const auto& result : results) {
+      ASSERT_THAT(result.status(), IsOk());
+      ASSERT_TRUE(result->loaded.has_value());
+      EXPECT_EQ(result->loaded->step, 1);
+      ASSERT_EQ(result->warnings.size(), 1u);
+      EXPECT_THAT(result->warnings[0], AllOf(HasSubstr("rank 1: "), HasSubstr("checksum")));
+      EXPECT_EQ(result->warnings, results[0]->warnings);
+      EXPECT_THAT(result->quarantined, ::testing::ElementsAre(dir + "/quarantine/step_0000000002"));
+    }
+    EXPECT_TRUE(std::filesystem::is_directory(dir + "/quarantine/step_0000000002"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/step_0000000002"));
+  }
+}
+
+// A step directory that already exists fails the save on every rank, and an error reading one
+// rank's part fails the load on every rank: the same status everywhere, and no rank waits.
+TEST(CheckpointMultiRankTest, EveryRankReturnsTheSameErrorForACheckpointDecision) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world_size=", world));
+    const std::string dir = NewTempDir(absl::StrCat("decisions_", world));
+    std::vector<absl::Status> saves(world), loads(world);
+    KEEL_ASSERT_OK(RunOnRanks(world, [&](keel::testing::Rank& r) -> absl::Status {
+      CheckpointerOptions options;
+      options.checkpoint_dir = dir;
+      KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+      TensorsState state = RankState(r.rank, r.world_size);
+      KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &state}}, 1, 0));
+      saves[r.rank] = checkpointer->Save({{"model", &state}}, 1, 0);  // exists already
+      // The last rank loads into a tensor of another shape: only it finds the mismatch.
+      TensorsState target = RankState(r.rank, r.world_size, -1, /*zero=*/true);
+      if (r.rank == r.world_size - 1) target.tensors["b"] = {at::zeros({5})};
+      loads[r.rank] = checkpointer->Load(dir + "/step_0000000001", {{"model", &target}}).status();
+      return absl::OkStatus();
+    }));
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank));
+      EXPECT_THAT(saves[rank], StatusIs(absl::StatusCode::kAlreadyExists,
+                                        HasSubstr("rank 0: checkpoint " + dir +
+                                                  "/step_0000000001 already exists")));
+      EXPECT_THAT(loads[rank],
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           AllOf(HasSubstr(absl::StrCat("rank ", world - 1, ": ")),
+                                 HasSubstr("model/b: shape [6] in the checkpoint, [5] here"))));
+    }
+  }
 }
 
 }  // namespace

@@ -446,5 +446,167 @@ TEST(AsyncSaveTest, SnapshotsAtSaveAndCommitsInTheBackground) {
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("step_0000000003")));
 }
 
+// Steps 10, 20 and 30, each a MixedState filled with its step (so every step differs).
+class LoadLatestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = NewTempDir("latest");
+    CheckpointerOptions options;
+    options.checkpoint_dir = dir_;
+    KEEL_ASSERT_OK_AND_ASSIGN(checkpointer_, Checkpointer::Create(options, nullptr));
+    for (int step : {10, 20, 30}) KEEL_ASSERT_OK(SaveStep(step));
+  }
+
+  absl::Status SaveStep(int step) {
+    TensorsState state = StateAt(step);
+    return checkpointer_->Save({{"model", &state}}, step, 0);
+  }
+
+  static TensorsState StateAt(int step) {
+    TensorsState state = MixedState().EmptyLike(step);
+    state.values = {{"step", step}};
+    return state;
+  }
+
+  std::string StepDir(int step) const { return absl::StrFormat("%s/step_%010d", dir_, step); }
+  std::string Shard(int step) const { return StepDir(step) + "/__0.keel"; }
+
+  std::string dir_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+};
+
+TEST_F(LoadLatestTest, LoadsTheNewestWhenItIsGood) {
+  TensorsState target = StateAt(0);
+  KEEL_ASSERT_OK_AND_ASSIGN(ResumeResult result, checkpointer_->LoadLatest({{"model", &target}}));
+  ASSERT_TRUE(result.loaded.has_value());
+  EXPECT_EQ(result.loaded->step, 30);
+  EXPECT_EQ(result.loaded->path, StepDir(30));
+  EXPECT_THAT(result.warnings, IsEmpty());
+  EXPECT_FALSE(result.partial);
+  EXPECT_EQ(target.values["step"], 30);
+}
+
+// Step 30's shard fails its checksum part-way through the load; step 20's shard is truncated
+// (caught before anything is read); step 10 loads. The two bad ones are moved aside, not
+// deleted, and their steps can be saved again.
+TEST_F(LoadLatestTest, FallsBackPastCorruptCheckpointsAndMovesThemAside) {
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(StepDir(30)));
+  FlipBit(Shard(30), manifest.tensors(manifest.tensors_size() - 1).chunks(0).byte_offset() + 1);
+  ASSERT_EQ(::truncate(Shard(20).c_str(), 4096), 0);
+
+  TensorsState target = StateAt(0);
+  int resets = 0;
+  ResumeOptions options;
+  options.reset = [&] {
+    ++resets;
+    target = StateAt(0);
+    return absl::OkStatus();
+  };
+  KEEL_ASSERT_OK_AND_ASSIGN(ResumeResult result,
+                            checkpointer_->LoadLatest({{"model", &target}}, options));
+  ASSERT_TRUE(result.loaded.has_value());
+  EXPECT_EQ(result.loaded->step, 10);
+  EXPECT_FALSE(result.partial);
+  EXPECT_EQ(resets, 1);  // after step 30's load failed part-way; step 20 failed before any read
+  ExpectSameTensors(StateAt(10), target);
+  EXPECT_EQ(target.values["step"], 10);
+  ASSERT_EQ(result.warnings.size(), 2u);
+  EXPECT_THAT(result.warnings[0],
+              AllOf(HasSubstr(StepDir(30)), HasSubstr("checksum"),
+                    HasSubstr("moved to " + dir_ + "/quarantine/step_0000000030")));
+  EXPECT_THAT(result.warnings[1],
+              AllOf(HasSubstr(StepDir(20)), HasSubstr("4096 bytes, the manifest says"),
+                    HasSubstr("moved to " + dir_ + "/quarantine/step_0000000020")));
+  EXPECT_THAT(result.quarantined, ElementsAre(dir_ + "/quarantine/step_0000000030",
+                                              dir_ + "/quarantine/step_0000000020"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/quarantine/step_0000000030/__0.keel"));
+  EXPECT_FALSE(std::filesystem::exists(StepDir(30)));
+  EXPECT_EQ(ReadFileOrFail(dir_ + "/latest"), "step_0000000010\n");
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir_, VerifyLevel::kChecksums));
+  EXPECT_EQ(found.latest->step, 10);
+  EXPECT_THAT(found.warnings, IsEmpty());
+
+  // Training goes on and saves steps 20 and 30 again; a second bad step 30 goes beside the
+  // first one in the quarantine.
+  KEEL_ASSERT_OK(SaveStep(20));
+  KEEL_ASSERT_OK(SaveStep(30));
+  ASSERT_EQ(::unlink((StepDir(30) + "/manifest.pb").c_str()), 0);
+  KEEL_ASSERT_OK_AND_ASSIGN(result, checkpointer_->LoadLatest({{"model", &target}}, options));
+  EXPECT_EQ(result.loaded->step, 20);
+  EXPECT_THAT(result.quarantined, ElementsAre(dir_ + "/quarantine/step_0000000030.1"));
+  EXPECT_THAT(result.warnings[0], HasSubstr("no checkpoint at"));
+}
+
+// Without a reset, a load that failed part-way ends the search: the objects hold part of it.
+// The caller resets them and asks again; the bad checkpoint is out of the way by then.
+TEST_F(LoadLatestTest, WithoutResetAPartialLoadStopsTheSearch) {
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(StepDir(30)));
+  FlipBit(Shard(30), manifest.tensors(manifest.tensors_size() - 1).chunks(0).byte_offset());
+  TensorsState target = StateAt(0);
+  KEEL_ASSERT_OK_AND_ASSIGN(ResumeResult result, checkpointer_->LoadLatest({{"model", &target}}));
+  EXPECT_FALSE(result.loaded.has_value());
+  EXPECT_TRUE(result.partial);
+  EXPECT_THAT(result.quarantined, ElementsAre(dir_ + "/quarantine/step_0000000030"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/latest"));
+  target = StateAt(0);
+  KEEL_ASSERT_OK_AND_ASSIGN(result, checkpointer_->LoadLatest({{"model", &target}}));
+  EXPECT_EQ(result.loaded->step, 20);
+  EXPECT_FALSE(result.partial);
+}
+
+TEST_F(LoadLatestTest, WhenNothingLoadsTheObjectsAreResetAndNothingIsLoaded) {
+  for (int step : {10, 20, 30}) {
+    KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(StepDir(step)));
+    FlipBit(Shard(step), manifest.tensors(manifest.tensors_size() - 1).chunks(0).byte_offset());
+  }
+  TensorsState target = StateAt(0);
+  ResumeOptions options;
+  options.reset = [&] {
+    target = StateAt(0);
+    return absl::OkStatus();
+  };
+  KEEL_ASSERT_OK_AND_ASSIGN(ResumeResult result,
+                            checkpointer_->LoadLatest({{"model", &target}}, options));
+  EXPECT_FALSE(result.loaded.has_value());
+  EXPECT_FALSE(result.partial);
+  EXPECT_EQ(result.quarantined.size(), 3u);
+  ExpectSameTensors(StateAt(0), target);
+}
+
+// A checkpoint that does not fit the objects (a changed model) is not corrupt: the search
+// stops with the error and nothing is moved.
+TEST_F(LoadLatestTest, ACheckpointThatDoesNotFitStopsTheSearch) {
+  TensorsState target = StateAt(0);
+  target.tensors["w"] = {at::zeros({2, 2})};
+  EXPECT_THAT(checkpointer_->LoadLatest({{"model", &target}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model/w")));
+  EXPECT_TRUE(std::filesystem::exists(StepDir(30)));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/quarantine"));
+}
+
+TEST_F(LoadLatestTest, BeforeLoadSeesTheCandidateAndItsErrorStopsTheSearch) {
+  TensorsState target = StateAt(0);
+  std::vector<int64_t> seen;
+  ResumeOptions options;
+  options.before_load = [&](const CheckpointInfo& info) {
+    seen.push_back(info.step);
+    return absl::InvalidArgumentError("model.hidden_size differs");
+  };
+  EXPECT_THAT(checkpointer_->LoadLatest({{"model", &target}}, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model.hidden_size differs"));
+  EXPECT_THAT(seen, ElementsAre(30));
+  EXPECT_EQ(target.values["step"], 0);  // nothing was read
+}
+
+TEST(LoadLatestEmptyTest, AnEmptyCheckpointDirLoadsNothing) {
+  CheckpointerOptions options;
+  options.checkpoint_dir = NewTempDir("empty");
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState target = MixedState();
+  KEEL_ASSERT_OK_AND_ASSIGN(ResumeResult result, checkpointer->LoadLatest({{"model", &target}}));
+  EXPECT_FALSE(result.loaded.has_value());
+  EXPECT_FALSE(result.partial);
+}
+
 }  // namespace
 }  // namespace keel::checkpoint

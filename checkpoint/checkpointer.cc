@@ -212,9 +212,89 @@ class Checkpointer::Impl {
     return report;
   }
 
+  absl::StatusOr<ResumeResult> LoadLatest(const Statefuls& statefuls,
+                                          const ResumeOptions& options) {
+    ResumeResult result;
+    std::string loaded_name;
+    while (true) {
+      KEEL_ASSIGN_OR_RETURN(const std::string name, AgreeOnNewest());
+      if (name.empty()) break;
+      const std::string path = base::JoinPath(options_.checkpoint_dir, name);
+      absl::StatusOr<CheckpointInfo> info = CheckBeforeLoad(path, options);
+      absl::Status status = info.status();
+      if (status.ok()) {
+        absl::StatusOr<LoadReport> report = Load(path, statefuls, options.load);
+        if (report.ok()) {
+          loaded_name = name;
+          result.loaded = *info;
+          result.report = *std::move(report);
+          break;
+        }
+        status = report.status();
+      }
+      if (!absl::IsDataLoss(status) && !absl::IsNotFound(status)) return status;
+      KEEL_ASSIGN_OR_RETURN(const std::string moved, QuarantineAgreed(name));
+      result.warnings.push_back(absl::StrCat("checkpoint ", path, " does not load (",
+                                             status.message(), "); moved to ", moved));
+      result.quarantined.push_back(moved);
+      if (!info.ok()) continue;  // found before anything was read
+      if (!options.reset) {
+        result.partial = true;
+        break;
+      }
+      KEEL_RETURN_IF_ERROR(
+          base::AgreeOnStatus(options.reset(), group_, "resetting after a failed load"));
+    }
+    if (!result.quarantined.empty()) KEEL_RETURN_IF_ERROR(PointLatestAt(loaded_name));
+    return result;
+  }
+
   std::optional<std::string> last_saved() const { return last_saved_; }
 
  private:
+  // The newest committed step directory's name as rank 0 lists it ("" when there is none).
+  absl::StatusOr<std::string> AgreeOnNewest() {
+    absl::StatusOr<std::vector<internal::CommittedStep>> steps =
+        rank_ == 0 ? internal::ListCommitted(options_.checkpoint_dir)
+                   : std::vector<internal::CommittedStep>();
+    const std::string name = steps.ok() && !steps->empty() ? steps->front().name : "";
+    KEEL_ASSIGN_OR_RETURN(
+        std::vector<std::string> names,
+        base::ExchangeWithStatus(steps.status(), name, group_, "the checkpoint to resume from"));
+    return names[0];
+  }
+
+  // Every rank checks the manifest and file sizes, then runs before_load; the ranks agree.
+  absl::StatusOr<CheckpointInfo> CheckBeforeLoad(const std::string& path,
+                                                 const ResumeOptions& options) {
+    absl::StatusOr<VerifyReport> report = Verify(path, VerifyLevel::kStructure);
+    absl::Status status = report.ok() ? report->ToStatus() : report.status();
+    if (status.ok() && options.before_load) status = options.before_load(report->checkpoint);
+    KEEL_RETURN_IF_ERROR(base::AgreeOnStatus(status, group_, "checking the checkpoint"));
+    return report->checkpoint;
+  }
+
+  // Rank 0 moves step directory `name` to the quarantine; every rank learns where to.
+  absl::StatusOr<std::string> QuarantineAgreed(const std::string& name) {
+    absl::StatusOr<std::string> moved =
+        rank_ == 0 ? internal::Quarantine(options_.checkpoint_dir, name) : std::string();
+    KEEL_ASSIGN_OR_RETURN(std::vector<std::string> paths,
+                          base::ExchangeWithStatus(moved.status(), moved.value_or(""), group_,
+                                                   "quarantining a checkpoint"));
+    return paths[0];
+  }
+
+  // Rank 0 points "latest" at step directory `name`, or removes it for "".
+  absl::Status PointLatestAt(const std::string& name) {
+    absl::Status status;
+    if (rank_ == 0) {
+      const std::string latest = base::JoinPath(options_.checkpoint_dir, internal::kLatestName);
+      status = name.empty() ? base::RemoveTree(latest)
+                            : base::WriteFileAtomically(latest, absl::StrCat(name, "\n"));
+    }
+    return base::AgreeOnStatus(status, group_, "updating latest");
+  }
+
   std::unique_ptr<PendingSave> NewPendingSave(int64_t step) const {
     auto save = std::make_unique<PendingSave>();
     save->checkpoint_dir = options_.checkpoint_dir;
@@ -365,6 +445,11 @@ absl::Status Checkpointer::Wait() { return impl_->Wait(); }
 absl::StatusOr<LoadReport> Checkpointer::Load(const std::string& path, const Statefuls& statefuls,
                                               const LoadOptions& options) {
   return impl_->Load(path, statefuls, options);
+}
+
+absl::StatusOr<ResumeResult> Checkpointer::LoadLatest(const Statefuls& statefuls,
+                                                      const ResumeOptions& options) {
+  return impl_->LoadLatest(statefuls, options);
 }
 
 std::optional<std::string> Checkpointer::last_saved() const { return impl_->last_saved(); }

@@ -17,6 +17,7 @@ namespace {
 constexpr char kStepPrefix[] = "step_";
 constexpr char kDeletingPrefix[] = ".deleting.";
 constexpr char kTemporarySuffix[] = ".tmp";
+constexpr char kQuarantineDir[] = "quarantine";
 
 }  // namespace
 
@@ -61,6 +62,18 @@ absl::StatusOr<std::vector<CommittedStep>> ListCommitted(const std::string& chec
     return a.step != b.step ? a.step > b.step : a.name > b.name;
   });
   return steps;
+}
+
+absl::StatusOr<std::string> Quarantine(const std::string& checkpoint_dir, const std::string& name) {
+  const std::string dir = base::JoinPath(checkpoint_dir, kQuarantineDir);
+  KEEL_RETURN_IF_ERROR(base::MakeDirectory(dir));
+  std::string destination = base::JoinPath(dir, name);
+  for (int suffix = 1; base::PathExists(destination); ++suffix) {
+    destination = base::JoinPath(dir, absl::StrCat(name, ".", suffix));
+  }
+  KEEL_RETURN_IF_ERROR(base::RenameDurably(base::JoinPath(checkpoint_dir, name), destination));
+  KEEL_RETURN_IF_ERROR(base::FsyncPath(checkpoint_dir));
+  return destination;
 }
 
 bool SamePath(const std::string& a, const std::string& b) {

@@ -1,7 +1,8 @@
 // The names inside a checkpoint_dir: committed step directories ("step_<10 digits>"), the
 // temporary directory a save writes into (".step_<...>.tmp"), directories being deleted
-// (".deleting.step_<...>"), and the "latest" file naming the newest committed step. Only names
-// matching StepDirName are checkpoints; everything else is out of the committed namespace.
+// (".deleting.step_<...>"), checkpoints that did not load (quarantine/step_<...>), and the
+// "latest" file naming the newest committed step. Only names matching StepDirName directly under
+// checkpoint_dir are checkpoints; everything else is out of the committed namespace.
 #ifndef KEEL_CHECKPOINT_INTERNAL_LAYOUT_H_
 #define KEEL_CHECKPOINT_INTERNAL_LAYOUT_H_
 
@@ -37,6 +38,12 @@ struct CommittedStep {
 // Errors: kNotFound if `checkpoint_dir` does not exist.
 [[nodiscard]] absl::StatusOr<std::vector<CommittedStep>> ListCommitted(
     const std::string& checkpoint_dir);
+
+// Moves the step directory `name` out of the committed namespace, to
+// <checkpoint_dir>/quarantine/<name>, or <name>.1, .2, ... when that is taken; returns the new
+// path. The rename is durable. Errors: base::ErrnoCode's, naming the paths.
+[[nodiscard]] absl::StatusOr<std::string> Quarantine(const std::string& checkpoint_dir,
+                                                     const std::string& name);
 
 // Whether two paths name the same existing file or directory.
 bool SamePath(const std::string& a, const std::string& b);
