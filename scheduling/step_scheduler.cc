@@ -190,6 +190,11 @@ bool StepSchedule::SigtermReceived() {
   return sigterm_flag_;
 }
 
+bool StepSchedule::PollPreemption() {
+  sig_polled_step_.reset();
+  return SigtermReceived();
+}
+
 void StepSchedule::SetEpoch(int64_t epoch) {
   epoch_ = epoch;
   if (runtime_.set_source_epoch) runtime_.set_source_epoch(epoch);

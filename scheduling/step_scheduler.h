@@ -163,6 +163,11 @@ class StepSchedule {
   // step. Once true, stays true. If the all-reduce fails, returns true (stop) and keeps the
   // error in preemption_status(). Collective: over the process group, when it polls.
   bool SigtermReceived();
+  // Polls the preemption flag now, even if it was polled at this step, with SigtermReceived's
+  // agreement across ranks, and returns its answer (which SigtermReceived then gives too): for
+  // long work between two steps, such as validation, that must stop early. A Keel addition; the
+  // flags NeMo defines keep polling at most once per step. Collective: over the process group.
+  bool PollPreemption();
   // OK unless the preemption all-reduce failed.
   const absl::Status& preemption_status() const { return preemption_status_; }
 

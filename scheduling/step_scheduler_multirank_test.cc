@@ -73,5 +73,41 @@ TEST(StepSchedulerMultiRankTest, WithoutPreemptionEveryRankRunsToTheEnd) {
   }
 }
 
+// A request that arrives after a step's poll (during validation, say) is seen by PollPreemption
+// on every rank at once, and the step then checkpoints and ends the loop.
+TEST(StepSchedulerMultiRankTest, PollPreemptionSeesALateRequestOnEveryRank) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world=", world));
+    std::vector<std::vector<std::string>> traces(world);
+    KEEL_EXPECT_OK(RunOnRanks(world, [&](Rank& r) -> absl::Status {
+      std::vector<int> data(10, r.rank);
+      StepSchedulerOptions o;
+      o.global_batch_size = world;
+      o.num_epochs = 1;
+      o.ckpt_every_steps = 1000;
+      o.preemption_signal.reset();
+      auto flag = std::make_unique<ManualPreemptionFlag>();
+      ManualPreemptionFlag* local = flag.get();
+      KEEL_ASSIGN_OR_RETURN(auto s,
+                            BuildStepScheduler(o, data, world, 1, r.group.get(), std::move(flag)));
+      for (auto& batches : s) {
+        static_cast<void>(batches);
+        const bool ckpt = s.IsCkptStep();  // this step's poll
+        if (s.step() == 2 && r.rank == world - 1) local->Set();
+        const bool polled = s.PollPreemption();
+        traces[r.rank].push_back(absl::StrCat(s.step(), " ckpt=", ckpt, " polled=", polled,
+                                              " then ckpt=", s.IsCkptStep()));
+      }
+      traces[r.rank].push_back(absl::StrCat("end step=", s.step()));
+      return s.preemption_status();
+    }));
+    for (const auto& trace : traces) {
+      EXPECT_THAT(trace,
+                  ElementsAre("0 ckpt=0 polled=0 then ckpt=0", "1 ckpt=0 polled=0 then ckpt=0",
+                              "2 ckpt=0 polled=1 then ckpt=1", "end step=3"));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel::scheduling
