@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -44,6 +45,7 @@ ABSL_FLAG(std::string, config, "", "Path of tools/recipe/default.textproto.");
 namespace keel::tools {
 namespace {
 
+using ::keel::testing::FlipBit;
 using ::keel::testing::NewTempDir;
 using ::keel::testing::ReadFileOrFail;
 using ::keel::tools::cli::Subprocess;
@@ -291,6 +293,28 @@ TEST_F(ResumeTest, SigtermCheckpointsExitsZeroAndResumesBitIdentically) {
   ExpectSameAsReference(run_dir);
 }
 
+// A flipped byte in the newest checkpoint's shard: the rerun warns, moves that checkpoint to
+// the quarantine (keeping it), resumes from the one before, and ends as if nothing happened.
+TEST_F(ResumeTest, CorruptNewestCheckpointIsSetAsideAndTheRunEndsBitIdentically) {
+  const std::string run_dir = NewTempDir("corrupt");
+  Subprocess first = StartTrain(SmallRun(run_dir, 12), run_dir + "/stderr.1");
+  ASSERT_EQ(first.Wait(), 0) << first.Stderr();
+  const std::string newest = run_dir + "/checkpoints/step_0000000012";
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::Manifest manifest, checkpoint::ReadManifest(newest));
+  FlipBit(newest + "/" + manifest.files(0).name(), manifest.tensors(0).chunks(0).byte_offset());
+
+  Subprocess resumed = StartTrain(SmallRun(run_dir, kSteps), run_dir + "/stderr.2");
+  ASSERT_EQ(resumed.Wait(), 0) << resumed.Stderr();
+  const std::string out = resumed.DrainStdout();
+  EXPECT_THAT(out, HasSubstr("warning: checkpoint " + newest + " does not load ("));
+  EXPECT_THAT(out, HasSubstr("checksum"));
+  EXPECT_THAT(out, HasSubstr("moved to " + run_dir + "/checkpoints/quarantine/step_0000000012"));
+  EXPECT_THAT(out, HasSubstr("resumed from " + run_dir + "/checkpoints/step_0000000009"));
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints/quarantine/step_0000000012/" +
+                                      manifest.files(0).name()));
+  ExpectSameAsReference(run_dir);
+}
+
 // SIGKILL lands right after a checkpoint step's progress line, while that step's save is
 // being taken or written (saves are asynchronous), then mid-way between saves; each rerun
 // resumes from the newest complete checkpoint, and the end is as if nothing happened.
@@ -352,6 +376,75 @@ TEST(TrainTest, TwoRanksMatchOneRankWithGradientAccumulation) {
     EXPECT_EQ(actual[i].lr, expected[i].lr);
   }
   ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
+}
+
+// Two ranks (tools:launch): the newest checkpoint's bytes that only rank 1 reads (its row of
+// the RNG state) are corrupt. Both ranks agree that it does not load, it is set aside once, and
+// the run resumes from the one before and ends as an uninterrupted two-rank run does.
+TEST(TrainTest, TwoRanksSetAsideACheckpointOneRankCannotRead) {
+  constexpr int64_t kSteps = 12;
+  auto launch = [&](const std::string& run_dir, int64_t steps, const std::string& name) {
+    std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_launch)), "--nproc_per_node=2",
+                                     "--master_port=0", "--", Absolute(absl::GetFlag(FLAGS_train))};
+    for (const std::string& a : SmallRun(run_dir, steps)) argv.push_back(a);
+    std::filesystem::create_directories(run_dir);
+    return Subprocess::Start(argv, ChildOptions(run_dir + "/" + name));
+  };
+  const std::string dir = NewTempDir("two_ranks_corrupt");
+  Subprocess reference = launch(dir + "/reference", kSteps, "reference.stderr");
+  ASSERT_EQ(reference.Wait(), 0) << reference.Stderr();
+
+  const std::string run_dir = dir + "/run";
+  Subprocess first = launch(run_dir, 6, "stderr.1");
+  ASSERT_EQ(first.Wait(), 0) << first.Stderr();
+  const std::string newest = run_dir + "/checkpoints/step_0000000006";
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::Manifest manifest, checkpoint::ReadManifest(newest));
+  bool flipped = false;
+  for (const auto& tensor : manifest.tensors()) {
+    if (tensor.name() != "rng/cpu") continue;
+    for (const auto& chunk : tensor.chunks()) {
+      if (chunk.offsets(0) != 1) continue;  // rank 1's row
+      FlipBit(newest + "/" + manifest.files(chunk.file()).name(), chunk.byte_offset() + 7);
+      flipped = true;
+    }
+  }
+  ASSERT_TRUE(flipped);
+
+  Subprocess resumed = launch(run_dir, kSteps, "stderr.2");
+  ASSERT_EQ(resumed.Wait(), 0) << resumed.Stderr();
+  const std::string out = resumed.DrainStdout();
+  EXPECT_THAT(out, HasSubstr("rank 1: "));
+  EXPECT_THAT(out, HasSubstr("moved to " + run_dir + "/checkpoints/quarantine/step_0000000006"));
+  EXPECT_THAT(out, HasSubstr("resumed from " + run_dir + "/checkpoints/step_0000000003"));
+  ExpectSameTrace(Metrics(dir + "/reference"), Metrics(run_dir));
+  ExpectSameWeights(LatestCheckpoint(dir + "/reference"), LatestCheckpoint(run_dir));
+}
+
+// A second trainer on a run directory that a running one holds is refused at once, naming the
+// directory and that process, and writes nothing there; the first run goes on, and stops as
+// usual at SIGTERM with every step in its metrics.
+TEST(TrainTest, ASecondTrainerOnTheSameRunDirIsRefused) {
+  const std::string run_dir = NewTempDir("locked");
+  Subprocess first = StartTrain(SmallRun(run_dir, 100000), run_dir + "/../locked_stderr.1");
+  ASSERT_TRUE(ReadUntilStep(first, 2)) << first.Stderr();
+  Subprocess second = StartTrain(SmallRun(run_dir, 100000), run_dir + "/../locked_stderr.2");
+  const std::optional<int> code = second.WaitFor(60);
+  ASSERT_TRUE(code.has_value()) << "the second trainer did not stop";
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(second.Stderr(), HasSubstr("run directory " + run_dir + " is in use by process " +
+                                         std::to_string(first.pid())));
+  EXPECT_THAT(second.DrainStdout(), IsEmpty());
+  ASSERT_TRUE(ReadUntilStep(first, 6)) << first.Stderr();  // still training
+  ASSERT_EQ(kill(first.pid(), SIGTERM), 0);
+  ASSERT_EQ(first.Wait(), 0) << first.Stderr();
+  const std::vector<StepMetrics> metrics = Metrics(run_dir);
+  ASSERT_GE(metrics.size(), 6u);
+  for (size_t i = 0; i < metrics.size(); ++i) EXPECT_EQ(metrics[i].step, int64_t(i) + 1);
+  int event_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir + "/tensorboard")) {
+    event_files += absl::StrContains(entry.path().filename().string(), "tfevents");
+  }
+  EXPECT_EQ(event_files, 1);  // the second trainer opened none
 }
 
 // torchrun (Debian's python3-torch, installed by tools/bootstrap.sh) starts the same ranks.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
 #include "tools/recipe/config.h"
@@ -47,14 +48,15 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
   return absl::OkStatus();
 }
 
+constexpr base::EnumSpelling<Backend> kBackends[] = {
+    {Backend::kGloo, "gloo"},
+    {Backend::kNccl, "nccl"},
+};
+
 absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions& options) {
-  if (config.has_backend()) {
-    if (config.backend() == "nccl") {
-      options.backend = Backend::kNccl;
-    } else if (config.backend() != "gloo") {
-      return absl::InvalidArgumentError(absl::StrCat("distributed.backend \"", config.backend(),
-                                                     "\" is not one of \"gloo\", \"nccl\""));
-    }
+  std::string error;
+  if (config.has_backend() && !AbslParseFlag(config.backend(), &options.backend, &error)) {
+    return absl::InvalidArgumentError(absl::StrCat("distributed.backend ", error));
   }
   if (config.has_timeout_seconds()) options.timeout_seconds = config.timeout_seconds();
   return Require(options.timeout_seconds > 0, "distributed.timeout_seconds",
@@ -87,7 +89,76 @@ std::string Working(int64_t limit, Fits fits) {
   return sizes.empty() ? "none" : absl::StrJoin(sizes, ", ");
 }
 
+// The fields a resume cannot change: the model's shapes and vocabulary.
+constexpr const char* kModelShapeFields[] = {
+    "model.vocab_size",          "model.hidden_size",     "model.num_layers",
+    "model.num_attention_heads", "model.ffn_hidden_size", "model.max_sequence_length",
+    "data.sequence_length",
+};
+
+// Adds "<prefix><key>" lines for every leaf where `saved` and `current` differ.
+void Diff(const base::Json& saved, const base::Json& current, const std::string& prefix,
+          std::vector<std::pair<std::string, std::string>>& lines) {
+  if (saved.is_object() && current.is_object()) {
+    for (const auto& [key, value] : saved.items()) {
+      Diff(value, current.contains(key) ? current[key] : base::Json(), prefix + key + ".", lines);
+    }
+    for (const auto& [key, value] : current.items()) {
+      if (!saved.contains(key)) Diff(base::Json(), value, prefix + key + ".", lines);
+    }
+    return;
+  }
+  if (saved == current) return;
+  auto text = [](const base::Json& json) { return json.is_null() ? "absent" : json.dump(); };
+  const std::string field = prefix.substr(0, prefix.size() - 1);
+  lines.emplace_back(
+      field, absl::StrCat(field, ": ", text(saved), " in the checkpoint, ", text(current), " now"));
+}
+
 }  // namespace
+
+bool AbslParseFlag(absl::string_view text, Backend* out, std::string* error) {
+  return base::ParseEnum(kBackends, text, out, error);
+}
+
+std::string AbslUnparseFlag(Backend backend) {
+  return std::string(base::EnumName(kBackends, backend));
+}
+
+base::Json ConfigFingerprint(const TrainOptions& options) {
+  base::Json model = base::WriteJsonFields(options.model);
+  model["max_sequence_length"] = options.model.max_sequence_length;
+  base::Json data = base::WriteJsonFields(options.data.dataset);
+  data["prefix"] = options.data.prefix;
+  data["validation_every_n_samples"] = options.data.validation_every_n_samples;
+  base::Json checkpoint = base::WriteJsonFields(options.checkpoint);
+  checkpoint.erase("checkpoint_dir");
+  return {{"seed", options.seed},
+          {"local_batch_size", options.local_batch_size},
+          {"max_norm", base::ToJson(options.max_norm)},
+          {"step_scheduler", base::WriteJsonFields(options.step_scheduler)},
+          {"data", std::move(data)},
+          {"sampler", base::WriteJsonFields(options.sampler)},
+          {"model", std::move(model)},
+          {"optimizer", base::WriteJsonFields(options.optimizer)},
+          {"lr_scheduler", base::WriteJsonFields(options.lr_scheduler)},
+          {"checkpoint", std::move(checkpoint)},
+          {"distributed", base::WriteJsonFields(options.distributed)},
+          {"logging", base::WriteJsonFields(options.logging)}};
+}
+
+ConfigChanges CompareConfigs(const base::Json& saved, const base::Json& current) {
+  std::vector<std::pair<std::string, std::string>> lines;
+  Diff(saved, current, "", lines);
+  ConfigChanges changes;
+  for (const auto& [field, line] : lines) {
+    changes.changed.push_back(line);
+    for (const char* shape : kModelShapeFields) {
+      if (field == shape) changes.incompatible.push_back(line);
+    }
+  }
+  return changes;
+}
 
 absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   TrainOptions options;

@@ -11,9 +11,13 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/fields.h"
+#include "base/json.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/param_scheduler.h"
 #include "sampling/gpt_dataset.h"
@@ -43,7 +47,20 @@ struct OptimizerOptions {
   double weight_decay = 1e-2;
 };
 
+template <typename O, typename V, base::IsFieldsOf<O, OptimizerOptions> = 0>
+void VisitFields(O& o, V&& v) {
+  v("lr", o.lr);
+  v("beta1", o.beta1);
+  v("beta2", o.beta2);
+  v("eps", o.eps);
+  v("weight_decay", o.weight_decay);
+}
+
 enum class Backend { kGloo, kNccl };
+
+// The spellings "gloo" and "nccl" (false and an error listing them otherwise), and back.
+bool AbslParseFlag(absl::string_view text, Backend* out, std::string* error);
+std::string AbslUnparseFlag(Backend backend);
 
 struct DistributedOptions {
   // Gloo on the CPU; NCCL on this rank's GPU (a --config=cuda build). Default: kGloo.
@@ -52,12 +69,24 @@ struct DistributedOptions {
   int64_t timeout_seconds = 60;
 };
 
+template <typename O, typename V, base::IsFieldsOf<O, DistributedOptions> = 0>
+void VisitFields(O& o, V&& v) {
+  v("backend", o.backend);
+  v("timeout_seconds", o.timeout_seconds);
+}
+
 struct LoggingOptions {
   // Progress line every N steps (and on validation steps). Default: 1.
   int64_t log_every_steps = 1;
   // TensorBoard event files under <run_dir>/tensorboard. Default: true.
   bool tensorboard = true;
 };
+
+template <typename O, typename V, base::IsFieldsOf<O, LoggingOptions> = 0>
+void VisitFields(O& o, V&& v) {
+  v("log_every_steps", o.log_every_steps);
+  v("tensorboard", o.tensorboard);
+}
 
 struct TrainOptions {
   // The run's directory: metrics, TensorBoard events, plot, checkpoints, prepared data.
@@ -93,6 +122,23 @@ struct TrainOptions {
 // multiple of local_batch_size * world_size. Errors: kInvalidArgument naming the numbers and
 // the world sizes or local batch sizes that would work.
 [[nodiscard]] absl::Status CheckGeometry(const TrainOptions& options, int world_size);
+
+// The run's configuration for its checkpoints: every option's effective value (defaults
+// included), as {"<section>": {"<field>": value}} plus the top-level fields. Where the run lives
+// (run_dir, checkpoint.checkpoint_dir) is left out: a run directory may move.
+base::Json ConfigFingerprint(const TrainOptions& options);
+
+// How a checkpoint's configuration differs from this run's.
+struct ConfigChanges {
+  // One line per field that differs: "<section>.<field>: <saved> in the checkpoint, <now> now"
+  // ("absent" for a field one side lacks).
+  std::vector<std::string> changed;
+  // The lines of fields that a resume cannot work with: the model's shapes and vocabulary
+  // (model.*, data.sequence_length).
+  std::vector<std::string> incompatible;
+};
+
+ConfigChanges CompareConfigs(const base::Json& saved, const base::Json& current);
 
 }  // namespace keel::tools::recipe
 

@@ -11,11 +11,14 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_state.h"
 #include "checkpoint/optimizer_state.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/training_state.h"
 #include "gradients/clip_grad_norm.h"
 #include "gradients/dp_sync.h"
@@ -24,6 +27,7 @@
 #include "tools/recipe/data.h"
 #include "tools/recipe/gpt.h"
 #include "tools/recipe/plot.h"
+#include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/tensorboard.h"
 #include "torch/optim/adamw.h"
 #include "torch/utils.h"
@@ -49,6 +53,32 @@ at::Tensor SummedTokenLoss(Gpt& model, const at::Tensor& batch) {
 
 int64_t LabelTokens(const at::Tensor& batch) { return batch.size(0) * (batch.size(1) - 1); }
 
+torch::optim::AdamWOptions AdamWOptions(const OptimizerOptions& o) {
+  return torch::optim::AdamWOptions(o.lr)
+      .betas({o.beta1, o.beta2})
+      .eps(o.eps)
+      .weight_decay(o.weight_decay);
+}
+
+// The run's configuration in its checkpoints ("config"): saved with each one and compared
+// before a resume (Run::CheckConfig); loading it restores nothing, so checkpoints written
+// before Keel saved it load as well.
+class ConfigState : public checkpoint::Stateful {
+ public:
+  explicit ConfigState(base::Json fingerprint) : fingerprint_(std::move(fingerprint)) {}
+  absl::StatusOr<checkpoint::State> StateDict() const override {
+    checkpoint::State state;
+    state.values = fingerprint_;
+    return state;
+  }
+  absl::Status LoadStateDict(checkpoint::StateReader&) override { return absl::OkStatus(); }
+
+ private:
+  base::Json fingerprint_;
+};
+
+constexpr char kConfigState[] = "config";
+
 }  // namespace
 
 // Everything the run builds, in the order it is built.
@@ -63,12 +93,15 @@ class Run::State {
   std::optional<optim::ParamScheduler> lr_scheduler;
   std::unique_ptr<gradients::DataParallelGradSync> dp_sync;
   std::optional<Scheduler> scheduler;
+  // The sampler's state before any step, for ResetState.
+  sampling::MegatronSamplerState initial_sampler_state;
   // What a checkpoint holds, under these names.
   std::unique_ptr<checkpoint::ModelState> model_state;
   std::optional<checkpoint::OptimizerState> optim_state;
   std::unique_ptr<checkpoint::Stateful> step_state;
   std::unique_ptr<checkpoint::Stateful> sampler_state;
   std::unique_ptr<checkpoint::RngState> rng_state;
+  std::unique_ptr<ConfigState> config_state;
   checkpoint::Statefuls statefuls;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   // Rank 0's outputs.
@@ -113,6 +146,7 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
       scheduler.status(), absl::StrCat("step_scheduler over the ", s.data.splits.train_size(),
                                        " training windows of ", s.data.prefix)));
   s.scheduler = *std::move(scheduler);
+  s.initial_sampler_state = s.data.sampler->State();
   KEEL_RETURN_IF_ERROR(run->BuildModel());
   KEEL_RETURN_IF_ERROR(run->BuildCheckpointing());
   return run;
@@ -128,11 +162,7 @@ absl::Status Run::BuildModel() {
   s.parameters = gradients::TrainableParameters({s.model->get()});
   std::vector<at::Tensor> tensors;
   for (const auto& parameter : s.parameters) tensors.push_back(parameter.param);
-  const OptimizerOptions& o = options_.optimizer;
-  s.optimizer = std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(o.lr)
-                                                                   .betas({o.beta1, o.beta2})
-                                                                   .eps(o.eps)
-                                                                   .weight_decay(o.weight_decay));
+  s.optimizer = std::make_unique<torch::optim::AdamW>(tensors, AdamWOptions(options_.optimizer));
   KEEL_ASSIGN_OR_RETURN(s.lr_scheduler,
                         optim::ParamScheduler::Create(options_.lr_scheduler, *s.optimizer));
   if (runtime_.group != nullptr) {
@@ -161,11 +191,10 @@ absl::Status Run::BuildCheckpointing() {
       [&sampler] { return sampler.State(); },
       [&sampler](const sampling::MegatronSamplerState& state) { return sampler.LoadState(state); });
   s.rng_state = std::make_unique<checkpoint::RngState>(runtime_.rank, runtime_.world_size);
-  s.statefuls = {{"model", s.model_state.get()},
-                 {"optim", &*s.optim_state},
-                 {"rng", s.rng_state.get()},
-                 {"sampler", s.sampler_state.get()},
-                 {"step_scheduler", s.step_state.get()}};
+  s.config_state = std::make_unique<ConfigState>(ConfigFingerprint(options_));
+  s.statefuls = {{kConfigState, s.config_state.get()}, {"model", s.model_state.get()},
+                 {"optim", &*s.optim_state},           {"rng", s.rng_state.get()},
+                 {"sampler", s.sampler_state.get()},   {"step_scheduler", s.step_state.get()}};
   KEEL_ASSIGN_OR_RETURN(s.checkpointer, checkpoint::Checkpointer::Create(
                                             options_.checkpoint, runtime_.checkpoint_group));
   return base::MakeDirectories(options_.checkpoint.checkpoint_dir);
@@ -173,19 +202,75 @@ absl::Status Run::BuildCheckpointing() {
 
 absl::StatusOr<std::optional<std::string>> Run::Resume() {
   State& s = *state_;
-  KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found,
-                        checkpoint::FindLatest(options_.checkpoint.checkpoint_dir));
+  std::vector<std::string> changes;
+  checkpoint::ResumeOptions resume;
+  resume.before_load = [&](const checkpoint::CheckpointInfo& info) {
+    return CheckConfig(info.path, changes);
+  };
+  resume.reset = [this] { return ResetState(); };
+  KEEL_ASSIGN_OR_RETURN(checkpoint::ResumeResult result,
+                        s.checkpointer->LoadLatest(s.statefuls, resume));
   std::ostream& log = *runtime_.log;
-  if (runtime_.rank == 0) {
-    for (const std::string& warning : found.warnings) log << "warning: " << warning << "\n";
+  const bool chief = runtime_.rank == 0;
+  if (chief) {
+    for (const std::string& warning : result.warnings) log << "warning: " << warning << "\n";
   }
   result_.start_step = s.scheduler->step();
-  if (!found.latest) return std::nullopt;
-  KEEL_RETURN_IF_ERROR(s.checkpointer->Load(found.latest->path, s.statefuls).status());
-  if (runtime_.rank == 0) log << "resumed from " << found.latest->path << "\n";
+  if (!result.loaded) {
+    if (chief && !result.quarantined.empty())
+      log << "warning: no checkpoint loads; starting afresh\n";
+    return std::nullopt;
+  }
+  if (chief) {
+    for (const std::string& change : changes) {
+      log << "warning: the configuration differs from the checkpoint's: " << change << "\n";
+    }
+    log << "resumed from " << result.loaded->path << "\n";
+  }
   resumed_ = true;
-  result_.start_step = s.scheduler->step();
-  return found.latest->path;
+  return result.loaded->path;
+}
+
+absl::Status Run::CheckConfig(const std::string& path, std::vector<std::string>& changes) const {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
+                        checkpoint::CheckpointReader::Open(path));
+  absl::StatusOr<base::Json> saved = reader->ReadValues(kConfigState);
+  changes.clear();
+  if (absl::IsNotFound(saved.status())) return absl::OkStatus();  // saved by an older Keel
+  KEEL_RETURN_IF_ERROR(saved.status());
+  ConfigChanges compared = CompareConfigs(*saved, ConfigFingerprint(options_));
+  if (!compared.incompatible.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, " holds another model, which this run cannot load: ",
+                     absl::StrJoin(compared.incompatible, "; "),
+                     "; resume with that model's configuration, or train in another run_dir"));
+  }
+  changes = std::move(compared.changed);
+  return absl::OkStatus();
+}
+
+absl::Status Run::ResetState() {
+  State& s = *state_;
+  KEEL_RETURN_IF_ERROR(s.scheduler->LoadStateDict(
+      {options_.step_scheduler.start_step, options_.step_scheduler.start_epoch}));
+  KEEL_RETURN_IF_ERROR(s.data.sampler->LoadState(s.initial_sampler_state));
+  // The weights a new run starts from (and the generator after them), copied into the live
+  // tensors, which the optimizer and the checkpoint's objects hold.
+  torch::manual_seed(options_.seed);
+  Gpt fresh(options_.model);
+  KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
+    at::NoGradGuard no_grad;
+    auto live = (*s.model)->named_parameters();
+    for (const auto& item : fresh->named_parameters()) live[item.key()].copy_(item.value());
+  }));
+  s.optimizer->state().clear();
+  for (auto& group : s.optimizer->param_groups()) {
+    group.set_options(
+        std::make_unique<torch::optim::AdamWOptions>(AdamWOptions(options_.optimizer)));
+  }
+  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler,
+                        optim::ParamScheduler::Create(options_.lr_scheduler, *s.optimizer));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& micro_batches) {
@@ -232,23 +317,36 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   return output;
 }
 
-absl::StatusOr<double> Run::Validate() {
+absl::StatusOr<std::optional<double>> Run::Validate() {
   State& s = *state_;
   at::NoGradGuard no_grad;
   const Splits& splits = s.data.splits;
   const int64_t batch_size = options_.local_batch_size;
+  // Every rank runs the same number of rounds (a batch each, or none at the end), so that all
+  // poll for preemption together after each.
+  const int64_t per_round = runtime_.world_size * batch_size;
+  const int64_t rounds = (splits.val_size() + per_round - 1) / per_round;
   double loss_sum = 0.0;
   int64_t tokens = 0;
-  for (int64_t start = runtime_.rank * batch_size; start < splits.val_size();
-       start += runtime_.world_size * batch_size) {
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t start = round * per_round + runtime_.rank * batch_size;
     std::vector<int64_t> indices;
     for (int64_t k = start; k < std::min(start + batch_size, splits.val_size()); ++k) {
       indices.push_back(k);
     }
     KEEL_ASSIGN_OR_RETURN(at::Tensor batch, splits.Batch(indices, /*validation=*/true));
-    batch = batch.to(runtime_.device);
-    loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
-    tokens += LabelTokens(batch);
+    if (batch.defined()) {
+      batch = batch.to(runtime_.device);
+      loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
+      tokens += LabelTokens(batch);
+    }
+    if (s.scheduler->PollPreemption()) {
+      if (runtime_.rank == 0) {
+        *runtime_.log << "validation stopped after " << round + 1 << " of " << rounds
+                      << " batches: preemption requested\n";
+      }
+      return std::nullopt;
+    }
   }
   at::Tensor totals = at::tensor({loss_sum, static_cast<double>(tokens)}, at::kDouble);
   KEEL_RETURN_IF_ERROR(ReduceOverRanks(totals, base::Reduce::kSum, runtime_, "validation loss"));
@@ -368,6 +466,15 @@ absl::StatusOr<TrainResult> Run::Finish() {
 }
 
 absl::StatusOr<TrainResult> Train(const TrainOptions& options, TrainRuntime runtime) {
+  // One run per run directory: rank 0 locks it before anything reads or writes there.
+  std::optional<RunDirLock> lock;
+  absl::Status locked;
+  if (runtime.rank == 0) {
+    absl::StatusOr<RunDirLock> acquired = RunDirLock::Acquire(options.run_dir);
+    locked = acquired.status();
+    if (acquired.ok()) lock.emplace(*std::move(acquired));
+  }
+  KEEL_RETURN_IF_ERROR(AgreeOverRanks(locked, runtime, "locking the run directory"));
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<Run> run, Run::Build(options, std::move(runtime)));
   KEEL_RETURN_IF_ERROR(run->Resume().status());
   KEEL_RETURN_IF_ERROR(run->Loop());

@@ -58,8 +58,11 @@ class Run {
                                                                   TrainRuntime runtime);
   ~Run();
 
-  // Loads the newest valid checkpoint under checkpoint_dir, if there is one; returns its path.
-  // Collective. Errors: those of Checkpointer::Load, agreed across ranks.
+  // Loads the newest checkpoint under checkpoint_dir that loads, if any, and returns its path.
+  // Checkpoints that do not load are moved to <checkpoint_dir>/quarantine with a warning, and
+  // the state is reset after each that failed part-way; a checkpoint of another
+  // configuration warns, field by field, and one of another model is an error naming the
+  // fields. Collective. Errors: as Checkpointer::LoadLatest; kInvalidArgument for another model.
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> Resume();
 
   // One optimizer step over `micro_batches` (this rank's sample indices of each micro-batch):
@@ -70,8 +73,9 @@ class Run {
       const std::vector<std::vector<int64_t>>& micro_batches);
 
   // Mean validation loss per label token over the whole validation split, shared by the ranks
-  // (NaN without a validation split). Collective. Errors: kUnavailable from peers.
-  [[nodiscard]] absl::StatusOr<double> Validate();
+  // (NaN without a validation split); nullopt when a preemption request arrives first (polled
+  // after every batch). Collective. Errors: kUnavailable from peers.
+  [[nodiscard]] absl::StatusOr<std::optional<double>> Validate();
 
   // Trains from the current step until max_steps, the end of the epochs or a preemption
   // checkpoint: each step is followed by validation, logging and a checkpoint as the step
@@ -89,6 +93,12 @@ class Run {
   Run(const TrainOptions& options, TrainRuntime runtime);
   absl::Status BuildModel();
   absl::Status BuildCheckpointing();
+  // After a failed load wrote part of a checkpoint: the model, optimizer, schedules and
+  // sampler back as Build made them, in place (the checkpoint's objects hold them).
+  absl::Status ResetState();
+  // Compares this run's configuration with the checkpoint's at `path` (before_load): the fields
+  // that differ go to `changes`; another model is an error.
+  absl::Status CheckConfig(const std::string& path, std::vector<std::string>& changes) const;
   absl::Status OpenOutputs();
   // Validation, logging and the checkpoint after a step.
   absl::Status AfterStep(StepMetrics& metrics);
@@ -101,7 +111,9 @@ class Run {
   TrainResult result_;
 };
 
-// Build, Resume, Loop, Finish.
+// Locks the run directory (rank 0, before anything reads or writes there), then Build, Resume,
+// Loop, Finish. Errors: kFailedPrecondition naming the directory and the process when another
+// run holds it; those of the steps.
 [[nodiscard]] absl::StatusOr<TrainResult> Train(const TrainOptions& options, TrainRuntime runtime);
 
 }  // namespace keel::tools::recipe

@@ -4,6 +4,8 @@
 // the step it arrives at and stops.
 #include "tools/recipe/run.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -13,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduling/preemption.h"
@@ -171,6 +174,107 @@ TEST(RunTest, PreemptionCheckpointsTheStepAndStops) {
                             checkpoint::FindLatest(run_dir + "/checkpoints"));
   ASSERT_TRUE(found.latest.has_value());
   EXPECT_EQ(found.latest->step, result.final_step);
+}
+
+// SIGUSR1 (a real signal, through the real handler) arrives during step 2's validation pass:
+// the pass stops after the batch it is on, and the checkpoint is step 2's.
+class SignalDuringValidation : public scheduling::PreemptionFlag {
+ public:
+  explicit SignalDuringValidation(int raise_at_poll)
+      : raise_at_(raise_at_poll), signals_(*scheduling::SignalPreemptionFlag::Create({SIGUSR1})) {}
+  bool Received() const override {
+    if (++polls_ == raise_at_) raise(SIGUSR1);
+    return signals_->Received();
+  }
+
+ private:
+  const int raise_at_;
+  mutable int polls_ = 0;
+  std::unique_ptr<scheduling::SignalPreemptionFlag> signals_;
+};
+
+TEST(RunTest, PreemptionDuringValidationStopsWithinABatch) {
+  const std::string run_dir = keel::testing::NewTempDir("validation");
+  TrainOptions options = SmallOptions(run_dir, 100);
+  options.step_scheduler.ckpt_every_steps = 1000;
+  std::ostringstream log;
+  TrainRuntime runtime = Runtime(log);
+  // Polls: the epoch's start (step 0), step 1's validation flag (a checkpoint step? no), then
+  // one after each validation batch of step 2: the 4th poll is right after its second batch.
+  runtime.preemption = std::make_unique<SignalDuringValidation>(4);
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainResult result, Train(options, std::move(runtime)));
+  EXPECT_TRUE(result.preempted);
+  EXPECT_EQ(result.final_step, 2);
+  EXPECT_THAT(log.str(), ::testing::ContainsRegex("validation stopped after 2 of [0-9]+ batches"));
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::FindResult found,
+                            checkpoint::FindLatest(run_dir + "/checkpoints"));
+  ASSERT_TRUE(found.latest.has_value());
+  EXPECT_EQ(found.latest->step, 2);
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> metrics,
+                            ReadJsonl(run_dir + "/metrics.jsonl"));
+  ASSERT_EQ(metrics.size(), 2u);
+  EXPECT_FALSE(metrics[1].val_loss.has_value());  // the pass did not finish
+}
+
+// A deliberate change (more steps, another learning rate) continues after a warning listing
+// each field with both values; another model is an error naming its fields, and the
+// checkpoint stays where it is.
+TEST(RunTest, ResumingWithAnotherConfigurationWarnsOrRefuses) {
+  const std::string run_dir = keel::testing::NewTempDir("config");
+  std::ostringstream first_log;
+  KEEL_ASSERT_OK(Train(SmallOptions(run_dir, 3), Runtime(first_log)).status());
+
+  TrainOptions longer = SmallOptions(run_dir, 5);
+  longer.lr_scheduler.max_lr = 2e-3;
+  std::ostringstream log;
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainResult result, Train(longer, Runtime(log)));
+  EXPECT_EQ(result.final_step, 5);
+  EXPECT_THAT(log.str(), HasSubstr("warning: the configuration differs from the checkpoint's: "
+                                   "lr_scheduler.max_lr: 0.001 in the checkpoint, 0.002 now"));
+  EXPECT_THAT(log.str(), HasSubstr("step_scheduler.max_steps: 3 in the checkpoint, 5 now"));
+
+  TrainOptions wider = SmallOptions(run_dir, 7);
+  wider.model.hidden_size = 64;
+  std::ostringstream refused_log;
+  EXPECT_THAT(Train(wider, Runtime(refused_log)).status(),
+              keel::testing::StatusIs(
+                  absl::StatusCode::kInvalidArgument,
+                  ::testing::AllOf(HasSubstr("holds another model"),
+                                   HasSubstr("model.hidden_size: 32 in the checkpoint, 64 now"))));
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::FindResult found,
+                            checkpoint::FindLatest(run_dir + "/checkpoints"));
+  EXPECT_EQ(found.latest->step, 5);
+}
+
+// The newest checkpoint's shard has a flipped bit: the run warns, moves it aside, resumes from
+// the one before and ends as the uninterrupted run does.
+TEST(RunTest, ACorruptNewestCheckpointIsSetAsideAndTheOneBeforeResumes) {
+  const std::string dir = keel::testing::NewTempDir("corrupt");
+  std::ostringstream reference_log;
+  KEEL_ASSERT_OK(Train(SmallOptions(dir + "/reference", 6), Runtime(reference_log)).status());
+
+  const std::string run_dir = dir + "/run";
+  std::ostringstream first_log;
+  KEEL_ASSERT_OK(Train(SmallOptions(run_dir, 4), Runtime(first_log)).status());
+  const std::string newest = run_dir + "/checkpoints/step_0000000004";
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::Manifest manifest, checkpoint::ReadManifest(newest));
+  keel::testing::FlipBit(newest + "/" + manifest.files(0).name(),
+                         manifest.tensors(0).chunks(0).byte_offset() + 1);
+  std::ostringstream log;
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainResult result, Train(SmallOptions(run_dir, 6), Runtime(log)));
+  EXPECT_THAT(log.str(), HasSubstr("warning: checkpoint " + newest + " does not load ("));
+  EXPECT_THAT(log.str(),
+              HasSubstr("moved to " + run_dir + "/checkpoints/quarantine/step_0000000004"));
+  EXPECT_THAT(log.str(), HasSubstr("resumed from " + run_dir + "/checkpoints/step_0000000002"));
+  EXPECT_EQ(result.start_step, 2);
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> expected,
+                            ReadJsonl(dir + "/reference/metrics.jsonl"));
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> actual, ReadJsonl(run_dir + "/metrics.jsonl"));
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(actual[i].loss, expected[i].loss) << "step " << expected[i].step;
+    EXPECT_EQ(actual[i].grad_norm, expected[i].grad_norm) << "step " << expected[i].step;
+  }
 }
 
 }  // namespace
