@@ -13,15 +13,18 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
+#include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
 namespace keel::checkpoint {
@@ -136,6 +139,42 @@ TEST(CheckpointFaultTest, FullDiskFailsClearlyAndKeepsEarlierCheckpoints) {
   ExpectLatestIsIntact(dir, 1);
   KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir));
   EXPECT_EQ(found.latest->step, 1);
+}
+
+// Ranks are processes here, since a file-size limit is per process: rank 1's disk "fills" at
+// 64 KiB while it writes its 1 MiB block. The save fails on every rank with rank 1's error,
+// commits nothing and leaves nothing behind.
+TEST(CheckpointFaultTest, OneRanksFullDiskFailsTheSaveOnEveryRank) {
+  at::set_num_threads(1);
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world_size=", world));
+    const std::string dir = NewTempDir(absl::StrCat("rank_full_disk_", world));
+    const std::vector<absl::Status> statuses =
+        keel::testing::RunOnRankProcesses(world, [&](keel::testing::Rank& r) -> absl::Status {
+          if (r.rank == 1) {
+            ::signal(SIGXFSZ, SIG_IGN);
+            struct rlimit limit = {64 << 10, 64 << 10};
+            ::setrlimit(RLIMIT_FSIZE, &limit);
+          }
+          CheckpointerOptions options;
+          options.checkpoint_dir = dir;
+          KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+          TensorsState state;  // each rank holds its own 1 MiB block of "w"
+          state.tensors["w"] = {at::full({1, 1 << 18}, r.rank, at::kFloat),
+                                ShardPlacement{{world, 1 << 18}, {r.rank, 0}}};
+          return checkpointer->Save({{"model", &state}}, 1, 0);
+        });
+    for (const absl::Status& status : statuses) {
+      EXPECT_THAT(status, ::keel::testing::StatusIs(
+                              absl::StatusCode::kResourceExhausted,
+                              AllOf(HasSubstr("rank 1: "), HasSubstr("File too large"),
+                                    HasSubstr("__1.keel"))));
+    }
+    KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir));
+    EXPECT_FALSE(found.latest.has_value());
+    KEEL_ASSERT_OK_AND_ASSIGN(std::vector<std::string> names, base::ListDirectory(dir));
+    EXPECT_THAT(names, ::testing::IsEmpty());  // the temporary directory is gone too
+  }
 }
 
 }  // namespace

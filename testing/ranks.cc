@@ -1,5 +1,11 @@
 #include "testing/ranks.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <string>
 #include <thread>
@@ -45,6 +51,84 @@ absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>
     }
   }
   return absl::OkStatus();
+}
+
+int FreeTcpPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+namespace {
+
+// One rank's life in its child process: rendezvous, `fn`, and its status down `out`.
+[[noreturn]] void RunRankProcess(int rank, int world_size, int port,
+                                 const std::function<absl::Status(Rank&)>& fn,
+                                 std::chrono::milliseconds timeout, int out) {
+  Rank r{rank, world_size, {}};
+  absl::Status status = base::CallTorch(absl::StatusCode::kUnavailable, "Gloo rendezvous", [&] {
+    auto store =
+        base::CreateTcpStore("127.0.0.1", port, /*is_server=*/rank == 0, world_size, timeout);
+    r.group = base::CreateGlooProcessGroup(store, rank, world_size, timeout);
+  });
+  if (status.ok()) {
+    absl::Status result;
+    status = base::CallTorch(absl::StatusCode::kInternal, "exception", [&] { result = fn(r); });
+    if (status.ok()) status = result;
+  }
+  const std::string frame =
+      absl::StrCat(std::string(1, static_cast<char>(status.code())), status.message());
+  (void)!::write(out, frame.data(), frame.size());
+  ::_exit(0);
+}
+
+}  // namespace
+
+std::vector<absl::Status> RunOnRankProcesses(int world_size,
+                                             const std::function<absl::Status(Rank&)>& fn,
+                                             std::chrono::milliseconds timeout) {
+  const int port = FreeTcpPort();
+  std::vector<pid_t> children(world_size, -1);
+  std::vector<int> pipes(world_size, -1);
+  for (int rank = 0; rank < world_size; ++rank) {
+    int fds[2];
+    if (::pipe(fds) != 0) break;
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(fds[0]);
+      RunRankProcess(rank, world_size, port, fn, timeout, fds[1]);
+    }
+    ::close(fds[1]);
+    children[rank] = child;
+    pipes[rank] = fds[0];
+  }
+  std::vector<absl::Status> statuses(world_size);
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::string frame;
+    char buffer[4096];
+    for (ssize_t n; pipes[rank] >= 0 && (n = ::read(pipes[rank], buffer, sizeof(buffer))) > 0;) {
+      frame.append(buffer, static_cast<size_t>(n));
+    }
+    if (pipes[rank] >= 0) ::close(pipes[rank]);
+    int wait_status = 0;
+    if (children[rank] > 0) ::waitpid(children[rank], &wait_status, 0);
+    if (frame.empty()) {
+      statuses[rank] = absl::InternalError(
+          absl::StrCat("rank ", rank, " ended without a status (wait status ", wait_status, ")"));
+    } else {
+      statuses[rank] = absl::Status(static_cast<absl::StatusCode>(frame[0]), frame.substr(1));
+    }
+  }
+  return statuses;
 }
 
 }  // namespace keel::testing

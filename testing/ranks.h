@@ -1,5 +1,5 @@
-// Runs a function on several ranks at once, each on its own thread with its own c10d Gloo
-// process group over one shared in-process store, so multi-rank behaviour is tested for real.
+// Runs a function on several ranks at once, each on its own thread (or in its own process) with
+// its own c10d Gloo process group, so multi-rank behaviour is tested for real.
 //
 //   std::vector<double> norms(world);
 //   KEEL_ASSERT_OK(keel::testing::RunOnRanks(world, [&](keel::testing::Rank& r) {
@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <functional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -28,6 +29,18 @@ struct Rank {
 // in rank order (prefixed "rank N: "), including exceptions a rank threw.
 [[nodiscard]] absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>& fn,
                                       std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+// As RunOnRanks, but each rank is a child process of its own (for what is per process:
+// resource limits, signals, the default generator), connected through a TCPStore on a free
+// local port. Returns every rank's status, in rank order; a rank that dies instead of
+// returning gives kInternal naming how it ended. Requires: no other thread of the test is in
+// LibTorch while it forks (at::set_num_threads(1) first if the test ran parallel kernels).
+std::vector<absl::Status> RunOnRankProcesses(
+    int world_size, const std::function<absl::Status(Rank&)>& fn,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreeTcpPort();
 
 }  // namespace keel::testing
 

@@ -2,9 +2,7 @@
 // resume, two ranks (//tools:launch and torchrun) against one, dead and hung peers, and bad
 // configurations. Children run with OMP_NUM_THREADS=1, so every run of a configuration
 // computes the same floating-point operations in the same order, whatever the machine.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -31,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
+#include "testing/ranks.h"
 #include "testing/status_matchers.h"
 #include "tools/cli/subprocess_testutil.h"
 #include "tools/recipe/corpus.h"
@@ -180,19 +179,6 @@ void ExpectSameWeights(const std::string& expected_path, const std::string& actu
     ++compared;
   }
   EXPECT_GT(compared, 0);
-}
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  close(fd);
-  return ntohs(address.sin_port);
 }
 
 // The byte entropy of the default corpus in nats: the loss of the best model that knows the
@@ -460,7 +446,7 @@ TEST(TrainTest, RunsUnderTorchrun) {
                                    "--redirects=1",
                                    "--tee=1",
                                    "--nproc_per_node=2",
-                                   absl::StrCat("--master_port=", FreePort()),
+                                   absl::StrCat("--master_port=", keel::testing::FreeTcpPort()),
                                    Absolute(absl::GetFlag(FLAGS_train))};
   for (const std::string& a : SmallRun(run_dir, 6)) argv.push_back(a);
   Subprocess child = Subprocess::Start(argv, ChildOptions(run_dir + "/stderr"));
@@ -478,7 +464,7 @@ TEST(TrainTest, HungOrDeadPeerFailsTheOtherRankWithinTheTimeout) {
     const std::string run_dir = NewTempDir(absl::StrCat("peer_", signal));
     std::vector<std::string> args = SmallRun(run_dir, 100000);
     args.insert(args.end(), {"--set", "distributed.timeout_seconds=5"});
-    const std::string port = absl::StrCat("MASTER_PORT=", FreePort());
+    const std::string port = absl::StrCat("MASTER_PORT=", keel::testing::FreeTcpPort());
     std::vector<Subprocess> ranks;
     for (int rank = 0; rank < 2; ++rank) {
       ranks.push_back(
