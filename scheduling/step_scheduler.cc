@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/collectives.h"
+#include "base/status.h"
 #include "torch/types.h"
 
 namespace keel::scheduling {
@@ -29,14 +30,13 @@ absl::Status Positive(absl::string_view name, int64_t value, absl::string_view s
       absl::StrCat(name, " must be greater than 0", suffix, ", got ", value));
 }
 
-}  // namespace
-
-absl::StatusOr<StepSchedule> StepSchedule::Create(const StepSchedulerOptions& options,
-                                                  StepScheduleRuntime runtime) {
-  // NeMo's checks, in NeMo's order and words.
-  if (absl::Status s = Positive("global_batch_size", options.global_batch_size); !s.ok()) return s;
-  if (absl::Status s = Positive("local_batch_size", runtime.local_batch_size); !s.ok()) return s;
-  if (absl::Status s = Positive("dp_size", runtime.dp_size); !s.ok()) return s;
+// NeMo's first checks, in its order and words: the batch sizes and the start position.
+// Returns local_batch_size * dp_size.
+absl::StatusOr<int64_t> CheckBatchesAndStart(const StepSchedulerOptions& options,
+                                             const StepScheduleRuntime& runtime) {
+  KEEL_RETURN_IF_ERROR(Positive("global_batch_size", options.global_batch_size));
+  KEEL_RETURN_IF_ERROR(Positive("local_batch_size", runtime.local_batch_size));
+  KEEL_RETURN_IF_ERROR(Positive("dp_size", runtime.dp_size));
   int64_t local_global_batch_size = 0;
   if (__builtin_mul_overflow(runtime.local_batch_size, runtime.dp_size, &local_global_batch_size)) {
     return absl::InvalidArgumentError(absl::StrCat("local_batch_size (", runtime.local_batch_size,
@@ -57,6 +57,15 @@ absl::StatusOr<StepSchedule> StepSchedule::Create(const StepSchedulerOptions& op
     return absl::InvalidArgumentError(
         absl::StrCat("start_epoch must be greater than or equal to 0, got ", options.start_epoch));
   }
+  return local_global_batch_size;
+}
+
+}  // namespace
+
+absl::StatusOr<StepSchedule> StepSchedule::Create(const StepSchedulerOptions& options,
+                                                  StepScheduleRuntime runtime) {
+  KEEL_ASSIGN_OR_RETURN(const int64_t local_global_batch_size,
+                        CheckBatchesAndStart(options, runtime));
   StepSchedule schedule(options, std::move(runtime));
   schedule.grad_acc_steps_ = options.global_batch_size / local_global_batch_size;
   if (const std::optional<int64_t>& length = schedule.runtime_.source_length) {
