@@ -22,6 +22,10 @@ constexpr base::EnumSpelling<RandomPermutation> kRandomPermutations[] = {
     {RandomPermutation::kRandperm, "randperm"},
     {RandomPermutation::kFeistel, "feistel"},
 };
+constexpr base::EnumSpelling<ShuffleScope> kShuffleScopes[] = {
+    {ShuffleScope::kPerRank, "per_rank"},
+    {ShuffleScope::kGlobal, "global"},
+};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
@@ -34,6 +38,32 @@ int64_t GlobalBatchLen(int64_t samples, int64_t global_batch_size, bool drop_las
   return global_batches * (global_batch_size / micro_batch_times_data_parallel_size);
 }
 
+// The order of `size` indices for an epoch seeded with `epoch_seed`: a randperm tensor or a
+// Feistel bijection, whichever `kind` says.
+void MakeOrder(RandomPermutation kind, int64_t size, uint64_t epoch_seed, at::Tensor& permutation,
+               std::unique_ptr<internal::FeistelPermutation>& feistel) {
+  if (kind == RandomPermutation::kRandperm) {
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(epoch_seed);
+    permutation = at::randperm(size, generator, at::kLong);
+  } else {
+    feistel =
+        std::make_unique<internal::FeistelPermutation>(static_cast<uint64_t>(size), epoch_seed);
+  }
+}
+
+// Element `i` of the order MakeOrder made.
+int64_t OrderAt(const at::Tensor& permutation, const internal::FeistelPermutation* feistel,
+                int64_t i) {
+  if (feistel != nullptr) return static_cast<int64_t>((*feistel)(static_cast<uint64_t>(i)));
+  return permutation.data_ptr<int64_t>()[i];
+}
+
+// Python's seed + epoch; an int64 sum past 2^63 wraps, where Python would refuse a seed of 2^64
+// or more. CPUGeneratorImpl keeps the low 32 bits, as manual_seed does.
+uint64_t EpochSeed(int64_t seed, int64_t epoch) {
+  return static_cast<uint64_t>(seed) + static_cast<uint64_t>(epoch);
+}
+
 }  // namespace
 
 bool AbslParseFlag(absl::string_view text, DataloaderType* out, std::string* error) {
@@ -41,6 +71,12 @@ bool AbslParseFlag(absl::string_view text, DataloaderType* out, std::string* err
 }
 bool AbslParseFlag(absl::string_view text, RandomPermutation* out, std::string* error) {
   return base::ParseEnum(kRandomPermutations, text, out, error);
+}
+bool AbslParseFlag(absl::string_view text, ShuffleScope* out, std::string* error) {
+  return base::ParseEnum(kShuffleScopes, text, out, error);
+}
+std::string AbslUnparseFlag(ShuffleScope scope) {
+  return std::string(base::EnumName(kShuffleScopes, scope));
 }
 std::string AbslUnparseFlag(DataloaderType type) {
   return std::string(base::EnumName(kDataloaderTypes, type));
@@ -293,16 +329,8 @@ void MegatronPretrainingRandomSampler::StartPass() {
   epoch_ = consumed_samples_ / active_total_samples_;
   // Samples into the epoch across ranks, hence this rank's position in its bucket.
   bucket_position_ = consumed_samples_ % active_total_samples_ / options_.data_parallel_size;
-  // Python's seed + epoch; an int64 sum past 2^63 wraps, where Python would refuse a seed
-  // of 2^64 or more. CPUGeneratorImpl keeps the low 32 bits, as manual_seed does.
-  const uint64_t epoch_seed = static_cast<uint64_t>(options_.seed) + static_cast<uint64_t>(epoch_);
-  if (options_.random_permutation == RandomPermutation::kRandperm) {
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(epoch_seed);
-    permutation_ = at::randperm(bucket_size_, generator, at::kLong);
-  } else {
-    feistel_ = std::make_unique<internal::FeistelPermutation>(static_cast<uint64_t>(bucket_size_),
-                                                              epoch_seed);
-  }
+  MakeOrder(options_.random_permutation, bucket_size_, EpochSeed(options_.seed, epoch_),
+            permutation_, feistel_);
 }
 
 bool MegatronPretrainingRandomSampler::NextMicroBatch(std::vector<int64_t>& batch) {
@@ -311,14 +339,8 @@ bool MegatronPretrainingRandomSampler::NextMicroBatch(std::vector<int64_t>& batc
   if (bucket_position_ + micro_batch_size > bucket_size_) return false;
   const int64_t start = options_.data_parallel_rank * bucket_size_;
   batch.resize(micro_batch_size);
-  if (options_.random_permutation == RandomPermutation::kRandperm) {
-    const int64_t* order = permutation_.data_ptr<int64_t>() + bucket_position_;
-    for (int64_t i = 0; i < micro_batch_size; ++i) batch[i] = start + order[i];
-  } else {
-    const internal::FeistelPermutation& order = *feistel_;
-    for (int64_t i = 0; i < micro_batch_size; ++i) {
-      batch[i] = start + static_cast<int64_t>(order(static_cast<uint64_t>(bucket_position_ + i)));
-    }
+  for (int64_t i = 0; i < micro_batch_size; ++i) {
+    batch[i] = start + OrderAt(permutation_, feistel_.get(), bucket_position_ + i);
   }
   bucket_position_ += micro_batch_size;
   consumed_samples_ += micro_batch_times_data_parallel_size_;
@@ -328,6 +350,62 @@ bool MegatronPretrainingRandomSampler::NextMicroBatch(std::vector<int64_t>& batc
 MegatronPretrainingRandomSampler::~MegatronPretrainingRandomSampler() = default;
 
 void MegatronPretrainingRandomSampler::EndPass() {
+  permutation_ = at::Tensor();
+  feistel_.reset();
+}
+
+// ---------------------------------------------------------------------------------------
+// GlobalRandomSampler
+
+GlobalRandomSampler::GlobalRandomSampler(const PretrainingSamplerOptions& options)
+    : MegatronSampler(options, /*shuffles=*/true) {
+  const int64_t global_batch_size = *options_.global_batch_size;
+  epoch_samples_ = options_.total_samples / global_batch_size * global_batch_size;
+}
+
+absl::StatusOr<std::unique_ptr<GlobalRandomSampler>> GlobalRandomSampler::Create(
+    const PretrainingSamplerOptions& options) {
+  KEEL_RETURN_IF_ERROR(ValidateBase(options));
+  if (!options.global_batch_size.has_value()) {
+    return absl::InvalidArgumentError(
+        "shuffle_scope \"global\" needs global_batch_size: epochs are whole global batches");
+  }
+  if (options.total_samples < *options.global_batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "total_samples (", options.total_samples, ") must be >= global_batch_size (",
+        *options.global_batch_size, ") with shuffle_scope \"global\": no global batch"));
+  }
+  return std::unique_ptr<GlobalRandomSampler>(new GlobalRandomSampler(options));
+}
+
+GlobalRandomSampler::~GlobalRandomSampler() = default;
+
+int64_t GlobalRandomSampler::NumMicroBatches() const {
+  return (epoch_samples_ - consumed_samples_ % epoch_samples_) /
+         micro_batch_times_data_parallel_size_;
+}
+
+void GlobalRandomSampler::StartPass() {
+  epoch_ = consumed_samples_ / epoch_samples_;
+  position_ = consumed_samples_ % epoch_samples_;
+  MakeOrder(options_.random_permutation, options_.total_samples, EpochSeed(options_.seed, epoch_),
+            permutation_, feistel_);
+}
+
+bool GlobalRandomSampler::NextMicroBatch(std::vector<int64_t>& batch) {
+  if (position_ >= epoch_samples_) return false;
+  const int64_t micro_batch_size = options_.micro_batch_size;
+  const int64_t start = position_ + options_.data_parallel_rank * micro_batch_size;
+  batch.resize(micro_batch_size);
+  for (int64_t i = 0; i < micro_batch_size; ++i) {
+    batch[i] = OrderAt(permutation_, feistel_.get(), start + i);
+  }
+  position_ += micro_batch_times_data_parallel_size_;
+  consumed_samples_ += micro_batch_times_data_parallel_size_;
+  return true;
+}
+
+void GlobalRandomSampler::EndPass() {
   permutation_ = at::Tensor();
   feistel_.reset();
 }
@@ -356,6 +434,11 @@ absl::StatusOr<std::unique_ptr<MegatronSampler>> CreateMegatronSampler(
     }
     case DataloaderType::kCyclic: {
       sampler.random_permutation = options.random_permutation;
+      if (options.shuffle_scope == ShuffleScope::kGlobal) {
+        sampler.global_batch_size = options.global_batch_size;
+        KEEL_ASSIGN_OR_RETURN(auto global, GlobalRandomSampler::Create(sampler));
+        return std::unique_ptr<MegatronSampler>(std::move(global));
+      }
       KEEL_ASSIGN_OR_RETURN(auto cyclic, MegatronPretrainingRandomSampler::Create(sampler));
       return std::unique_ptr<MegatronSampler>(std::move(cyclic));
     }

@@ -45,16 +45,28 @@ enum class DataloaderType { kSingle, kCyclic };
 //   use it when a rank's bucket does not fit in memory or when reshuffling dominates.
 enum class RandomPermutation { kRandperm, kFeistel };
 
+// What the random sampler shuffles (a Keel addition):
+// "per_rank": Megatron's buckets, one per rank, each shuffled on its own
+//   (MegatronPretrainingRandomSampler). The buckets depend on the data-parallel size: after a
+//   resume on another world size, the rest of the current epoch comes from new buckets, so
+//   samples served before the change can come again and others not at all (see that class).
+// "global": one permutation of the whole dataset per epoch, which the ranks slice
+//   (GlobalRandomSampler): every step sees the same samples on any world size, and an epoch
+//   serves each of its samples exactly once however often the world size changes.
+enum class ShuffleScope { kPerRank, kGlobal };
+
 // Parse an exact spelling (false and an error listing the spellings otherwise) or give it
 // back; these are Abseil's flag hooks, so the enums also work as absl flags.
 bool AbslParseFlag(absl::string_view text, DataloaderType* out, std::string* error);
 bool AbslParseFlag(absl::string_view text, RandomPermutation* out, std::string* error);
+bool AbslParseFlag(absl::string_view text, ShuffleScope* out, std::string* error);
 std::string AbslUnparseFlag(DataloaderType type);
 std::string AbslUnparseFlag(RandomPermutation permutation);
+std::string AbslUnparseFlag(ShuffleScope scope);
 
 // Mirrors MegatronSamplerConfig: same names, order and defaults, plus Keel's
-// random_permutation. The data-dependent values (dataset_len, rank, world_size) are
-// CreateMegatronSampler arguments. NeMo gives the first two no default.
+// random_permutation and shuffle_scope. The data-dependent values (dataset_len, rank, world_size)
+// are CreateMegatronSampler arguments. NeMo gives the first two no default.
 struct MegatronSamplerOptions {
   // Samples per micro-batch on each data-parallel rank. Default: 0 (must be set).
   int64_t micro_batch_size = 0;
@@ -69,6 +81,8 @@ struct MegatronSamplerOptions {
   bool pad_samples_to_global_batch_size = false;
   // Keel only: the permutation of "cyclic" (see RandomPermutation). Default: kRandperm.
   RandomPermutation random_permutation = RandomPermutation::kRandperm;
+  // Keel only: what "cyclic" shuffles (see ShuffleScope). Default: kPerRank.
+  ShuffleScope shuffle_scope = ShuffleScope::kPerRank;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, MegatronSamplerOptions> = 0>
@@ -79,6 +93,7 @@ void VisitFields(O& o, V&& v) {
   v("drop_last", o.drop_last);
   v("pad_samples_to_global_batch_size", o.pad_samples_to_global_batch_size);
   v("random_permutation", o.random_permutation);
+  v("shuffle_scope", o.shuffle_scope);
 }
 
 // The constructor arguments of MegatronPretrainingSampler and MegatronPretrainingRandomSampler
@@ -289,6 +304,13 @@ class MegatronPretrainingSampler : public MegatronSampler {
 // consumed_samples, which grows by mbs × dp per micro-batch yielded, so a pass abandoned
 // mid-epoch is continued by the next one, and a pass runs to the end of its epoch only.
 //
+// Resumed with another data-parallel size dp' at consumed_samples C, as the reference does:
+// the epoch is C / A' and the position P = C mod A' (A': total_samples rounded down to whole
+// groups of mbs × dp'), and each new rank r yields positions [P / dp', B') of its new bucket
+// [r·B', (r+1)·B') in that epoch's order. The samples served before the change came from the
+// old buckets and orders, so in the rest of this epoch a sample already served can be served
+// again, and one not yet served can be left out; the epochs after are whole again.
+//
 // size() is the reference's len for the rest of the current epoch: with global_batch_size,
 // whole global batches (rounded down with drop_last, up without) × micro-batches per global
 // batch; without it, one fewer than NumMicroBatches() when drop_last = false.
@@ -327,10 +349,50 @@ class MegatronPretrainingRandomSampler : public MegatronSampler {
   std::unique_ptr<internal::FeistelPermutation> feistel_;
 };
 
+// Keel's random sampler for elastic runs (shuffle_scope "global"): each epoch e is one
+// permutation of all total_samples (seeded with seed + e, see RandomPermutation), of which the
+// first E = (total_samples / global_batch_size)·global_batch_size positions are the epoch; in
+// every group of mbs × dp positions, rank r takes [r·mbs, (r+1)·mbs). consumed_samples alone
+// positions the stream, and neither E nor the samples of a global batch depend on the
+// data-parallel size: a run resumed on any world size sees the same samples at every step, and
+// each epoch serves each of its E samples exactly once. The other total_samples - E samples of
+// the permutation wait for a later epoch's order. With "randperm", every rank holds the
+// permutation of all total_samples (8 bytes each) during a pass; "feistel" holds none. size()
+// is the rest of the epoch in this rank's micro-batches.
+class GlobalRandomSampler : public MegatronSampler {
+ public:
+  // Errors: kInvalidArgument for the sequential sampler's base rules (except seed and
+  // permutation), no global_batch_size, or total_samples < global_batch_size.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GlobalRandomSampler>> Create(
+      const PretrainingSamplerOptions& options);
+  ~GlobalRandomSampler() override;
+
+  int64_t size() const override { return NumMicroBatches(); }
+  int64_t NumMicroBatches() const override;
+
+ protected:
+  int64_t SamplesPerEpoch() const override { return epoch_samples_; }
+  void StartPass() override;
+  bool NextMicroBatch(std::vector<int64_t>& batch) override;
+  void EndPass() override;
+
+ private:
+  explicit GlobalRandomSampler(const PretrainingSamplerOptions& options);
+
+  // E: whole global batches of the dataset.
+  int64_t epoch_samples_ = 0;
+  // The pass: position in the epoch's order of the next micro-batch group, and that order.
+  int64_t position_ = 0;
+  at::Tensor permutation_;
+  std::unique_ptr<internal::FeistelPermutation> feistel_;
+};
+
 // create_megatron_sampler(dataset_len, ..., rank, world_size), i.e. MegatronSamplerConfig
 // .build: a MegatronPretrainingSampler for "single"; for "cyclic", a
 // MegatronPretrainingRandomSampler that, as the reference, ignores global_batch_size and
-// pad_samples_to_global_batch_size and uses seed 0. Errors: the samplers' (kInvalidArgument).
+// pad_samples_to_global_batch_size and uses seed 0, or with shuffle_scope "global" a
+// GlobalRandomSampler (seed 0, global_batch_size required). Errors: the samplers'
+// (kInvalidArgument).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MegatronSampler>> CreateMegatronSampler(
     const MegatronSamplerOptions& options, int64_t dataset_len, int64_t rank, int64_t world_size);
 

@@ -662,5 +662,111 @@ TEST(MegatronPretrainingRandomSamplerTest, IsARange) {
   EXPECT_EQ(count, 6);
 }
 
+// ---------------------------------------------------------------------------------------
+// World-size changes mid-epoch.
+
+// The micro-batches every rank of a `dp`-rank run yields for `global_batches` global batches
+// of `g` samples, starting at `consumed` (as after a resume), and the consumed count after.
+struct Served {
+  std::vector<std::set<int64_t>> global_batches;  // the union over ranks, per global batch
+  std::vector<int64_t> all;                       // every index served, in rank order
+  int64_t consumed = 0;
+};
+
+Served RunFor(const MegatronSamplerOptions& options, int64_t total, int64_t dp, int64_t consumed,
+              int64_t global_batches) {
+  Served served;
+  served.global_batches.resize(global_batches);
+  const int64_t per_rank = options.global_batch_size / (options.micro_batch_size * dp);
+  for (int64_t rank = 0; rank < dp; ++rank) {
+    auto sampler = CreateMegatronSampler(options, total, rank, dp);
+    EXPECT_THAT(sampler, IsOk());
+    if (!sampler.ok()) return served;
+    EXPECT_THAT((*sampler)->LoadState({consumed, 0, 0}), IsOk());
+    auto it = (*sampler)->begin();
+    for (int64_t b = 0; b < global_batches * per_rank; ++b) {
+      if (b > 0) ++it;  // fetching a micro-batch consumes it
+      EXPECT_NE(it, (*sampler)->end());
+      for (int64_t index : *it) {
+        served.global_batches[b / per_rank].insert(index);
+        served.all.push_back(index);
+      }
+    }
+    served.consumed = (*sampler)->consumed_samples();
+  }
+  return served;
+}
+
+MegatronSamplerOptions Cyclic(ShuffleScope scope) {
+  MegatronSamplerOptions options;
+  options.micro_batch_size = 2;
+  options.global_batch_size = 12;
+  options.dataloader_type = DataloaderType::kCyclic;
+  options.shuffle_scope = scope;
+  return options;
+}
+
+// 100 samples, global batches of 12: an epoch is 8 global batches, 96 samples. The run changes
+// world size twice mid-epoch (2 ranks, then 3, then 1; all divide 12 / 2), and every sample of
+// the epoch is served exactly once; each global batch holds the same samples as on one rank.
+TEST(GlobalRandomSamplerTest, ServesEverySampleOfAnEpochOnceAcrossWorldSizeChanges) {
+  for (RandomPermutation permutation :
+       {RandomPermutation::kRandperm, RandomPermutation::kFeistel}) {
+    SCOPED_TRACE(AbslUnparseFlag(permutation));
+    MegatronSamplerOptions options = Cyclic(ShuffleScope::kGlobal);
+    options.random_permutation = permutation;
+    const Served one_rank = RunFor(options, 100, 1, 0, 8);
+    Served two = RunFor(options, 100, 2, 0, 2);
+    Served three = RunFor(options, 100, 3, two.consumed, 3);
+    Served again_one = RunFor(options, 100, 1, three.consumed, 3);
+    EXPECT_EQ(again_one.consumed, 96);
+    std::vector<int64_t> epoch = two.all;
+    epoch.insert(epoch.end(), three.all.begin(), three.all.end());
+    epoch.insert(epoch.end(), again_one.all.begin(), again_one.all.end());
+    ASSERT_EQ(epoch.size(), 96u);
+    EXPECT_EQ(std::set<int64_t>(epoch.begin(), epoch.end()).size(), 96u);  // none twice
+    std::vector<std::set<int64_t>> batches = two.global_batches;
+    batches.insert(batches.end(), three.global_batches.begin(), three.global_batches.end());
+    batches.insert(batches.end(), again_one.global_batches.begin(), again_one.global_batches.end());
+    EXPECT_EQ(batches, one_rank.global_batches);
+    // The next epoch is another order of the same kind.
+    const Served next = RunFor(options, 100, 2, 96, 8);
+    EXPECT_EQ(std::set<int64_t>(next.all.begin(), next.all.end()).size(), 96u);
+    EXPECT_NE(next.global_batches, one_rank.global_batches);
+  }
+}
+
+// Megatron's per-rank buckets, as documented on MegatronPretrainingRandomSampler: after a change
+// from 2 to 3 ranks mid-epoch, the rest of the epoch comes from new buckets, so some samples
+// come twice and others not at all; the next epoch is whole again.
+TEST(MegatronPretrainingRandomSamplerTest, AWorldSizeChangeMidEpochRepeatsAndSkipsSamples) {
+  const MegatronSamplerOptions options = Cyclic(ShuffleScope::kPerRank);
+  // 96 samples: whole groups for 2 ranks (groups of 4) and 3 ranks (groups of 6) alike.
+  Served two = RunFor(options, 96, 2, 0, 4);
+  Served three = RunFor(options, 96, 3, two.consumed, 4);
+  EXPECT_EQ(three.consumed, 96);
+  std::vector<int64_t> epoch = two.all;
+  epoch.insert(epoch.end(), three.all.begin(), three.all.end());
+  ASSERT_EQ(epoch.size(), 96u);
+  const std::set<int64_t> distinct(epoch.begin(), epoch.end());
+  EXPECT_LT(distinct.size(), 96u);  // repeats, hence omissions too
+  const Served next = RunFor(options, 96, 3, 96, 8);
+  EXPECT_EQ(std::set<int64_t>(next.all.begin(), next.all.end()).size(), 96u);
+}
+
+TEST(GlobalRandomSamplerTest, NeedsWholeGlobalBatches) {
+  MegatronSamplerOptions options = Cyclic(ShuffleScope::kGlobal);
+  options.global_batch_size = 0;
+  EXPECT_THAT(CreateMegatronSampler(options, 100, 0, 1),
+              StatusIs(kInvalidArgument, HasSubstr("global_batch_size (0) must be > 0")));
+  options.global_batch_size = 12;
+  EXPECT_THAT(CreateMegatronSampler(options, 10, 0, 1),
+              StatusIs(kInvalidArgument,
+                       HasSubstr("total_samples (10) must be >= global_batch_size (12)")));
+  PretrainingSamplerOptions bare = Options(100, 2, 1);
+  EXPECT_THAT(GlobalRandomSampler::Create(bare),
+              StatusIs(kInvalidArgument, HasSubstr("needs global_batch_size")));
+}
+
 }  // namespace
 }  // namespace keel::sampling
