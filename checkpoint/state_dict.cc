@@ -188,6 +188,8 @@ absl::Status StateReader::ReadTensor(const std::string& key, const TensorRef& ta
   return absl::OkStatus();
 }
 
+void StateReader::Skip(const std::string& key) { saved_.MarkRead(absl::StrCat(scope_, "/", key)); }
+
 const base::Json& StateReader::Values() {
   static const base::Json* const kEmpty = new base::Json(base::Json::object());
   auto it = saved_.values().find(scope_);

@@ -105,6 +105,9 @@ class StateReader {
   // for I/O failures.
   [[nodiscard]] absl::Status ReadTensor(const std::string& key, const TensorRef& target);
 
+  // Leaves the saved tensor `key` unread on purpose: it is not reported as unexpected.
+  void Skip(const std::string& key);
+
   // The values this object saved: a JSON object, empty if the checkpoint holds nothing
   // under this object's name (then "<name>" is recorded as missing, once).
   const base::Json& Values();

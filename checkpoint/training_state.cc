@@ -15,8 +15,9 @@ constexpr char kCpuKey[] = "cpu";
 
 }  // namespace
 
-RngState::RngState(int64_t rank, int64_t world_size, at::Generator generator)
-    : rank_(rank), world_size_(world_size), generator_(std::move(generator)) {}
+RngState::RngState(int64_t rank, int64_t world_size, at::Generator generator,
+                   RngStateOptions options)
+    : rank_(rank), world_size_(world_size), generator_(std::move(generator)), options_(options) {}
 
 absl::StatusOr<State> RngState::StateDict() const {
   at::Generator generator = generator_;
@@ -42,7 +43,12 @@ absl::Status RngState::LoadStateDict(StateReader& reader) {
   const SavedTensorInfo* info = reader.FindTensor(kCpuKey);
   const int64_t saved_ranks =
       info != nullptr && info->shape.size() == 2 ? info->shape[0] : world_size_;
+  if (info != nullptr) saved_world_size_ = saved_ranks;
   if (saved_ranks != world_size_) {
+    if (options_.allow_world_size_change) {
+      reader.Skip(kCpuKey);
+      return absl::OkStatus();
+    }
     reader.ReportMismatch(absl::StrCat("RNG state ", kCpuKey, ": saved for ", saved_ranks,
                                        " ranks, loaded by ", world_size_));
   }

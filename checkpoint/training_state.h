@@ -69,28 +69,42 @@ class ValueState : public Stateful {
   std::function<absl::Status(const S&)> set_;
 };
 
+struct RngStateOptions {
+  // What a load of a checkpoint saved by another number of ranks does. false: a mismatch on
+  // every rank, so a strict load fails alike everywhere (a non-strict one restores the saved
+  // row `rank` where there is one). true: nothing is restored and nothing reported, and
+  // saved_world_size() tells the caller, who seeds the generators its own way (an elastic
+  // resume). Default: false.
+  bool allow_world_size_change = false;
+};
+
 // The state of a CPU generator, by default LibTorch's default CPU generator (the one
 // torch::manual_seed seeds and torch::randn uses), for one of `world_size` ranks.
 //
 // Saved as the uint8 tensor "cpu" of global shape [world_size, n] (n: the generator's state
-// size), whose row `rank` is this rank's block, so each rank restores its own stream. Loading
-// a checkpoint saved with another number of ranks reports a mismatch on every rank, so a
-// strict load fails alike everywhere; a non-strict one restores the saved row `rank` on the
-// ranks that have one and leaves the others' generators as they are.
+// size), whose row `rank` is this rank's block, so each rank restores its own stream. For a
+// checkpoint saved with another number of ranks, see RngStateOptions.
 class RngState : public Stateful {
  public:
   // Requires: 0 <= rank < world_size; `generator` is a CPU generator.
   RngState(int64_t rank, int64_t world_size,
-           at::Generator generator = at::detail::getDefaultCPUGenerator());
+           at::Generator generator = at::detail::getDefaultCPUGenerator(),
+           RngStateOptions options = {});
 
   [[nodiscard]] absl::StatusOr<State> StateDict() const override;
   // Errors: kDataLoss when the generator rejects the saved bytes; those of ReadTensor.
   [[nodiscard]] absl::Status LoadStateDict(StateReader& reader) override;
 
+  // The number of ranks that saved the last checkpoint loaded (nullopt before a load, or when
+  // it held no RNG state).
+  std::optional<int64_t> saved_world_size() const { return saved_world_size_; }
+
  private:
   int64_t rank_;
   int64_t world_size_;
   at::Generator generator_;
+  RngStateOptions options_;
+  std::optional<int64_t> saved_world_size_;
 };
 
 }  // namespace keel::checkpoint

@@ -270,6 +270,34 @@ TEST(RngStateTest, AnotherWorldSizeIsAMismatchOnEveryRank) {
   EXPECT_TRUE(at::equal(at::randn({4}, rank2), rank2_expected));
 }
 
+// An elastic resume: with allow_world_size_change, a checkpoint of 2 ranks loads strictly on
+// 1 and on 3 ranks, restores nothing, and says how many ranks saved it.
+TEST(RngStateTest, AllowedWorldSizeChangeRestoresNothingAndSaysSo) {
+  at::Generator generator = at::detail::createCPUGenerator(42);
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, RngState(1, 2, generator).StateDict());
+  for (int64_t world : {1, 3}) {
+    SCOPED_TRACE(world);
+    at::Generator mine = at::detail::createCPUGenerator(7);
+    const at::Tensor untouched = at::randn({4}, at::detail::createCPUGenerator(7));
+    RngStateOptions options;
+    options.allow_world_size_change = true;
+    RngState state(0, world, mine, options);
+    EXPECT_EQ(state.saved_world_size(), std::nullopt);
+    KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, LoadInMemory({{"rng", &state}}, {{"rng", saved}}));
+    EXPECT_TRUE(report.clean()) << report.ToString();
+    EXPECT_EQ(state.saved_world_size(), 2);
+    EXPECT_TRUE(at::equal(at::randn({4}, mine), untouched));
+  }
+  // The same number of ranks restores as usual.
+  RngStateOptions options;
+  options.allow_world_size_change = true;
+  at::Generator same = at::detail::createCPUGenerator(7);
+  RngState state(1, 2, same, options);
+  KEEL_ASSERT_OK(LoadInMemory({{"rng", &state}}, {{"rng", saved}}).status());
+  EXPECT_EQ(state.saved_world_size(), 2);
+  EXPECT_TRUE(at::equal(same.get_state(), generator.get_state()));
+}
+
 TEST(RngStateTest, AMissingStateIsReported) {
   RngState target(0, 1, at::detail::createCPUGenerator(1));
   EXPECT_THAT(LoadInMemory({{"rng", &target}}, {{"rng", State()}}),
