@@ -57,7 +57,7 @@ Subprocess Subprocess::Start(const std::vector<std::string>& argv,
   int out[2] = {-1, -1};
   if (options.pipe_stdout && pipe2(out, O_CLOEXEC) != 0) {
     ADD_FAILURE() << "pipe2 failed";
-    return Subprocess(-1, -1, options.stderr_path);
+    return Subprocess(-1, -1, options.stderr_path, false);
   }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -77,7 +77,12 @@ Subprocess Subprocess::Start(const std::vector<std::string>& argv,
   sigaddset(&defaults, SIGINT);
   sigaddset(&defaults, SIGTERM);
   posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
+  short flags = POSIX_SPAWN_SETSIGDEF;
+  if (options.new_process_group) {
+    posix_spawnattr_setpgroup(&attributes, 0);
+    flags |= POSIX_SPAWN_SETPGROUP;
+  }
+  posix_spawnattr_setflags(&attributes, flags);
   pid_t pid = -1;
   const int error =
       posix_spawn(&pid, c_argv[0], &actions, &attributes, c_argv.data(), c_environment.data());
@@ -87,13 +92,16 @@ Subprocess Subprocess::Start(const std::vector<std::string>& argv,
   if (error != 0) {
     ADD_FAILURE() << base::ErrnoStatus(error, "starting", argv[0]).message();
     if (out[0] >= 0) close(out[0]);
-    return Subprocess(-1, -1, options.stderr_path);
+    return Subprocess(-1, -1, options.stderr_path, false);
   }
-  return Subprocess(pid, out[0], options.stderr_path);
+  return Subprocess(pid, out[0], options.stderr_path, options.new_process_group);
 }
 
-Subprocess::Subprocess(pid_t pid, int stdout_fd, std::string stderr_path)
-    : pid_(pid), stdout_fd_(stdout_fd), stderr_path_(std::move(stderr_path)) {}
+Subprocess::Subprocess(pid_t pid, int stdout_fd, std::string stderr_path, bool group_leader)
+    : pid_(pid),
+      stdout_fd_(stdout_fd),
+      stderr_path_(std::move(stderr_path)),
+      group_leader_(group_leader) {}
 
 Subprocess::Subprocess(Subprocess&& other) noexcept
     : pid_(std::exchange(other.pid_, -1)),
@@ -101,15 +109,23 @@ Subprocess::Subprocess(Subprocess&& other) noexcept
       stderr_path_(std::move(other.stderr_path_)),
       buffer_(std::move(other.buffer_)),
       stdout_seen_(std::move(other.stdout_seen_)),
-      exit_code_(other.exit_code_) {}
+      exit_code_(other.exit_code_),
+      group_leader_(other.group_leader_) {}
 
 Subprocess::~Subprocess() {
+  if (pid_ > 0 && group_leader_) kill(-pid_, SIGKILL);  // whatever of the group still runs
   if (pid_ > 0 && !exit_code_) {
     kill(pid_, SIGKILL);
     int status;
     waitpid(pid_, &status, 0);
   }
   if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+void Subprocess::KillGroup(int signal) {
+  ASSERT_TRUE(group_leader_) << "KillGroup needs SubprocessOptions::new_process_group";
+  ASSERT_EQ(kill(-pid_, signal), 0)
+      << base::ErrnoStatus(errno, "signalling", "the group").message();
 }
 
 bool Subprocess::ReadChunk() {

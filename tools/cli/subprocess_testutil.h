@@ -28,6 +28,9 @@ struct SubprocessOptions {
   bool pipe_stdout = false;
   // Its working directory; empty: the test's.
   std::string cwd;
+  // Starts the child as the leader of a new process group, which KillGroup signals whole (a
+  // launcher and the ranks it started).
+  bool new_process_group = false;
 };
 
 class Subprocess {
@@ -40,10 +43,14 @@ class Subprocess {
 
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&&) = delete;
-  // Kills (SIGKILL) and reaps a child that is still running.
+  // Kills (SIGKILL) and reaps a child that is still running (its process group too, if it
+  // leads one).
   ~Subprocess();
 
   pid_t pid() const { return pid_; }
+
+  // Sends `signal` to the child's whole process group. Requires: options.new_process_group.
+  void KillGroup(int signal);
 
   // The next line of the child's stdout without its newline; nullopt at end of file.
   // Requires: options.pipe_stdout.
@@ -61,7 +68,7 @@ class Subprocess {
   std::string Stderr() const;
 
  private:
-  Subprocess(pid_t pid, int stdout_fd, std::string stderr_path);
+  Subprocess(pid_t pid, int stdout_fd, std::string stderr_path, bool group_leader);
   // Appends what one read(2) of stdout gives to buffer_; false (and the pipe closed) at its end.
   bool ReadChunk();
 
@@ -71,6 +78,7 @@ class Subprocess {
   std::string buffer_;
   std::string stdout_seen_;
   std::optional<int> exit_code_;
+  bool group_leader_ = false;
 };
 
 }  // namespace keel::tools::cli

@@ -42,6 +42,12 @@ absl::StatusOr<std::string> DataPrefix(const TrainOptions& options, const TrainR
 
 }  // namespace
 
+int64_t SampledWindows(const TrainOptions& options, const Splits& splits) {
+  const int64_t global = options.step_scheduler.global_batch_size;
+  if (!options.sampler.drop_last || global <= 0) return splits.train_size();
+  return splits.train_size() / global * global;
+}
+
 absl::StatusOr<at::Tensor> Splits::Batch(const std::vector<int64_t>& indices,
                                          bool validation) const {
   std::vector<at::Tensor> samples;
@@ -66,11 +72,11 @@ absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const Train
                         sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
   Splits splits(std::move(windows), options.data.validation_every_n_samples);
   absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
-      sampling::CreateMegatronSampler(options.sampler, splits.train_size(), runtime.rank,
-                                      runtime.world_size);
+      sampling::CreateMegatronSampler(options.sampler, SampledWindows(options, splits),
+                                      runtime.rank, runtime.world_size);
   KEEL_RETURN_IF_ERROR(base::Annotate(
-      sampler.status(),
-      absl::StrCat("sampler over the ", splits.train_size(), " training windows of ", prefix)));
+      sampler.status(), absl::StrCat("sampler over ", SampledWindows(options, splits), " of the ",
+                                     splits.train_size(), " training windows of ", prefix)));
   return TrainData{std::move(prefix), std::move(splits), *std::move(sampler)};
 }
 

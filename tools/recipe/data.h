@@ -44,6 +44,12 @@ class Splits {
   int64_t every_n_;
 };
 
+// The training windows the sampler draws from: with sampler.drop_last, the split cut to whole
+// global batches (the windows past the last one never make a step). That keeps every epoch,
+// and so the data of every step, the same on any number of ranks: the reference samplers
+// otherwise drop the tail of whole micro-batch groups, whose size depends on the world size.
+int64_t SampledWindows(const TrainOptions& options, const Splits& splits);
+
 struct TrainData {
   // The dataset prefix trained on.
   std::string prefix;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/files.h"
@@ -23,6 +24,7 @@
 #include "gradients/clip_grad_norm.h"
 #include "gradients/dp_sync.h"
 #include "optim/param_scheduler.h"
+#include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/data.h"
 #include "tools/recipe/gpt.h"
@@ -190,7 +192,10 @@ absl::Status Run::BuildCheckpointing() {
   s.sampler_state = std::make_unique<checkpoint::ValueState<sampling::MegatronSamplerState>>(
       [&sampler] { return sampler.State(); },
       [&sampler](const sampling::MegatronSamplerState& state) { return sampler.LoadState(state); });
-  s.rng_state = std::make_unique<checkpoint::RngState>(runtime_.rank, runtime_.world_size);
+  checkpoint::RngStateOptions rng_options;
+  rng_options.allow_world_size_change = true;  // see ContinueOnNewWorldSize
+  s.rng_state = std::make_unique<checkpoint::RngState>(
+      runtime_.rank, runtime_.world_size, at::detail::getDefaultCPUGenerator(), rng_options);
   s.config_state = std::make_unique<ConfigState>(ConfigFingerprint(options_));
   s.statefuls = {{kConfigState, s.config_state.get()}, {"model", s.model_state.get()},
                  {"optim", &*s.optim_state},           {"rng", s.rng_state.get()},
@@ -227,8 +232,42 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
     }
     log << "resumed from " << result.loaded->path << "\n";
   }
+  if (const std::optional<int64_t> saved = s.rng_state->saved_world_size();
+      saved.has_value() && *saved != runtime_.world_size) {
+    ContinueOnNewWorldSize(*saved);
+  }
   resumed_ = true;
   return result.loaded->path;
+}
+
+void Run::ContinueOnNewWorldSize(int64_t saved_world_size) {
+  const State& s = *state_;
+  // splitmix64's finalizer over (seed, rank, step): distinct, well-mixed seeds for every rank.
+  uint64_t z = static_cast<uint64_t>(options_.seed);
+  for (const int64_t part : {static_cast<int64_t>(runtime_.rank), s.scheduler->step()}) {
+    z += 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(part);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+  }
+  torch::manual_seed(z);
+  if (runtime_.rank != 0) return;
+  // The GPT of this recipe has no dropout: a model whose step draws random numbers must say
+  // here that a resume on another number of ranks cannot be bit-identical.
+  std::ostream& log = *runtime_.log;
+  log << "rng: the checkpoint was saved by " << saved_world_size << " rank(s), resumed on "
+      << runtime_.world_size
+      << ": each rank's generator is seeded from the seed, its rank and the step (a training "
+         "step of this model draws no random numbers: no result changes)\n";
+  const sampling::MegatronSamplerOptions& sampler = options_.sampler;
+  if (sampler.dataloader_type == sampling::DataloaderType::kCyclic &&
+      sampler.shuffle_scope == sampling::ShuffleScope::kPerRank) {
+    log << "sampler: \"cyclic\" with shuffle_scope \"per_rank\" draws the rest of this epoch "
+           "from the buckets of "
+        << runtime_.world_size
+        << " rank(s): a sample of it may come twice or not at all (shuffle_scope \"global\" "
+           "serves each exactly once on any number of ranks)\n";
+  }
 }
 
 absl::Status Run::CheckConfig(const std::string& path, std::vector<std::string>& changes) const {

@@ -96,6 +96,10 @@ class Run {
   // After a failed load wrote part of a checkpoint: the model, optimizer, schedules and
   // sampler back as Build made them, in place (the checkpoint's objects hold them).
   absl::Status ResetState();
+  // After a resume on another number of ranks than saved the checkpoint: seeds each rank's
+  // generator from the seed, its rank and the step (the saved rows belong to other ranks), and
+  // says so, and what it means for the sampler's epoch.
+  void ContinueOnNewWorldSize(int64_t saved_world_size);
   // Compares this run's configuration with the checkpoint's at `path` (before_load): the fields
   // that differ go to `changes`; another model is an error.
   absl::Status CheckConfig(const std::string& path, std::vector<std::string>& changes) const;

@@ -346,8 +346,11 @@ def main(argv):
     timed_start = time.perf_counter() if args.untimed_steps == 0 else None
     first_loss = last_loss = math.nan
     interval_start, interval_tokens = time.perf_counter(), 0
+    # With drop_last (this script's only mode), the trainer samples the training split cut to
+    # whole global batches (SampledWindows in tools/recipe/data.cc).
+    usable = windows.train_size // args.global_batch_size * args.global_batch_size
     for step, micro_batches in enumerate(
-            steps(windows.train_size, args.local_batch_size, grad_acc_steps), start=1):
+            steps(usable, args.local_batch_size, grad_acc_steps), start=1):
         batches = [windows.batch(indices) for indices in micro_batches]
         label_tokens = sum(b.size(0) * (b.size(1) - 1) for b in batches)
 

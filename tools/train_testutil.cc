@@ -1,0 +1,182 @@
+#include "tools/train_testutil.h"
+
+#include <cctype>
+#include <filesystem>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/reader.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+
+ABSL_FLAG(std::string, train, "", "Path of the //tools:train binary.");
+ABSL_FLAG(std::string, launch, "", "Path of the //tools:launch binary.");
+ABSL_FLAG(std::string, preprocess, "", "Path of the //tools:preprocess binary.");
+ABSL_FLAG(std::string, config, "", "Path of tools/recipe/default.textproto.");
+
+namespace keel::tools {
+
+using ::keel::tools::cli::Subprocess;
+using ::keel::tools::cli::SubprocessOptions;
+using ::keel::tools::recipe::StepMetrics;
+
+std::string Absolute(const std::string& path) { return std::filesystem::absolute(path).string(); }
+
+std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps,
+                                  const std::vector<std::string>& more) {
+  std::vector<std::string> assignments = {absl::StrCat("run_dir=", run_dir),
+                                          absl::StrCat("step_scheduler.max_steps=", max_steps),
+                                          "step_scheduler.global_batch_size=8",
+                                          "step_scheduler.local_batch_size=4",
+                                          "step_scheduler.ckpt_every_steps=3",
+                                          "step_scheduler.val_every_steps=8",
+                                          "data.sequence_length=64",
+                                          "model.num_layers=2",
+                                          "model.hidden_size=64",
+                                          "model.ffn_hidden_size=256",
+                                          "lr_scheduler.lr_warmup_steps=4",
+                                          "logging.log_every_steps=1"};
+  assignments.insert(assignments.end(), more.begin(), more.end());
+  std::vector<std::string> args = {"--config=" + Absolute(absl::GetFlag(FLAGS_config))};
+  for (const std::string& assignment : assignments) {
+    args.push_back("--set");
+    args.push_back(assignment);
+  }
+  return args;
+}
+
+SubprocessOptions ChildOptions(const std::string& stderr_path,
+                               std::vector<std::string> environment) {
+  SubprocessOptions options;
+  options.remove_environment = {
+      "BUILD_WORKING_DIRECTORY", "OMP_NUM_THREADS", "RANK",       "WORLD_SIZE", "LOCAL_RANK",
+      "LOCAL_WORLD_SIZE",        "MASTER_ADDR",     "MASTER_PORT"};
+  options.add_environment = {"OMP_NUM_THREADS=1"};
+  options.add_environment.insert(options.add_environment.end(), environment.begin(),
+                                 environment.end());
+  options.stderr_path = stderr_path;
+  options.pipe_stdout = true;
+  return options;
+}
+
+Subprocess StartTrain(const std::vector<std::string>& args, const std::string& stderr_path,
+                      std::vector<std::string> environment) {
+  std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_train))};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Subprocess::Start(argv, ChildOptions(stderr_path, std::move(environment)));
+}
+
+Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,
+                       const std::string& stderr_path) {
+  std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_launch)),
+                                   absl::StrCat("--nproc_per_node=", ranks), "--master_port=0",
+                                   "--", Absolute(absl::GetFlag(FLAGS_train))};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SubprocessOptions options = ChildOptions(stderr_path);
+  options.new_process_group = true;
+  return Subprocess::Start(argv, options);
+}
+
+std::optional<int64_t> ProgressStep(const std::string& line) {
+  if (!absl::StartsWith(line, "step ")) return std::nullopt;
+  const std::vector<std::string> parts = absl::StrSplit(line.substr(5), '/');
+  int64_t step = 0;
+  if (parts.size() < 2 || !absl::SimpleAtoi(parts[0], &step)) return std::nullopt;
+  return step;
+}
+
+bool ReadUntilStep(Subprocess& child, int64_t step) {
+  while (std::optional<std::string> line = child.ReadLine()) {
+    if (ProgressStep(*line) == step) return true;
+  }
+  return false;
+}
+
+std::optional<int64_t> NumberAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return std::nullopt;
+  size_t end = at + prefix.size();
+  while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text.substr(at + prefix.size(), end - at - prefix.size()), &value)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+std::vector<StepMetrics> Metrics(const std::string& run_dir) {
+  absl::StatusOr<std::vector<StepMetrics>> metrics = recipe::ReadJsonl(run_dir + "/metrics.jsonl");
+  EXPECT_THAT(metrics.status(), keel::testing::IsOk());
+  return metrics.ok() ? *std::move(metrics) : std::vector<StepMetrics>();
+}
+
+std::string LatestCheckpoint(const std::string& run_dir) {
+  absl::StatusOr<checkpoint::FindResult> found =
+      checkpoint::FindLatest(run_dir + "/checkpoints", checkpoint::VerifyLevel::kChecksums);
+  EXPECT_THAT(found.status(), keel::testing::IsOk());
+  if (!found.ok()) return "";
+  EXPECT_THAT(found->warnings, ::testing::IsEmpty());
+  EXPECT_TRUE(found->latest.has_value()) << "no checkpoint in " << run_dir;
+  return found->latest ? found->latest->path : "";
+}
+
+void ExpectSameTrace(const std::vector<StepMetrics>& expected,
+                     const std::vector<StepMetrics>& actual) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", expected[i].step));
+    EXPECT_EQ(actual[i].step, expected[i].step);
+    EXPECT_EQ(actual[i].epoch, expected[i].epoch);
+    EXPECT_EQ(actual[i].loss, expected[i].loss);
+    EXPECT_EQ(actual[i].lr, expected[i].lr);
+    EXPECT_EQ(actual[i].grad_norm, expected[i].grad_norm);
+    EXPECT_EQ(actual[i].val_loss, expected[i].val_loss);
+  }
+}
+
+void ExpectCloseTrace(const std::vector<StepMetrics>& expected,
+                      const std::vector<StepMetrics>& actual, double loss_relative,
+                      double grad_norm_relative) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", expected[i].step));
+    EXPECT_EQ(actual[i].step, expected[i].step);
+    EXPECT_EQ(actual[i].epoch, expected[i].epoch);
+    EXPECT_EQ(actual[i].lr, expected[i].lr);
+    EXPECT_NEAR(actual[i].loss, expected[i].loss, loss_relative * expected[i].loss);
+    EXPECT_NEAR(actual[i].grad_norm, expected[i].grad_norm,
+                grad_norm_relative * expected[i].grad_norm);
+    ASSERT_EQ(actual[i].val_loss.has_value(), expected[i].val_loss.has_value());
+    if (expected[i].val_loss) {
+      EXPECT_NEAR(*actual[i].val_loss, *expected[i].val_loss,
+                  loss_relative * *expected[i].val_loss);
+    }
+  }
+}
+
+void ExpectSameWeights(const std::string& expected_path, const std::string& actual_path) {
+  KEEL_ASSERT_OK_AND_ASSIGN(auto expected, checkpoint::CheckpointReader::Open(expected_path));
+  KEEL_ASSERT_OK_AND_ASSIGN(auto actual, checkpoint::CheckpointReader::Open(actual_path));
+  EXPECT_EQ(actual->manifest().step(), expected->manifest().step());
+  int compared = 0;
+  for (const auto& tensor : expected->manifest().tensors()) {
+    if (!absl::StartsWith(tensor.name(), "model/") && !absl::StartsWith(tensor.name(), "optim/")) {
+      continue;
+    }
+    SCOPED_TRACE(tensor.name());
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor want, expected->ReadTensor(tensor.name()));
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor got, actual->ReadTensor(tensor.name()));
+    EXPECT_TRUE(at::equal(got, want));
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+}
+
+}  // namespace keel::tools

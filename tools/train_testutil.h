@@ -1,0 +1,85 @@
+// What the end-to-end tests of //tools:train share: a small run's arguments, starting the
+// trainer alone or as ranks (//tools:launch), reading its progress, and comparing runs by
+// their metrics and checkpoints. Children run with OMP_NUM_THREADS=1, so every run of a
+// configuration computes the same floating-point operations in the same order.
+//
+//   Subprocess child = StartTrain(SmallRun(dir, 24), dir + "/stderr");
+//   ASSERT_TRUE(ReadUntilStep(child, 10));
+//   kill(child.pid(), SIGTERM);
+//   ExpectSameTrace(Metrics(reference_dir), Metrics(dir));
+#ifndef KEEL_TOOLS_TRAIN_TESTUTIL_H_
+#define KEEL_TOOLS_TRAIN_TESTUTIL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "tools/cli/subprocess_testutil.h"
+#include "tools/recipe/metrics.h"
+
+// Paths of the binaries and the default configuration, passed by the test's BUILD rule.
+ABSL_DECLARE_FLAG(std::string, train);
+ABSL_DECLARE_FLAG(std::string, launch);
+ABSL_DECLARE_FLAG(std::string, preprocess);
+ABSL_DECLARE_FLAG(std::string, config);
+
+namespace keel::tools {
+
+std::string Absolute(const std::string& path);
+
+// A model and batch small enough for many runs in a test: 2 layers of width 64 over 64-token
+// windows, 8 samples a step in micro-batches of 4; validation every 8 steps and an
+// (asynchronous) checkpoint every 3, so that runs cross both; a progress line every step.
+// `more` are further section.field=value assignments, applied after these.
+std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps,
+                                  const std::vector<std::string>& more = {});
+
+// The options of a trainer child: OMP_NUM_THREADS=1, no inherited torchrun variables, stderr
+// to `stderr_path`, stdout piped; `environment` adds NAME=VALUE entries.
+cli::SubprocessOptions ChildOptions(const std::string& stderr_path,
+                                    std::vector<std::string> environment = {});
+
+// //tools:train with `args`, as one process.
+cli::Subprocess StartTrain(const std::vector<std::string>& args, const std::string& stderr_path,
+                           std::vector<std::string> environment = {});
+
+// //tools:train with `args` on `ranks` ranks under //tools:launch (a free port), as a new
+// process group: Subprocess::KillGroup kills the launcher and every rank at once.
+cli::Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,
+                            const std::string& stderr_path);
+
+// The step of a progress line ("step    12/24 | loss ..."), if `line` is one.
+std::optional<int64_t> ProgressStep(const std::string& line);
+
+// Reads the child's output until the progress line of step `step`; false if it ended first.
+bool ReadUntilStep(cli::Subprocess& child, int64_t step);
+
+// The number after `prefix` in `text` ("preempted at step 9;" -> 9).
+std::optional<int64_t> NumberAfter(const std::string& text, const std::string& prefix);
+
+// The run's metrics.jsonl, every step (fails the test if it cannot be read).
+std::vector<recipe::StepMetrics> Metrics(const std::string& run_dir);
+
+// The newest checkpoint of a run, every byte verified; fails the test if a newer one was
+// skipped (nothing corrupt may ever be committed).
+std::string LatestCheckpoint(const std::string& run_dir);
+
+// Every step's loss, learning rate, gradient norm and validation loss are the same doubles.
+void ExpectSameTrace(const std::vector<recipe::StepMetrics>& expected,
+                     const std::vector<recipe::StepMetrics>& actual);
+
+// The same steps, epochs and learning rates; each loss and validation loss within
+// `loss_relative` of the expected one, each gradient norm within `grad_norm_relative` (runs
+// whose sums associate differently).
+void ExpectCloseTrace(const std::vector<recipe::StepMetrics>& expected,
+                      const std::vector<recipe::StepMetrics>& actual, double loss_relative,
+                      double grad_norm_relative);
+
+// The two checkpoints hold the same step and bit-identical model weights and optimizer state.
+void ExpectSameWeights(const std::string& expected_path, const std::string& actual_path);
+
+}  // namespace keel::tools
+
+#endif  // KEEL_TOOLS_TRAIN_TESTUTIL_H_
