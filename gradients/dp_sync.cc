@@ -1,348 +1,61 @@
 #include "gradients/dp_sync.h"
 
-#include <algorithm>
-#include <cmath>
-#include <map>
-#include <optional>
-#include <tuple>
-#include <unordered_set>
 #include <utility>
 
 #include "ATen/core/grad_mode.h"
-#include "ATen/ops/add.h"
-#include "ATen/ops/cat.h"
 #include "ATen/ops/div.h"
-#include "ATen/ops/empty.h"
-#include "ATen/ops/tensor.h"
-#include "absl/strings/str_cat.h"
-#include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "gradients/internal/grad_buckets.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
-#include "torch/csrc/distributed/c10d/Types.hpp"
-#include "torch/csrc/distributed/c10d/Work.hpp"
 
 namespace keel::gradients {
-namespace {
 
-constexpr double kBytesPerMb = 1024.0 * 1024.0;
-// DDP's _DEFAULT_FIRST_BUCKET_BYTES: a small first bucket starts communication early.
-constexpr int64_t kFirstBucketBytes = 1024 * 1024;
-
-// FNV-1a over the values, folded to 62 bits so that it can be negated in an int64 tensor.
-int64_t Fingerprint(const std::vector<int64_t>& values) {
-  uint64_t hash = 14695981039346656037ull;
-  for (int64_t value : values) {
-    hash ^= static_cast<uint64_t>(value);
-    hash *= 1099511628211ull;
-  }
-  return static_cast<int64_t>(hash >> 2);
-}
-
-}  // namespace
-
-struct DataParallelGradSync::Bucket {
-  // One flat tensor, in a vector because c10d collectives take a vector of replicas.
-  std::vector<at::Tensor> contents;
-  std::vector<size_t> params;
-  int64_t bytes = 0;
-  size_t pending = 0;  // parameters still waiting for their gradient in this backward
-  c10::intrusive_ptr<c10d::Work> work;
-};
+using internal::Bucket;
+using internal::GradBuckets;
+using internal::GradBucketsOptions;
+using internal::Piece;
 
 absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::Create(
     torch::nn::Module& module, c10d::ProcessGroup& group,
     const DataParallelGradSyncOptions& options) {
-  if (!(options.bucket_cap_mb > 0) || !std::isfinite(options.bucket_cap_mb)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bucket_cap_mb must be a finite number > 0, got ", options.bucket_cap_mb));
-  }
-  std::vector<std::string> names;
-  std::vector<at::Tensor> params;
-  std::unordered_set<const void*> seen;  // tied parameters appear under several names
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& param = item.value();
-    if (!param.defined() || !param.requires_grad()) continue;
-    if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
-    if (param.layout() != c10::kStrided) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", item.key(), "' is sparse; only dense parameters are supported"));
-    }
-    if (!at::isFloatingType(param.scalar_type())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", item.key(), "' has dtype ", c10::toString(param.scalar_type()),
-          "; only floating-point parameters are supported"));
-    }
-    names.push_back(item.key());
-    params.push_back(param);
-  }
-  if (params.empty()) {
-    return absl::InvalidArgumentError("the module has no parameter that requires grad");
-  }
-  std::unique_ptr<DataParallelGradSync> sync(
-      new DataParallelGradSync(group, std::move(names), std::move(params)));
-  KEEL_RETURN_IF_ERROR(sync->AssignBuckets(options.bucket_cap_mb));
-  KEEL_RETURN_IF_ERROR(sync->CheckRanksAgree());
-  if (options.init_sync) KEEL_RETURN_IF_ERROR(sync->BroadcastFromRank0(module));
-  sync->RegisterHooks();
-  return sync;
+  GradBucketsOptions buckets_options;
+  buckets_options.bucket_cap_mb = options.bucket_cap_mb;
+  buckets_options.init_sync = options.init_sync;
+  buckets_options.portions = 1;
+  buckets_options.collective = "all-reduce";
+  KEEL_ASSIGN_OR_RETURN(
+      std::unique_ptr<GradBuckets> buckets,
+      GradBuckets::Create(module, group, buckets_options, [&group](size_t, Bucket& bucket) {
+        std::vector<at::Tensor> contents = {bucket.flat};
+        return group.allreduce(contents);
+      }));
+  return std::unique_ptr<DataParallelGradSync>(new DataParallelGradSync(std::move(buckets)));
 }
 
-DataParallelGradSync::DataParallelGradSync(c10d::ProcessGroup& group,
-                                           std::vector<std::string> names,
-                                           std::vector<at::Tensor> params)
-    : group_(&group),
-      names_(std::move(names)),
-      params_(std::move(params)),
-      slots_(params_.size()),
-      ready_(params_.size(), false) {}
+DataParallelGradSync::DataParallelGradSync(std::unique_ptr<GradBuckets> buckets)
+    : buckets_(std::move(buckets)) {}
 
-DataParallelGradSync::~DataParallelGradSync() {
-  for (size_t i = 0; i < hook_handles_.size(); ++i) params_[i].remove_hook(hook_handles_[i]);
-}
+DataParallelGradSync::~DataParallelGradSync() = default;
 
-// As DDP's compute_bucket_assignment_by_size over the reversed parameters: gradients arrive
-// roughly in reverse order of registration, so bucket 0 holds the last parameters. Parameters
-// of one dtype and device share buckets; each such group starts with a 1 MiB bucket.
-absl::Status DataParallelGradSync::AssignBuckets(double bucket_cap_mb) {
-  const auto cap_bytes = static_cast<int64_t>(std::max(1.0, bucket_cap_mb * kBytesPerMb));
-  struct Group {
-    std::optional<size_t> open_bucket;
-    int64_t limit = 0;
-  };
-  std::map<std::tuple<int, int, int>, Group> groups;  // by (dtype, device type, device index)
-  std::vector<int64_t> bucket_numel;
-  for (size_t i = params_.size(); i-- > 0;) {
-    const at::Tensor& param = params_[i];
-    auto [it, first] = groups.try_emplace(std::make_tuple(
-        static_cast<int>(param.scalar_type()), static_cast<int>(param.device().type()),
-        static_cast<int>(param.device().index())));
-    Group& group = it->second;
-    if (!group.open_bucket.has_value()) {
-      group.open_bucket = buckets_.size();
-      group.limit = first ? std::min(kFirstBucketBytes, cap_bytes) : cap_bytes;
-      buckets_.emplace_back();
-      bucket_numel.push_back(0);
-    }
-    const size_t b = *group.open_bucket;
-    const int64_t bytes = param.numel() * static_cast<int64_t>(param.element_size());
-    slots_[i] = Slot{b, bucket_numel[b]};
-    buckets_[b].params.push_back(i);
-    buckets_[b].bytes += bytes;
-    bucket_numel[b] += param.numel();
-    total_bytes_ += bytes;
-    if (buckets_[b].bytes >= group.limit) group.open_bucket.reset();
-  }
-  return base::CallTorch(absl::StatusCode::kInternal, "allocating gradient buckets", [&] {
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      const at::Tensor& first = params_[buckets_[b].params.front()];
-      buckets_[b].contents = {at::empty({bucket_numel[b]}, first.options().requires_grad(false))};
-      buckets_[b].pending = buckets_[b].params.size();
-    }
-  });
-}
+void DataParallelGradSync::PrepareForGradAccumulation() { buckets_->EnableSync(false); }
 
-// The ranks must agree on the parameters, or the bucket all-reduces would pair unrelated
-// tensors. One all-reduce MAX of (values, -values) yields each value's maximum and minimum.
-absl::Status DataParallelGradSync::CheckRanksAgree() {
-  std::vector<int64_t> layout;
-  int64_t numel = 0;
-  for (const at::Tensor& param : params_) {
-    layout.push_back(static_cast<int64_t>(param.scalar_type()));
-    layout.push_back(param.dim());
-    for (int64_t size : param.sizes()) layout.push_back(size);
-    numel += param.numel();
-  }
-  const std::vector<int64_t> local = {static_cast<int64_t>(params_.size()), numel,
-                                      Fingerprint(layout)};
-  at::Tensor agreement =
-      at::tensor({local[0], local[1], local[2], -local[0], -local[1], -local[2]}, at::kLong);
-  KEEL_RETURN_IF_ERROR(base::AllReduce(agreement, base::Reduce::kMax, *group_,
-                                       "the check that the ranks agree on the parameters"));
-  const int64_t* data = agreement.data_ptr<int64_t>();
-  const std::vector<int64_t> reduced(data, data + 6);
-  for (int k = 0; k < 3; ++k) {
-    if (reduced[k] != -reduced[k + 3]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the ranks' modules differ (parameter count, element count or shapes and dtypes); "
-          "rank ",
-          group_->getRank(), " has ", local[0], " parameters requiring grad with ", local[1],
-          " elements"));
-    }
-  }
-  return absl::OkStatus();
-}
+void DataParallelGradSync::PrepareForFinalBackward() { buckets_->EnableSync(true); }
 
-absl::Status DataParallelGradSync::BroadcastFromRank0(torch::nn::Module& module) {
-  at::NoGradGuard no_grad;
-  c10d::BroadcastOptions from_rank0;
-  from_rank0.rootRank = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kUnavailable,
-                                         absl::StrCat("broadcasting parameter bucket ", b), [&] {
-                                           for (size_t i : bucket.params)
-                                             SlotView(i).copy_(params_[i]);
-                                           group_->broadcast(bucket.contents, from_rank0)->wait();
-                                           for (size_t i : bucket.params)
-                                             params_[i].copy_(SlotView(i));
-                                         }));
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (!item.value().defined() || item.value().layout() != c10::kStrided) continue;
-    KEEL_RETURN_IF_ERROR(
-        base::CallTorch(absl::StatusCode::kUnavailable,
-                        absl::StrCat("broadcasting buffer '", item.key(), "'"), [&] {
-                          std::vector<at::Tensor> tensors = {item.value().contiguous()};
-                          group_->broadcast(tensors, from_rank0)->wait();
-                          if (!tensors[0].is_same(item.value())) item.value().copy_(tensors[0]);
-                        }));
-  }
-  return absl::OkStatus();
-}
+size_t DataParallelGradSync::num_buckets() const { return buckets_->buckets().size(); }
 
-size_t DataParallelGradSync::num_buckets() const { return buckets_.size(); }
-
-void DataParallelGradSync::RegisterHooks() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    hook_handles_.push_back(
-        params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
-  }
-}
-
-void DataParallelGradSync::PrepareForGradAccumulation() { sync_enabled_.store(false); }
-
-void DataParallelGradSync::PrepareForFinalBackward() { sync_enabled_.store(true); }
-
-at::Tensor DataParallelGradSync::SlotView(size_t index) const {
-  const Slot& slot = slots_[index];
-  const at::Tensor& param = params_[index];
-  return buckets_[slot.bucket]
-      .contents[0]
-      .narrow(0, slot.offset, param.numel())
-      .view(param.sizes());
-}
-
-// Runs inside the autograd engine, before the parameter's AccumulateGrad, with the incoming
-// gradient: the bucket receives grad + the gradient accumulated so far. Nothing may throw
-// here; errors wait in hook_status_ for Wait().
-void DataParallelGradSync::OnGradient(size_t index, const at::Tensor& grad) {
-  if (!sync_enabled_.load()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  absl::Status status = AddGradientLocked(index, grad);
-  if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
-}
-
-absl::Status DataParallelGradSync::AddGradientLocked(size_t index, const at::Tensor& grad) {
-  if (ready_[index]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parameter '", names_[index],
-        "' received a second gradient before Wait(); call Wait() after each synchronised "
-        "backward"));
-  }
-  at::Tensor view = SlotView(index);
-  const at::Tensor& accumulated = params_[index].grad();
-  absl::Status status;
-  if (grad.layout() != c10::kStrided ||
-      (accumulated.defined() && accumulated.layout() != c10::kStrided)) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("parameter '", names_[index],
-                     "' has a sparse gradient; only dense gradients are supported"));
-    absl::Status zeroed = base::CallTorch(absl::StatusCode::kInternal, "zeroing a bucket slot",
-                                          [&] { view.zero_(); });
-    if (!zeroed.ok()) status = std::move(zeroed);
-  } else {
-    status = base::CallTorch(
-        absl::StatusCode::kInternal,
-        absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"), [&] {
-          if (accumulated.defined()) {
-            at::add_out(view, accumulated, grad);
-          } else {
-            view.copy_(grad);
-          }
-        });
-  }
-  MarkReadyLocked(index);
-  return status;
-}
-
-void DataParallelGradSync::MarkReadyLocked(size_t index) {
-  ready_[index] = true;
-  ++num_ready_;
-  --buckets_[slots_[index].bucket].pending;
-  LaunchReadyBucketsLocked();
-}
-
-// Collectives pair up by call order, so bucket k is launched only after buckets 0..k-1, on
-// every rank, whatever order the gradients arrive in.
-void DataParallelGradSync::LaunchReadyBucketsLocked() {
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_];
-    absl::Status status =
-        base::CallTorch(absl::StatusCode::kUnavailable,
-                        absl::StrCat("all-reduce of gradient bucket ", next_bucket_),
-                        [&] { bucket.work = group_->allreduce(bucket.contents); });
-    if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
-    ++next_bucket_;
-  }
-}
+int64_t DataParallelGradSync::bucket_bytes() const { return buckets_->total_bytes(); }
 
 absl::Status DataParallelGradSync::Wait() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (num_ready_ == 0 && !sync_enabled_.load()) {
-    return absl::FailedPreconditionError(
-        "Wait() called in gradient-accumulation mode with no synchronised backward pending; "
-        "call PrepareForFinalBackward() before the last micro-batch's backward");
-  }
-  absl::Status status = std::move(hook_status_);
-  hook_status_ = absl::OkStatus();
-
-  // Parameters that got no gradient contribute zeros, so that every bucket is still reduced
-  // and the ranks' collectives stay paired; the error is reported below.
-  size_t missing = 0;
-  std::string first_missing;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (ready_[i]) continue;
-    if (missing++ == 0) first_missing = names_[i];
-    absl::Status zeroed = base::CallTorch(absl::StatusCode::kInternal, "zeroing a bucket slot",
-                                          [&] { SlotView(i).zero_(); });
-    if (!zeroed.ok() && status.ok()) status = std::move(zeroed);
-    MarkReadyLocked(i);
-  }
-  if (missing > 0 && status.ok()) {
-    status = absl::FailedPreconditionError(absl::StrCat(
-        "parameter '", first_missing, "'",
-        missing > 1 ? absl::StrCat(" and ", missing - 1, " other(s)") : std::string(),
-        " received no gradient in the synchronised backward; unused parameters are not "
-        "supported (set requires_grad(false) on them or run backward before Wait())"));
-  }
-  // Launching the buckets completed above may have failed too.
-  if (!hook_status_.ok() && status.ok()) status = hook_status_;
-  hook_status_ = absl::OkStatus();
-
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    if (bucket.work) {
-      absl::Status waited = base::CallTorch(
-          absl::StatusCode::kUnavailable,
-          absl::StrCat("all-reduce of gradient bucket ", b, " (", bucket.bytes, " bytes)"),
-          [&] { bucket.work->wait(); });
-      if (!waited.ok() && status.ok()) status = std::move(waited);
-      bucket.work.reset();
-    }
-    bucket.pending = bucket.params.size();
-  }
-  std::fill(ready_.begin(), ready_.end(), false);
-  num_ready_ = 0;
-  next_bucket_ = 0;
-  KEEL_RETURN_IF_ERROR(status);
-
+  KEEL_RETURN_IF_ERROR(buckets_->Wait());
   at::NoGradGuard no_grad;
-  const double world = group_->getSize();
+  const double world = buckets_->group().getSize();
   return base::CallTorch(absl::StatusCode::kInternal, "writing the averaged gradients", [&] {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      at::Tensor grad = params_[i].grad();
-      at::div_out(grad, SlotView(i), world);
+    for (Bucket& bucket : buckets_->buckets()) {
+      for (const Piece& piece : bucket.pieces) {
+        at::Tensor grad = GradBuckets::Rows(buckets_->params()[piece.param].grad(), piece);
+        at::div_out(grad, buckets_->BucketRows(piece), world);
+      }
     }
   });
 }

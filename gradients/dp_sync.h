@@ -19,15 +19,10 @@
 #ifndef KEEL_GRADIENTS_DP_SYNC_H_
 #define KEEL_GRADIENTS_DP_SYNC_H_
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <string>
-#include <vector>
 
-#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "torch/nn/module.h"
@@ -37,6 +32,9 @@ class ProcessGroup;
 }  // namespace c10d
 
 namespace keel::gradients {
+namespace internal {
+class GradBuckets;
+}  // namespace internal
 
 // Mirrors the DistributedDataParallel arguments that matter without Python: same names and
 // defaults.
@@ -91,41 +89,12 @@ class DataParallelGradSync {
   // Number of all-reduce buckets, each reduced by one collective per synchronised backward.
   size_t num_buckets() const;
   // Bytes all-reduced per synchronised backward (the parameters' total size).
-  int64_t bucket_bytes() const { return total_bytes_; }
+  int64_t bucket_bytes() const;
 
  private:
-  struct Bucket;
-  struct Slot {
-    size_t bucket = 0;
-    int64_t offset = 0;  // in elements, into the bucket's flat contents
-  };
+  explicit DataParallelGradSync(std::unique_ptr<internal::GradBuckets> buckets);
 
-  DataParallelGradSync(c10d::ProcessGroup& group, std::vector<std::string> names,
-                       std::vector<at::Tensor> params);
-  [[nodiscard]] absl::Status AssignBuckets(double bucket_cap_mb);
-  [[nodiscard]] absl::Status CheckRanksAgree();
-  [[nodiscard]] absl::Status BroadcastFromRank0(torch::nn::Module& module);
-  void RegisterHooks();
-  void OnGradient(size_t index, const at::Tensor& grad);
-  [[nodiscard]] absl::Status AddGradientLocked(size_t index, const at::Tensor& grad);
-  void MarkReadyLocked(size_t index);
-  void LaunchReadyBucketsLocked();
-  at::Tensor SlotView(size_t index) const;
-
-  c10d::ProcessGroup* group_;
-  const std::vector<std::string> names_;
-  const std::vector<at::Tensor> params_;
-  std::vector<Slot> slots_;
-  std::vector<Bucket> buckets_;
-  std::vector<unsigned> hook_handles_;
-  int64_t total_bytes_ = 0;
-
-  std::atomic<bool> sync_enabled_{true};
-  std::mutex mu_;  // guards the per-backward state below, written by autograd hooks
-  std::vector<bool> ready_;
-  size_t num_ready_ = 0;
-  size_t next_bucket_ = 0;  // buckets are launched in index order on every rank
-  absl::Status hook_status_;
+  std::unique_ptr<internal::GradBuckets> buckets_;
 };
 
 }  // namespace keel::gradients

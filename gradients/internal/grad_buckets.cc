@@ -1,0 +1,385 @@
+#include "gradients/internal/grad_buckets.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+
+#include "ATen/core/grad_mode.h"
+#include "ATen/ops/add.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/tensor.h"
+#include "absl/strings/str_cat.h"
+#include "base/collectives.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "torch/csrc/distributed/c10d/Types.hpp"
+
+namespace keel::gradients::internal {
+namespace {
+
+constexpr double kBytesPerMb = 1024.0 * 1024.0;
+// DDP's _DEFAULT_FIRST_BUCKET_BYTES: a small first bucket starts communication early.
+constexpr int64_t kFirstBucketBytes = 1024 * 1024;
+
+// FNV-1a over the values, folded to 62 bits so that it can be negated in an int64 tensor.
+int64_t Fingerprint(const std::vector<int64_t>& values) {
+  uint64_t hash = 14695981039346656037ull;
+  for (int64_t value : values) {
+    hash ^= static_cast<uint64_t>(value);
+    hash *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(hash >> 2);
+}
+
+// A parameter's rows (dimension 0; a 0-d parameter is one row) and elements per row.
+int64_t RowCount(const at::Tensor& param) { return param.dim() == 0 ? 1 : param.size(0); }
+int64_t RowWidth(const at::Tensor& param) {
+  int64_t width = 1;
+  for (int64_t d = 1; d < param.dim(); ++d) width *= param.size(d);
+  return width;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(torch::nn::Module& module,
+                                                                 c10d::ProcessGroup& group,
+                                                                 const GradBucketsOptions& options,
+                                                                 Launch launch) {
+  if (!(options.bucket_cap_mb > 0) || !std::isfinite(options.bucket_cap_mb)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket_cap_mb must be a finite number > 0, got ", options.bucket_cap_mb));
+  }
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::unordered_set<const void*> seen;  // tied parameters appear under several names
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& param = item.value();
+    if (!param.defined() || !param.requires_grad()) continue;
+    if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
+    if (param.layout() != c10::kStrided) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", item.key(), "' is sparse; only dense parameters are supported"));
+    }
+    if (!at::isFloatingType(param.scalar_type())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", item.key(), "' has dtype ", c10::toString(param.scalar_type()),
+          "; only floating-point parameters are supported"));
+    }
+    names.push_back(item.key());
+    params.push_back(param);
+  }
+  if (params.empty()) {
+    return absl::InvalidArgumentError("the module has no parameter that requires grad");
+  }
+  std::unique_ptr<GradBuckets> buckets(new GradBuckets(group, std::move(names), std::move(params),
+                                                       std::move(launch), options.collective));
+  KEEL_RETURN_IF_ERROR(buckets->AssignBuckets(options.bucket_cap_mb));
+  KEEL_RETURN_IF_ERROR(
+      base::CallTorch(absl::StatusCode::kInternal, "allocating gradient buckets", [&] {
+        for (Bucket& bucket : buckets->buckets_) buckets->LayOut(bucket, options.portions);
+      }));
+  KEEL_RETURN_IF_ERROR(buckets->CheckRanksAgree());
+  if (options.init_sync) KEEL_RETURN_IF_ERROR(buckets->BroadcastFromRank0(module));
+  buckets->RegisterHooks();
+  return buckets;
+}
+
+GradBuckets::GradBuckets(c10d::ProcessGroup& group, std::vector<std::string> names,
+                         std::vector<at::Tensor> params, Launch launch, std::string collective)
+    : group_(&group),
+      names_(std::move(names)),
+      params_(std::move(params)),
+      launch_(std::move(launch)),
+      collective_(std::move(collective)),
+      bucket_of_(params_.size()),
+      pieces_of_(params_.size()),
+      ready_(params_.size(), false) {}
+
+GradBuckets::~GradBuckets() {
+  for (size_t i = 0; i < hook_handles_.size(); ++i) params_[i].remove_hook(hook_handles_[i]);
+}
+
+// As DDP's compute_bucket_assignment_by_size over the reversed parameters: gradients arrive
+// roughly in reverse order of registration, so bucket 0 holds the last parameters. Parameters
+// of one dtype and device share buckets; each such group starts with a 1 MiB bucket.
+absl::Status GradBuckets::AssignBuckets(double bucket_cap_mb) {
+  const auto cap_bytes = static_cast<int64_t>(std::max(1.0, bucket_cap_mb * kBytesPerMb));
+  struct Group {
+    std::optional<size_t> open_bucket;
+    int64_t limit = 0;
+  };
+  std::map<std::tuple<int, int, int>, Group> groups;  // by (dtype, device type, device index)
+  for (size_t i = params_.size(); i-- > 0;) {
+    const at::Tensor& param = params_[i];
+    auto [it, first] = groups.try_emplace(std::make_tuple(
+        static_cast<int>(param.scalar_type()), static_cast<int>(param.device().type()),
+        static_cast<int>(param.device().index())));
+    Group& group = it->second;
+    if (!group.open_bucket.has_value()) {
+      group.open_bucket = buckets_.size();
+      group.limit = first ? std::min(kFirstBucketBytes, cap_bytes) : cap_bytes;
+      buckets_.emplace_back();
+    }
+    const size_t b = *group.open_bucket;
+    const int64_t bytes = param.numel() * static_cast<int64_t>(param.element_size());
+    bucket_of_[i] = b;
+    buckets_[b].params.push_back(i);
+    buckets_[b].bytes += bytes;
+    total_bytes_ += bytes;
+    if (buckets_[b].bytes >= group.limit) group.open_bucket.reset();
+  }
+  return absl::OkStatus();
+}
+
+// Cuts the bucket's M elements into `portions` parts at the row boundaries nearest to
+// k * M / portions, then places part k at k * portion_numel (the largest part's size). A
+// parameter without elements gets no piece.
+void GradBuckets::LayOut(Bucket& bucket, int64_t portions) {
+  int64_t total = 0;
+  for (size_t i : bucket.params) total += params_[i].numel();
+  std::vector<int64_t> cuts = {0};
+  int64_t start = 0;
+  for (size_t i : bucket.params) {
+    const int64_t rows = RowCount(params_[i]), width = RowWidth(params_[i]);
+    const int64_t end = start + rows * width;
+    for (int64_t k = static_cast<int64_t>(cuts.size()); k < portions && k * total / portions <= end;
+         ++k) {
+      const int64_t row = width == 0 ? 0 : (k * total / portions - start + width / 2) / width;
+      cuts.push_back(std::max(cuts.back(), start + std::min(rows, row) * width));
+    }
+    start = end;
+  }
+  cuts.push_back(total);
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    bucket.portion_numel = std::max(bucket.portion_numel, cuts[k + 1] - cuts[k]);
+  }
+  start = 0;
+  for (size_t i : bucket.params) {
+    const int64_t width = RowWidth(params_[i]);
+    const int64_t end = start + params_[i].numel();
+    for (int64_t k = 0; k < portions; ++k) {
+      const int64_t from = std::max(start, cuts[k]), to = std::min(end, cuts[k + 1]);
+      if (from >= to) continue;
+      pieces_of_[i].push_back(bucket.pieces.size());
+      bucket.pieces.push_back(Piece{i, (from - start) / width, (to - from) / width,
+                                    k * bucket.portion_numel + from - cuts[k], k});
+    }
+    start = end;
+  }
+  const at::Tensor& first = params_[bucket.params.front()];
+  bucket.flat = at::empty({portions * bucket.portion_numel}, first.options().requires_grad(false));
+  bucket.pending = bucket.params.size();
+}
+
+// The ranks must agree on the parameters, or the bucket collectives would pair unrelated
+// tensors. One all-reduce MAX of (values, -values) yields each value's maximum and minimum.
+absl::Status GradBuckets::CheckRanksAgree() {
+  std::vector<int64_t> layout;
+  int64_t numel = 0;
+  for (const at::Tensor& param : params_) {
+    layout.push_back(static_cast<int64_t>(param.scalar_type()));
+    layout.push_back(param.dim());
+    for (int64_t size : param.sizes()) layout.push_back(size);
+    numel += param.numel();
+  }
+  const std::vector<int64_t> local = {static_cast<int64_t>(params_.size()), numel,
+                                      Fingerprint(layout)};
+  at::Tensor agreement =
+      at::tensor({local[0], local[1], local[2], -local[0], -local[1], -local[2]}, at::kLong);
+  KEEL_RETURN_IF_ERROR(base::AllReduce(agreement, base::Reduce::kMax, *group_,
+                                       "the check that the ranks agree on the parameters"));
+  const int64_t* data = agreement.data_ptr<int64_t>();
+  const std::vector<int64_t> reduced(data, data + 6);
+  for (int k = 0; k < 3; ++k) {
+    if (reduced[k] != -reduced[k + 3]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ranks' modules differ (parameter count, element count or shapes and dtypes); "
+          "rank ",
+          group_->getRank(), " has ", local[0], " parameters requiring grad with ", local[1],
+          " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradBuckets::BroadcastFromRank0(torch::nn::Module& module) {
+  at::NoGradGuard no_grad;
+  c10d::BroadcastOptions from_rank0;
+  from_rank0.rootRank = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    KEEL_RETURN_IF_ERROR(base::CallTorch(
+        absl::StatusCode::kUnavailable, absl::StrCat("broadcasting parameter bucket ", b), [&] {
+          for (const Piece& piece : bucket.pieces) {
+            BucketRows(piece).copy_(Rows(params_[piece.param], piece));
+          }
+          std::vector<at::Tensor> contents = {bucket.flat};
+          group_->broadcast(contents, from_rank0)->wait();
+          for (const Piece& piece : bucket.pieces) {
+            Rows(params_[piece.param], piece).copy_(BucketRows(piece));
+          }
+        }));
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined() || item.value().layout() != c10::kStrided) continue;
+    KEEL_RETURN_IF_ERROR(
+        base::CallTorch(absl::StatusCode::kUnavailable,
+                        absl::StrCat("broadcasting buffer '", item.key(), "'"), [&] {
+                          std::vector<at::Tensor> tensors = {item.value().contiguous()};
+                          group_->broadcast(tensors, from_rank0)->wait();
+                          if (!tensors[0].is_same(item.value())) item.value().copy_(tensors[0]);
+                        }));
+  }
+  return absl::OkStatus();
+}
+
+void GradBuckets::RegisterHooks() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hook_handles_.push_back(
+        params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
+  }
+}
+
+at::Tensor GradBuckets::Rows(const at::Tensor& tensor, const Piece& piece) {
+  return tensor.dim() == 0 ? tensor : tensor.narrow(0, piece.row_begin, piece.rows);
+}
+
+at::Tensor GradBuckets::BucketRows(const Piece& piece) {
+  const at::Tensor& param = params_[piece.param];
+  std::vector<int64_t> shape = param.sizes().vec();
+  if (!shape.empty()) shape[0] = piece.rows;
+  return buckets_[bucket_of_[piece.param]]
+      .flat.narrow(0, piece.offset, piece.rows * RowWidth(param))
+      .view(shape);
+}
+
+// Runs inside the autograd engine, before the parameter's AccumulateGrad, with the incoming
+// gradient: the bucket receives grad + the gradient accumulated so far. Nothing may throw
+// here; errors wait in hook_status_ for Wait().
+void GradBuckets::OnGradient(size_t index, const at::Tensor& grad) {
+  if (!sync_enabled_.load()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = AddGradientLocked(index, grad);
+  if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
+}
+
+absl::Status GradBuckets::AddGradientLocked(size_t index, const at::Tensor& grad) {
+  if (ready_[index]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter '", names_[index],
+        "' received a second gradient before Wait(); call Wait() after each synchronised "
+        "backward"));
+  }
+  const at::Tensor& accumulated = params_[index].grad();
+  absl::Status status;
+  if (grad.layout() != c10::kStrided ||
+      (accumulated.defined() && accumulated.layout() != c10::kStrided)) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("parameter '", names_[index],
+                     "' has a sparse gradient; only dense gradients are supported"));
+    absl::Status zeroed = ZeroPiecesLocked(index);
+    if (!zeroed.ok()) status = std::move(zeroed);
+  } else {
+    status = base::CallTorch(
+        absl::StatusCode::kInternal,
+        absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"), [&] {
+          Bucket& bucket = buckets_[bucket_of_[index]];
+          for (size_t p : pieces_of_[index]) {
+            const Piece& piece = bucket.pieces[p];
+            at::Tensor rows = BucketRows(piece);
+            if (accumulated.defined()) {
+              at::add_out(rows, Rows(accumulated, piece), Rows(grad, piece));
+            } else {
+              rows.copy_(Rows(grad, piece));
+            }
+          }
+        });
+  }
+  MarkReadyLocked(index);
+  return status;
+}
+
+absl::Status GradBuckets::ZeroPiecesLocked(size_t index) {
+  return base::CallTorch(absl::StatusCode::kInternal, "zeroing a bucket slot", [&] {
+    Bucket& bucket = buckets_[bucket_of_[index]];
+    for (size_t p : pieces_of_[index]) BucketRows(bucket.pieces[p]).zero_();
+  });
+}
+
+void GradBuckets::MarkReadyLocked(size_t index) {
+  ready_[index] = true;
+  ++num_ready_;
+  --buckets_[bucket_of_[index]].pending;
+  LaunchReadyBucketsLocked();
+}
+
+// Collectives pair up by call order, so bucket k is launched only after buckets 0..k-1, on
+// every rank, whatever order the gradients arrive in.
+void GradBuckets::LaunchReadyBucketsLocked() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    absl::Status status =
+        base::CallTorch(absl::StatusCode::kUnavailable,
+                        absl::StrCat(collective_, " of gradient bucket ", next_bucket_),
+                        [&] { bucket.work = launch_(next_bucket_, bucket); });
+    if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
+    ++next_bucket_;
+  }
+}
+
+absl::Status GradBuckets::Wait() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (num_ready_ == 0 && !sync_enabled_.load()) {
+    return absl::FailedPreconditionError(
+        "Wait() called in gradient-accumulation mode with no synchronised backward pending; "
+        "call PrepareForFinalBackward() before the last micro-batch's backward");
+  }
+  absl::Status status = std::move(hook_status_);
+  hook_status_ = absl::OkStatus();
+
+  // Parameters that got no gradient contribute zeros, so that every bucket is still reduced
+  // and the ranks' collectives stay paired; the error is reported below.
+  size_t missing = 0;
+  std::string first_missing;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    if (missing++ == 0) first_missing = names_[i];
+    absl::Status zeroed = ZeroPiecesLocked(i);
+    if (!zeroed.ok() && status.ok()) status = std::move(zeroed);
+    MarkReadyLocked(i);
+  }
+  if (missing > 0 && status.ok()) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "parameter '", first_missing, "'",
+        missing > 1 ? absl::StrCat(" and ", missing - 1, " other(s)") : std::string(),
+        " received no gradient in the synchronised backward; unused parameters are not "
+        "supported (set requires_grad(false) on them or run backward before Wait())"));
+  }
+  // Launching the buckets completed above may have failed too.
+  if (!hook_status_.ok() && status.ok()) status = hook_status_;
+  hook_status_ = absl::OkStatus();
+
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (bucket.work) {
+      absl::Status waited = base::CallTorch(
+          absl::StatusCode::kUnavailable,
+          absl::StrCat(collective_, " of gradient bucket ", b, " (", bucket.bytes, " bytes)"),
+          [&] { bucket.work->wait(); });
+      if (!waited.ok() && status.ok()) status = std::move(waited);
+      bucket.work.reset();
+    }
+    bucket.pending = bucket.params.size();
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  num_ready_ = 0;
+  next_bucket_ = 0;
+  return status;
+}
+
+}  // namespace keel::gradients::internal

@@ -1,0 +1,135 @@
+// What DataParallelGradSync and ShardedGradSync share: a module's trainable parameters in
+// DDP's buckets, each bucket one flat buffer in `portions` equal parts of whole rows (1: the
+// parameters packed, as DDP; the world size: one part per rank, each padded to the largest, so
+// that a reduce-scatter gives rank r the sums of part r), gradients copied in from autograd
+// hooks, and each bucket's collective launched, in bucket order on every rank, as soon as its
+// last gradient arrived.
+#ifndef KEEL_GRADIENTS_INTERNAL_GRAD_BUCKETS_H_
+#define KEEL_GRADIENTS_INTERNAL_GRAD_BUCKETS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "torch/csrc/distributed/c10d/Work.hpp"
+#include "torch/nn/module.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::gradients::internal {
+
+// Rows [row_begin, row_begin + rows) of parameter `param` (its dimension 0; a 0-d parameter is
+// one row), stored contiguously from element `offset` of its bucket's buffer, in part `portion`.
+struct Piece {
+  size_t param = 0;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  int64_t offset = 0;
+  int64_t portion = 0;
+};
+
+struct Bucket {
+  // portions x portion_numel elements.
+  at::Tensor flat;
+  int64_t portion_numel = 0;
+  // The parameters, and their pieces in bucket order.
+  std::vector<size_t> params;
+  std::vector<Piece> pieces;
+  // The parameters' bytes (without padding).
+  int64_t bytes = 0;
+  // Parameters still waiting for their gradient in this backward.
+  size_t pending = 0;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+struct GradBucketsOptions {
+  // DataParallelGradSyncOptions' fields.
+  double bucket_cap_mb = 25;
+  bool init_sync = true;
+  // Parts per bucket: 1 or the group's size.
+  int64_t portions = 1;
+  // The collective's name in messages ("all-reduce", "reduce-scatter").
+  std::string collective = "all-reduce";
+};
+
+class GradBuckets {
+ public:
+  // Starts bucket `index`'s collective on its buffer. May throw c10::Error.
+  using Launch = std::function<c10::intrusive_ptr<c10d::Work>(size_t index, Bucket& bucket)>;
+
+  // DataParallelGradSync::Create's checks and errors; the hooks call `launch`.
+  // Collective: every rank of `group` calls it.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GradBuckets>> Create(
+      torch::nn::Module& module, c10d::ProcessGroup& group, const GradBucketsOptions& options,
+      Launch launch);
+
+  GradBuckets(const GradBuckets&) = delete;
+  GradBuckets& operator=(const GradBuckets&) = delete;
+  // Removes the gradient hooks; collectives in flight are abandoned.
+  ~GradBuckets();
+
+  // Whether the following backward passes fill the buckets (else they only accumulate).
+  void EnableSync(bool enabled) { sync_enabled_.store(enabled); }
+
+  // DataParallelGradSync::Wait up to the averaging: every bucket's collective is awaited (a
+  // parameter without gradient contributes zeros, and an error). Collective.
+  [[nodiscard]] absl::Status Wait();
+
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  std::vector<Bucket>& buckets() { return buckets_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  c10d::ProcessGroup& group() const { return *group_; }
+  int64_t total_bytes() const { return total_bytes_; }
+
+  // The piece's rows in its bucket's buffer, shaped as the parameter's rows.
+  at::Tensor BucketRows(const Piece& piece);
+  // The piece's rows of `tensor` (the parameter, or its gradient).
+  static at::Tensor Rows(const at::Tensor& tensor, const Piece& piece);
+
+ private:
+  GradBuckets(c10d::ProcessGroup& group, std::vector<std::string> names,
+              std::vector<at::Tensor> params, Launch launch, std::string collective);
+  [[nodiscard]] absl::Status AssignBuckets(double bucket_cap_mb);
+  void LayOut(Bucket& bucket, int64_t portions);
+  [[nodiscard]] absl::Status CheckRanksAgree();
+  [[nodiscard]] absl::Status BroadcastFromRank0(torch::nn::Module& module);
+  void RegisterHooks();
+  void OnGradient(size_t index, const at::Tensor& grad);
+  [[nodiscard]] absl::Status AddGradientLocked(size_t index, const at::Tensor& grad);
+  [[nodiscard]] absl::Status ZeroPiecesLocked(size_t index);
+  void MarkReadyLocked(size_t index);
+  void LaunchReadyBucketsLocked();
+
+  c10d::ProcessGroup* group_;
+  const std::vector<std::string> names_;
+  const std::vector<at::Tensor> params_;
+  const Launch launch_;
+  const std::string collective_;
+  std::vector<Bucket> buckets_;
+  // For each parameter: its bucket and its pieces' indices there.
+  std::vector<size_t> bucket_of_;
+  std::vector<std::vector<size_t>> pieces_of_;
+  std::vector<unsigned> hook_handles_;
+  int64_t total_bytes_ = 0;
+
+  std::atomic<bool> sync_enabled_{true};
+  std::mutex mu_;  // guards the per-backward state below, written by autograd hooks
+  std::vector<bool> ready_;
+  size_t num_ready_ = 0;
+  size_t next_bucket_ = 0;  // buckets are launched in index order on every rank
+  absl::Status hook_status_;
+};
+
+}  // namespace keel::gradients::internal
+
+#endif  // KEEL_GRADIENTS_INTERNAL_GRAD_BUCKETS_H_

@@ -1,0 +1,186 @@
+#include "gradients/sharded_grad_sync.h"
+
+#include <utility>
+
+#include "ATen/core/grad_mode.h"
+#include "ATen/ops/div.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "gradients/internal/grad_buckets.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "torch/csrc/distributed/c10d/Work.hpp"
+
+namespace keel::gradients {
+namespace {
+
+using internal::Bucket;
+using internal::GradBuckets;
+using internal::GradBucketsOptions;
+using internal::Piece;
+
+// Rank `rank`'s part of the bucket's buffer.
+at::Tensor Part(const Bucket& bucket, int64_t rank) {
+  return bucket.flat.narrow(0, rank * bucket.portion_numel, bucket.portion_numel);
+}
+
+// Starts the reduction of the bucket's parts: a reduce-scatter where the backend has one for
+// flat buffers (NCCL), else an all-reduce (Gloo), after which rank `rank`'s part holds the same
+// sums. May throw c10::Error.
+c10::intrusive_ptr<c10d::Work> ReduceScatter(c10d::ProcessGroup& group, Bucket& bucket,
+                                             int64_t rank, bool native) {
+  if (native) {
+    at::Tensor part = Part(bucket, rank);
+    return group._reduce_scatter_base(part, bucket.flat);
+  }
+  std::vector<at::Tensor> contents = {bucket.flat};
+  return group.allreduce(contents);
+}
+
+// Starts the all-gather of every rank's part into the whole buffer. May throw c10::Error.
+c10::intrusive_ptr<c10d::Work> AllGatherParts(c10d::ProcessGroup& group, Bucket& bucket,
+                                              int64_t rank, bool native) {
+  at::Tensor mine = Part(bucket, rank);
+  if (native) return group._allgather_base(bucket.flat, mine);
+  std::vector<std::vector<at::Tensor>> parts(1);
+  for (int64_t k = 0; k < group.getSize(); ++k) parts[0].push_back(Part(bucket, k));
+  std::vector<at::Tensor> inputs = {mine};
+  return group.allgather(parts, inputs);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
+    torch::nn::Module& module, c10d::ProcessGroup& group,
+    const DataParallelGradSyncOptions& options) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (item.value().defined() && item.value().requires_grad() && item.value().dim() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", item.key(),
+                       "' is 0-dimensional; shards are blocks of rows (dimension 0): register it "
+                       "with shape [1]"));
+    }
+  }
+  const int64_t rank = group.getRank();
+  const bool native = group.getBackendName() == "nccl";
+  GradBucketsOptions buckets_options;
+  buckets_options.bucket_cap_mb = options.bucket_cap_mb;
+  buckets_options.init_sync = options.init_sync;
+  buckets_options.portions = group.getSize();
+  buckets_options.collective = "reduce-scatter";
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<GradBuckets> buckets,
+                        GradBuckets::Create(module, group, buckets_options,
+                                            [&group, rank, native](size_t, Bucket& bucket) {
+                                              return ReduceScatter(group, bucket, rank, native);
+                                            }));
+  std::unique_ptr<ShardedGradSync> sync(new ShardedGradSync(std::move(buckets)));
+  sync->rank_ = rank;
+  sync->native_ = native;
+  sync->MakeShards();
+  return sync;
+}
+
+ShardedGradSync::ShardedGradSync(std::unique_ptr<GradBuckets> buckets)
+    : buckets_(std::move(buckets)) {}
+
+ShardedGradSync::~ShardedGradSync() = default;
+
+// A parameter's shard starts after the rows of the lower ranks' parts.
+void ShardedGradSync::MakeShards() {
+  const std::vector<at::Tensor>& params = buckets_->params();
+  std::vector<int64_t> row_begin(params.size(), 0), rows(params.size(), 0);
+  for (const Bucket& bucket : buckets_->buckets()) {
+    for (const Piece& piece : bucket.pieces) {
+      if (piece.portion < rank_) row_begin[piece.param] += piece.rows;
+      if (piece.portion == rank_) rows[piece.param] = piece.rows;
+    }
+  }
+  const GradLayout layout = {{MeshDim{"dp", &buckets_->group(), Placement::Shard(0)}}};
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = buckets_->names()[i];
+    shards_.push_back(ParamShard{name, params[i].detach().narrow(0, row_begin[i], rows[i]),
+                                 params[i].sizes().vec(), row_begin[i]});
+    sharding_.Set(name, layout);
+  }
+}
+
+void ShardedGradSync::PrepareForGradAccumulation() { buckets_->EnableSync(false); }
+
+void ShardedGradSync::PrepareForFinalBackward() { buckets_->EnableSync(true); }
+
+size_t ShardedGradSync::num_buckets() const { return buckets_->buckets().size(); }
+
+int64_t ShardedGradSync::bucket_numel() const {
+  int64_t numel = 0;
+  for (const Bucket& bucket : buckets_->buckets()) numel += bucket.flat.numel();
+  return numel;
+}
+
+int64_t ShardedGradSync::shard_numel() const {
+  int64_t numel = 0;
+  for (const ParamShard& shard : shards_) numel += shard.tensor.numel();
+  return numel;
+}
+
+std::vector<NamedParameter> ShardedGradSync::ShardParameters() const {
+  std::vector<NamedParameter> parameters;
+  for (const ParamShard& shard : shards_) parameters.push_back({shard.name, shard.tensor});
+  return parameters;
+}
+
+absl::Status ShardedGradSync::Wait() {
+  KEEL_RETURN_IF_ERROR(buckets_->Wait());
+  at::NoGradGuard no_grad;
+  const double world = buckets_->group().getSize();
+  const std::vector<at::Tensor>& params = buckets_->params();
+  return base::CallTorch(absl::StatusCode::kInternal, "writing the averaged gradients", [&] {
+    for (Bucket& bucket : buckets_->buckets()) {
+      for (const Piece& piece : bucket.pieces) {
+        if (piece.portion != rank_) continue;
+        at::Tensor grad = GradBuckets::Rows(params[piece.param].grad(), piece);
+        at::div_out(grad, buckets_->BucketRows(piece), world);
+      }
+    }
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      ParamShard& shard = shards_[i];
+      const at::Tensor& grad = params[i].grad();
+      shard.tensor.mutable_grad() =
+          grad.defined() ? grad.narrow(0, shard.row_begin, shard.tensor.size(0)) : at::Tensor();
+    }
+  });
+}
+
+absl::Status ShardedGradSync::AllGather() {
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor>& params = buckets_->params();
+  std::vector<Bucket>& buckets = buckets_->buckets();
+  std::vector<c10::intrusive_ptr<c10d::Work>> work(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    KEEL_RETURN_IF_ERROR(base::CallTorch(
+        absl::StatusCode::kUnavailable, absl::StrCat("all-gather of parameter bucket ", b), [&] {
+          for (const Piece& piece : bucket.pieces) {
+            if (piece.portion == rank_) {
+              buckets_->BucketRows(piece).copy_(GradBuckets::Rows(params[piece.param], piece));
+            }
+          }
+          work[b] = AllGatherParts(buckets_->group(), bucket, rank_, native_);
+        }));
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    KEEL_RETURN_IF_ERROR(base::CallTorch(
+        absl::StatusCode::kUnavailable,
+        absl::StrCat("all-gather of parameter bucket ", b, " (", bucket.bytes, " bytes)"), [&] {
+          work[b]->wait();
+          for (const Piece& piece : bucket.pieces) {
+            if (piece.portion != rank_) {
+              GradBuckets::Rows(params[piece.param], piece).copy_(buckets_->BucketRows(piece));
+            }
+          }
+        }));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace keel::gradients

@@ -1,0 +1,116 @@
+// Sharded data-parallel gradient synchronisation: the communication of Megatron-Core's
+// distributed optimizer (megatron/core/optimizer/distrib_optimizer.py, DeepSpeed ZeRO stage 1-2).
+// As DataParallelGradSync, gradients go into DDP's buckets from autograd hooks while backward
+// runs, with accumulation micro-batches kept local; but each rank owns a contiguous part of
+// every bucket and receives only the group average of that part (a reduce-scatter), steps only
+// its parameter shards, and AllGather() then gives every rank every part's new values.
+//
+//   KEEL_ASSIGN_OR_RETURN(auto sync, ShardedGradSync::Create(*model, *dp_group));
+//   sync->PrepareForFinalBackward();  // as DataParallelGradSync
+//   loss.backward();
+//   KEEL_RETURN_IF_ERROR(sync->Wait());  // each shard's grad() is its rows' average
+//   ... step the shards (sync->shards()[i].tensor) ...
+//   KEEL_RETURN_IF_ERROR(sync->AllGather());
+#ifndef KEEL_GRADIENTS_SHARDED_GRAD_SYNC_H_
+#define KEEL_GRADIENTS_SHARDED_GRAD_SYNC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gradients/clip_grad_norm.h"
+#include "gradients/dp_sync.h"
+#include "gradients/sharding.h"
+#include "torch/nn/module.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::gradients {
+namespace internal {
+class GradBuckets;
+}  // namespace internal
+
+// The rows of one parameter that this rank owns: rows [row_begin, row_begin + rows) of its
+// dimension 0, none on some ranks.
+struct ParamShard {
+  // The parameter's fully qualified name.
+  std::string name;
+  // Those rows of the parameter: a view sharing its storage (not requiring grad), so stepping
+  // it steps the parameter. Wait() sets its grad().
+  at::Tensor tensor;
+  // The parameter's shape, and where the rows start.
+  std::vector<int64_t> global_shape;
+  int64_t row_begin = 0;
+};
+
+// Averages a module's gradients over a data-parallel group as DataParallelGradSync does, but
+// delivers to each rank only the rows it owns. Each bucket's elements (see
+// DataParallelGradSync) are cut into one contiguous part per rank, at the row boundary nearest
+// to an equal split, so each rank's part of a parameter is a block of whole rows: a rank holds
+// about 1/N of every bucket, within a row per part. The parts are padded to the largest, so
+// NCCL reduce-scatters and all-gathers each bucket as one flat buffer; where the backend has
+// no reduce-scatter (Gloo in LibTorch 1.13) the bucket is all-reduced and each rank keeps its
+// part, the same sums.
+//
+// Requires: as DataParallelGradSync; no 0-d parameter (view it as shape [1]).
+class ShardedGradSync {
+ public:
+  // Collective: every rank calls it.
+  // Errors: DataParallelGradSync::Create's; kInvalidArgument for a 0-d parameter.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardedGradSync>> Create(
+      torch::nn::Module& module, c10d::ProcessGroup& group,
+      const DataParallelGradSyncOptions& options = {});
+
+  ShardedGradSync(const ShardedGradSync&) = delete;
+  ShardedGradSync& operator=(const ShardedGradSync&) = delete;
+  ~ShardedGradSync();
+
+  // As DataParallelGradSync's.
+  void PrepareForGradAccumulation();
+  void PrepareForFinalBackward();
+
+  // Finishes the synchronised backward: waits for every bucket's reduction and writes the
+  // group average of this rank's rows into those rows of each parameter's grad, which each
+  // shard's grad() then views. The parameters' other rows of grad are this rank's local sums:
+  // read gradients through shards() only. Collective. Errors: DataParallelGradSync::Wait's
+  // (naming the reduce-scatter).
+  [[nodiscard]] absl::Status Wait();
+
+  // After the shards were stepped: every rank's rows, all-gathered into every rank's
+  // parameters, so the replicas are whole and equal again. Collective.
+  // Errors: kUnavailable when an all-gather fails (the parameters are then unspecified).
+  [[nodiscard]] absl::Status AllGather();
+
+  // One shard per trainable parameter, in the module's order (possibly without rows).
+  const std::vector<ParamShard>& shards() const { return shards_; }
+  // The shards as ClipGradNorm's parameters, and their layout: Shard(0) over the group along
+  // "dp", so that ClipGradNorm computes the norm of the whole averaged gradient.
+  std::vector<NamedParameter> ShardParameters() const;
+  const ShardingSpec& sharding() const { return sharding_; }
+
+  size_t num_buckets() const;
+  // Elements of the buckets (with the padding of the parts) and of this rank's parts.
+  int64_t bucket_numel() const;
+  int64_t shard_numel() const;
+
+ private:
+  explicit ShardedGradSync(std::unique_ptr<internal::GradBuckets> buckets);
+  void MakeShards();
+
+  std::unique_ptr<internal::GradBuckets> buckets_;
+  int64_t rank_ = 0;
+  bool native_ = false;  // the backend reduce-scatters and all-gathers flat buffers (NCCL)
+  std::vector<ParamShard> shards_;
+  ShardingSpec sharding_;
+};
+
+}  // namespace keel::gradients
+
+#endif  // KEEL_GRADIENTS_SHARDED_GRAD_SYNC_H_
