@@ -1,0 +1,94 @@
+// Megatron-Core's distributed optimizer (megatron/core/optimizer/distrib_optimizer.py, after
+// DeepSpeed's ZeRO stages 1-2) for LibTorch: each data-parallel rank keeps the optimizer
+// state of its shard of the parameters only, about 1/N of it; receives only its shard of the
+// averaged gradients (gradients::ShardedGradSync), steps it with a LibTorch optimizer built over
+// the shards, and all-gathers the updated parameters.
+//
+//   auto adamw = [](const std::vector<gradients::ParamShard>& shards) {
+//     std::vector<at::Tensor> tensors;
+//     for (const auto& shard : shards) tensors.push_back(shard.tensor);
+//     return std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(1e-3));
+//   };
+//   KEEL_ASSIGN_OR_RETURN(auto optimizer, DistributedOptimizer::Create(*model, *dp_group, adamw));
+//   // backward passes, with PrepareFor* as DataParallelGradSync's; then Wait(), ClipGradNorm
+//   // over ShardParameters() with sharding(), Step() and ZeroGrad().
+#ifndef KEEL_OPTIM_DISTRIBUTED_OPTIMIZER_H_
+#define KEEL_OPTIM_DISTRIBUTED_OPTIMIZER_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gradients/clip_grad_norm.h"
+#include "gradients/dp_sync.h"
+#include "gradients/sharded_grad_sync.h"
+#include "gradients/sharding.h"
+#include "torch/nn/module.h"
+#include "torch/optim/optimizer.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::optim {
+
+// Builds the optimizer that steps this rank's shards: its param groups must hold each shard's
+// tensor exactly once (group them by ParamShard::name as the unsharded optimizer would be).
+using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    const std::vector<gradients::ParamShard>& shards)>;
+
+// A data-parallel optimizer whose state is sharded over the group. The optimizer must be
+// elementwise (each element's update depends only on its own gradient and state: Adam, AdamW,
+// SGD, RMSprop, Adagrad), so that stepping shards equals stepping the whole parameters; its
+// options (learning rate, weight decay) are set on optimizer() as usual, by a ParamScheduler
+// for instance. Every shard is in the optimizer even without rows, so every rank's optimizer
+// has the same param groups and step counts as the unsharded one.
+//
+// Requires: `module` and `group` outlive this object; as gradients::ShardedGradSync.
+class DistributedOptimizer {
+ public:
+  // Shards the module's trainable parameters over `group` and builds the optimizer over the
+  // shards. Collective: every rank calls it.
+  // Errors: ShardedGradSync::Create's; kInvalidArgument when the factory returns no optimizer,
+  // an LBFGS (not elementwise), or one whose param groups do not hold each shard exactly once.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
+      torch::nn::Module& module, c10d::ProcessGroup& group, const ShardOptimizerFactory& factory,
+      const gradients::DataParallelGradSyncOptions& options = {});
+
+  // As DataParallelGradSync's: accumulation micro-batches do not communicate.
+  void PrepareForGradAccumulation() { sync_->PrepareForGradAccumulation(); }
+  void PrepareForFinalBackward() { sync_->PrepareForFinalBackward(); }
+  // ShardedGradSync::Wait: each shard's grad() is the group average of its rows. Collective.
+  [[nodiscard]] absl::Status Wait() { return sync_->Wait(); }
+
+  // For ClipGradNorm between Wait and Step: the shards and their layout over the group.
+  std::vector<gradients::NamedParameter> ShardParameters() const {
+    return sync_->ShardParameters();
+  }
+  const gradients::ShardingSpec& sharding() const { return sync_->sharding(); }
+
+  // Steps the shards with optimizer(), then all-gathers them into every rank's parameters.
+  // Collective. Errors: kInternal when the optimizer's step throws; ShardedGradSync::AllGather's.
+  [[nodiscard]] absl::Status Step();
+  // Clears the gradients of the module's parameters and of the shards (they become undefined).
+  void ZeroGrad();
+
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const std::vector<gradients::ParamShard>& shards() const { return sync_->shards(); }
+  const gradients::ShardedGradSync& grad_sync() const { return *sync_; }
+
+ private:
+  DistributedOptimizer(std::unique_ptr<gradients::ShardedGradSync> sync,
+                       std::unique_ptr<torch::optim::Optimizer> optimizer,
+                       std::vector<at::Tensor> params);
+
+  std::unique_ptr<gradients::ShardedGradSync> sync_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<at::Tensor> params_;
+};
+
+}  // namespace keel::optim
+
+#endif  // KEEL_OPTIM_DISTRIBUTED_OPTIMIZER_H_
