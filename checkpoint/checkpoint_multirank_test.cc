@@ -202,6 +202,32 @@ TEST(CheckpointMultiRankTest, RanksDisagreeingOnATensorIsAnError) {
   }
 }
 
+// A rank's empty block (a shard without rows, here inside rank 0's rows) overlaps nothing and
+// is no one's to write: the manifest holds rank 0's one chunk, and both ranks load it.
+TEST(CheckpointMultiRankTest, EmptyBlocksOverlapNothingAndAreNotWritten) {
+  const std::string dir = NewTempDir("empty_block");
+  const at::Tensor full = at::arange(12, at::kFloat).view({4, 3});
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+    CheckpointerOptions options;
+    options.checkpoint_dir = dir;
+    KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+    TensorsState state;
+    const int64_t rows = r.rank == 0 ? 4 : 0;
+    state.tensors["x"] = {full.narrow(0, r.rank == 0 ? 0 : 2, rows).clone(),
+                          ShardPlacement{{4, 3}, {r.rank == 0 ? 0 : 2, 0}}};
+    KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &state}}, 1, 0));
+    TensorsState loaded = state.EmptyLike();
+    KEEL_RETURN_IF_ERROR(
+        checkpointer->Load(dir + "/step_0000000001", {{"model", &loaded}}).status());
+    EXPECT_TRUE(at::equal(loaded.tensors["x"].tensor, state.tensors["x"].tensor));
+    return absl::OkStatus();
+  }));
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(dir + "/step_0000000001"));
+  ASSERT_EQ(manifest.tensors_size(), 1);
+  ASSERT_EQ(manifest.tensors(0).chunks_size(), 1);
+  EXPECT_EQ(manifest.tensors(0).chunks(0).lengths(0), 4);
+}
+
 TEST(CheckpointMultiRankTest, AsyncSaveCommitsOnEveryRank) {
   const std::string dir = NewTempDir("async_ranks");
   KEEL_ASSERT_OK(RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {

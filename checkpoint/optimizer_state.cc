@@ -397,11 +397,12 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
 
 }  // namespace
 
-OptimizerState::OptimizerState(Kind kind, torch::nn::Module& model,
+OptimizerState::OptimizerState(Kind kind, torch::nn::Module* model, NamedTensors named,
                                torch::optim::Optimizer& optimizer, optim::ParamScheduler* scheduler,
                                std::map<std::string, ShardPlacement> placements)
     : kind_(kind),
-      model_(&model),
+      model_(model),
+      named_(std::move(named)),
       optimizer_(&optimizer),
       scheduler_(scheduler),
       placements_(std::move(placements)) {}
@@ -409,6 +410,32 @@ OptimizerState::OptimizerState(Kind kind, torch::nn::Module& model,
 absl::StatusOr<OptimizerState> OptimizerState::Create(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer, optim::ParamScheduler* scheduler,
     std::map<std::string, ShardPlacement> placements) {
+  const auto params = model.named_parameters(/*recurse=*/true);
+  for (const auto& [name, placement] : placements) {
+    if (params.find(name) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placements: '", name, "' is not a parameter of the model"));
+    }
+  }
+  return Make(&model, {}, optimizer, scheduler, std::move(placements));
+}
+
+absl::StatusOr<OptimizerState> OptimizerState::Create(optim::DistributedOptimizer& optimizer,
+                                                      optim::ParamScheduler* scheduler) {
+  NamedTensors named;
+  std::map<std::string, ShardPlacement> placements;
+  for (const gradients::ParamShard& shard : optimizer.shards()) {
+    named.emplace_back(shard.name, shard.tensor);
+    std::vector<int64_t> offsets(shard.global_shape.size(), 0);
+    offsets[0] = shard.row_begin;
+    placements[shard.name] = ShardPlacement{shard.global_shape, std::move(offsets)};
+  }
+  return Make(nullptr, std::move(named), optimizer.optimizer(), scheduler, std::move(placements));
+}
+
+absl::StatusOr<OptimizerState> OptimizerState::Make(
+    torch::nn::Module* model, NamedTensors named, torch::optim::Optimizer& optimizer,
+    optim::ParamScheduler* scheduler, std::map<std::string, ShardPlacement> placements) {
   Kind kind;
   if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr) {
     kind = Kind::kAdam;
@@ -421,21 +448,20 @@ absl::StatusOr<OptimizerState> OptimizerState::Create(
         "the optimizer must be a torch::optim::Adam, AdamW or SGD; other types are not "
         "supported");
   }
-  OptimizerState state(kind, model, optimizer, scheduler, std::move(placements));
+  OptimizerState state(kind, model, std::move(named), optimizer, scheduler, std::move(placements));
   KEEL_RETURN_IF_ERROR(state.GroupParamNames().status());
   return state;
 }
 
 absl::StatusOr<std::vector<std::vector<std::string>>> OptimizerState::GroupParamNames() const {
   std::unordered_map<const c10::TensorImpl*, std::string> names;
-  const auto params = model_->named_parameters(/*recurse=*/true);
-  for (const auto& item : params) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
-  for (const auto& [name, placement] : placements_) {
-    if (params.find(name) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("placements: '", name, "' is not a parameter of the model"));
+  if (model_ != nullptr) {
+    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+      names.emplace(item.value().unsafeGetTensorImpl(), item.key());
     }
   }
+  for (const auto& [name, tensor] : named_) names.emplace(tensor.unsafeGetTensorImpl(), name);
+  const char* const what = model_ != nullptr ? "a parameter of the model" : "a shard";
   std::vector<std::vector<std::string>> out;
   const auto& groups = optimizer_->param_groups();
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -446,7 +472,7 @@ absl::StatusOr<std::vector<std::vector<std::string>>> OptimizerState::GroupParam
       if (it == names.end()) {
         return absl::InvalidArgumentError(
             absl::StrCat("param_groups[", i, "].params[", j, "] (shape [",
-                         absl::StrJoin(param.sizes(), ", "), "]) is not a parameter of the model"));
+                         absl::StrJoin(param.sizes(), ", "), "]) is not ", what));
       }
       group_names.push_back(it->second);
     }

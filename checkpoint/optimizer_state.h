@@ -12,11 +12,13 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/state_dict.h"
+#include "optim/distributed_optimizer.h"
 #include "optim/param_scheduler.h"
 #include "torch/nn/module.h"
 #include "torch/optim/optimizer.h"
@@ -56,6 +58,15 @@ class OptimizerState : public Stateful {
       optim::ParamScheduler* scheduler = nullptr,
       std::map<std::string, ShardPlacement> placements = {});
 
+  // The state of a DistributedOptimizer (its optimizer over this rank's shards), saved as the
+  // unsharded optimizer's is: under each parameter's name, every state tensor with the
+  // parameter's shape, of which each rank writes its shard's rows. So its checkpoints load
+  // sharded on any number of ranks and unsharded alike, and the unsharded ones load sharded.
+  // Errors: as above, for the shards' optimizer.
+  // Requires: `optimizer` and `scheduler` (may be null) outlive this object.
+  [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
+      optim::DistributedOptimizer& optimizer, optim::ParamScheduler* scheduler = nullptr);
+
   // Errors: as Create, for parameters added to the model or the optimizer since.
   [[nodiscard]] absl::StatusOr<State> StateDict() const override;
   // Errors: as StateDict; kInvalidArgument for ill-typed saved values (naming the field) or
@@ -65,15 +76,23 @@ class OptimizerState : public Stateful {
  private:
   enum class Kind { kAdam, kAdamW, kSgd };
 
-  OptimizerState(Kind kind, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                 optim::ParamScheduler* scheduler,
+  // The tensors the optimizer steps, by name.
+  using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+  OptimizerState(Kind kind, torch::nn::Module* model, NamedTensors named,
+                 torch::optim::Optimizer& optimizer, optim::ParamScheduler* scheduler,
                  std::map<std::string, ShardPlacement> placements);
+  [[nodiscard]] static absl::StatusOr<OptimizerState> Make(
+      torch::nn::Module* model, NamedTensors named, torch::optim::Optimizer& optimizer,
+      optim::ParamScheduler* scheduler, std::map<std::string, ShardPlacement> placements);
 
   // The name of every parameter of every param group, by group.
   absl::StatusOr<std::vector<std::vector<std::string>>> GroupParamNames() const;
 
   Kind kind_;
+  // The model whose parameters the optimizer steps, or (null) the named tensors it steps.
   torch::nn::Module* model_;
+  NamedTensors named_;
   torch::optim::Optimizer* optimizer_;
   optim::ParamScheduler* scheduler_;
   std::map<std::string, ShardPlacement> placements_;

@@ -61,6 +61,12 @@ absl::StatusOr<std::vector<std::vector<std::string>>> PlanWrites(
                          Dims({tensor.shape().begin(), tensor.shape().end()}), " on rank ", rank));
       }
       const Chunk& chunk = tensor.chunks(0);
+      // A rank's empty block of a tensor that is not empty (a shard without rows) holds
+      // nothing to write.
+      if (Volume({chunk.lengths().begin(), chunk.lengths().end()}) == 0 &&
+          Volume({tensor.shape().begin(), tensor.shape().end()}) > 0) {
+        continue;
+      }
       auto& [bytes, ranks] = holders.blocks[{{chunk.offsets().begin(), chunk.offsets().end()},
                                              {chunk.lengths().begin(), chunk.lengths().end()}}];
       bytes = chunk.byte_length();

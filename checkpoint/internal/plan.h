@@ -14,7 +14,8 @@ namespace keel::checkpoint::internal {
 
 // For each rank, the names of the tensors whose block it writes. Identical blocks held by
 // several ranks (replicated tensors) are written once, by the holder with the fewest bytes
-// assigned so far, taking blocks largest first. Errors: kInvalidArgument when ranks disagree
+// assigned so far, taking blocks largest first; empty blocks of tensors that are not empty
+// are no one's to write. Errors: kInvalidArgument when ranks disagree
 // on a tensor's dtype or global shape, hold partly overlapping blocks, or leave part of a
 // tensor uncovered.
 [[nodiscard]] absl::StatusOr<std::vector<std::vector<std::string>>> PlanWrites(
