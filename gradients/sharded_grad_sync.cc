@@ -9,6 +9,7 @@
 #include "base/torch_status.h"
 #include "gradients/internal/grad_buckets.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "torch/csrc/distributed/c10d/Types.hpp"
 #include "torch/csrc/distributed/c10d/Work.hpp"
 
 namespace keel::gradients {
@@ -37,15 +38,24 @@ c10::intrusive_ptr<c10d::Work> ReduceScatter(c10d::ProcessGroup& group, Bucket& 
   return group.allreduce(contents);
 }
 
-// Starts the all-gather of every rank's part into the whole buffer. May throw c10::Error.
-c10::intrusive_ptr<c10d::Work> AllGatherParts(c10d::ProcessGroup& group, Bucket& bucket,
-                                              int64_t rank, bool native) {
-  at::Tensor mine = Part(bucket, rank);
-  if (native) return group._allgather_base(bucket.flat, mine);
-  std::vector<std::vector<at::Tensor>> parts(1);
-  for (int64_t k = 0; k < group.getSize(); ++k) parts[0].push_back(Part(bucket, k));
-  std::vector<at::Tensor> inputs = {mine};
-  return group.allgather(parts, inputs);
+// Starts the all-gather of every rank's part into the whole buffer, in place: one flat
+// all-gather (NCCL), or each part broadcast from its rank (Gloo, whose all-gather would stage
+// the whole bucket in a second buffer). May throw c10::Error.
+std::vector<c10::intrusive_ptr<c10d::Work>> AllGatherParts(c10d::ProcessGroup& group,
+                                                           Bucket& bucket, int64_t rank,
+                                                           bool native) {
+  if (native) {
+    at::Tensor mine = Part(bucket, rank);
+    return {group._allgather_base(bucket.flat, mine)};
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> work;
+  for (int64_t k = 0; k < group.getSize(); ++k) {
+    std::vector<at::Tensor> part = {Part(bucket, k)};
+    c10d::BroadcastOptions from;
+    from.rootRank = k;
+    work.push_back(group.broadcast(part, from));
+  }
+  return work;
 }
 
 }  // namespace
@@ -154,7 +164,7 @@ absl::Status ShardedGradSync::AllGather() {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor>& params = buckets_->params();
   std::vector<Bucket>& buckets = buckets_->buckets();
-  std::vector<c10::intrusive_ptr<c10d::Work>> work(buckets.size());
+  std::vector<std::vector<c10::intrusive_ptr<c10d::Work>>> work(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
     KEEL_RETURN_IF_ERROR(base::CallTorch(
@@ -172,7 +182,7 @@ absl::Status ShardedGradSync::AllGather() {
     KEEL_RETURN_IF_ERROR(base::CallTorch(
         absl::StatusCode::kUnavailable,
         absl::StrCat("all-gather of parameter bucket ", b, " (", bucket.bytes, " bytes)"), [&] {
-          work[b]->wait();
+          for (const auto& part : work[b]) part->wait();
           for (const Piece& piece : bucket.pieces) {
             if (piece.portion != rank_) {
               GradBuckets::Rows(params[piece.param], piece).copy_(buckets_->BucketRows(piece));

@@ -57,7 +57,7 @@ struct ParamShard {
 // about 1/N of every bucket, within a row per part. The parts are padded to the largest, so
 // NCCL reduce-scatters and all-gathers each bucket as one flat buffer; where the backend has
 // no reduce-scatter (Gloo in LibTorch 1.13) the bucket is all-reduced and each rank keeps its
-// part, the same sums.
+// part, the same sums, and each part is broadcast from its rank in place.
 //
 // Requires: as DataParallelGradSync; no 0-d parameter (view it as shape [1]).
 class ShardedGradSync {
