@@ -59,6 +59,7 @@ absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions
     return absl::InvalidArgumentError(absl::StrCat("distributed.backend ", error));
   }
   if (config.has_timeout_seconds()) options.timeout_seconds = config.timeout_seconds();
+  options.use_distributed_optimizer = config.use_distributed_optimizer();
   return Require(options.timeout_seconds > 0, "distributed.timeout_seconds",
                  options.timeout_seconds, "must be > 0");
 }

@@ -67,12 +67,16 @@ struct DistributedOptions {
   Backend backend = Backend::kGloo;
   // A collective or rendezvous that takes longer fails the run. Default: 60.
   int64_t timeout_seconds = 60;
+  // Megatron's use_distributed_optimizer: AdamW's state sharded over the data-parallel ranks
+  // (optim::DistributedOptimizer); nothing to shard on one rank. Default: false.
+  bool use_distributed_optimizer = false;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, DistributedOptions> = 0>
 void VisitFields(O& o, V&& v) {
   v("backend", o.backend);
   v("timeout_seconds", o.timeout_seconds);
+  v("use_distributed_optimizer", o.use_distributed_optimizer);
 }
 
 struct LoggingOptions {

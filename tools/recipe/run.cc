@@ -22,7 +22,6 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/training_state.h"
 #include "gradients/clip_grad_norm.h"
-#include "gradients/dp_sync.h"
 #include "optim/param_scheduler.h"
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
@@ -31,7 +30,7 @@
 #include "tools/recipe/plot.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/tensorboard.h"
-#include "torch/optim/adamw.h"
+#include "tools/recipe/train_optimizer.h"
 #include "torch/utils.h"
 
 namespace keel::tools::recipe {
@@ -54,13 +53,6 @@ at::Tensor SummedTokenLoss(Gpt& model, const at::Tensor& batch) {
 }
 
 int64_t LabelTokens(const at::Tensor& batch) { return batch.size(0) * (batch.size(1) - 1); }
-
-torch::optim::AdamWOptions AdamWOptions(const OptimizerOptions& o) {
-  return torch::optim::AdamWOptions(o.lr)
-      .betas({o.beta1, o.beta2})
-      .eps(o.eps)
-      .weight_decay(o.weight_decay);
-}
 
 // The run's configuration in its checkpoints ("config"): saved with each one and compared
 // before a resume (Run::CheckConfig); loading it restores nothing, so checkpoints written
@@ -90,10 +82,8 @@ class Run::State {
 
   TrainData data;
   std::optional<Gpt> model;
-  std::vector<gradients::NamedParameter> parameters;
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<TrainOptimizer> optimizer;
   std::optional<optim::ParamScheduler> lr_scheduler;
-  std::unique_ptr<gradients::DataParallelGradSync> dp_sync;
   std::optional<Scheduler> scheduler;
   // The sampler's state before any step, for ResetState.
   sampling::MegatronSamplerState initial_sampler_state;
@@ -155,22 +145,15 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
 }
 
 // The model (initialised on the CPU from the default generator, seeded here, so every device
-// starts from the same weights), AdamW, the LR schedule and the data-parallel sync.
+// starts from the same weights), AdamW with the data-parallel sync, and the LR schedule.
 absl::Status Run::BuildModel() {
   State& s = *state_;
   torch::manual_seed(options_.seed);
   s.model.emplace(options_.model);
   (*s.model)->to(runtime_.device);
-  s.parameters = gradients::TrainableParameters({s.model->get()});
-  std::vector<at::Tensor> tensors;
-  for (const auto& parameter : s.parameters) tensors.push_back(parameter.param);
-  s.optimizer = std::make_unique<torch::optim::AdamW>(tensors, AdamWOptions(options_.optimizer));
-  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler,
-                        optim::ParamScheduler::Create(options_.lr_scheduler, *s.optimizer));
-  if (runtime_.group != nullptr) {
-    KEEL_ASSIGN_OR_RETURN(s.dp_sync,
-                          gradients::DataParallelGradSync::Create(**s.model, *runtime_.group));
-  }
+  KEEL_ASSIGN_OR_RETURN(s.optimizer, TrainOptimizer::Create(options_, **s.model, runtime_.group));
+  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
+                                                                      s.optimizer->optimizer()));
   return absl::OkStatus();
 }
 
@@ -180,8 +163,7 @@ absl::Status Run::BuildCheckpointing() {
   checkpoint::ModelStateOptions model_state_options;
   model_state_options.model_save_format = options_.checkpoint.model_save_format;
   s.model_state = std::make_unique<checkpoint::ModelState>(**s.model, model_state_options);
-  KEEL_ASSIGN_OR_RETURN(
-      s.optim_state, checkpoint::OptimizerState::Create(**s.model, *s.optimizer, &*s.lr_scheduler));
+  KEEL_ASSIGN_OR_RETURN(s.optim_state, s.optimizer->CheckpointState(&*s.lr_scheduler));
   Scheduler& scheduler = *s.scheduler;
   s.step_state = std::make_unique<checkpoint::ValueState<scheduling::StepSchedulerState>>(
       [&scheduler] { return scheduler.StateDict(); },
@@ -302,13 +284,9 @@ absl::Status Run::ResetState() {
     auto live = (*s.model)->named_parameters();
     for (const auto& item : fresh->named_parameters()) live[item.key()].copy_(item.value());
   }));
-  s.optimizer->state().clear();
-  for (auto& group : s.optimizer->param_groups()) {
-    group.set_options(
-        std::make_unique<torch::optim::AdamWOptions>(AdamWOptions(options_.optimizer)));
-  }
-  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler,
-                        optim::ParamScheduler::Create(options_.lr_scheduler, *s.optimizer));
+  s.optimizer->Reset();
+  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
+                                                                      s.optimizer->optimizer()));
   return absl::OkStatus();
 }
 
@@ -332,21 +310,19 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   output.label_tokens = global_tokens.item<int64_t>();
   const double label_tokens = static_cast<double>(output.label_tokens);
   output.lr = s.lr_scheduler->GetLr();
-  if (s.dp_sync) s.dp_sync->PrepareForGradAccumulation();
+  s.optimizer->PrepareForGradAccumulation();
   double loss_sum = 0.0;
   for (size_t i = 0; i < batches.size(); ++i) {
-    if (s.dp_sync && i + 1 == batches.size()) s.dp_sync->PrepareForFinalBackward();
+    if (i + 1 == batches.size()) s.optimizer->PrepareForFinalBackward();
     if (!batches[i].defined()) continue;
     const at::Tensor loss = SummedTokenLoss(*s.model, batches[i]);
     loss_sum += loss.item<double>();
     // Gradients are averaged over the ranks: scale so they sum to d(mean loss).
     (loss * (static_cast<double>(runtime_.world_size) / label_tokens)).backward();
   }
-  if (s.dp_sync) KEEL_RETURN_IF_ERROR(s.dp_sync->Wait());
-  KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm,
-                        gradients::ClipGradNorm(options_.max_norm, s.parameters));
-  s.optimizer->step();
-  s.optimizer->zero_grad();
+  KEEL_RETURN_IF_ERROR(s.optimizer->Wait());
+  KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
+  KEEL_RETURN_IF_ERROR(s.optimizer->Step());
   s.Bookkept([&] { s.lr_scheduler->Step(1); });
 
   at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
@@ -405,13 +381,15 @@ absl::Status Run::OpenOutputs() {
         s.tensorboard,
         TensorBoardWriter::Create(base::JoinPath(options_.run_dir, "tensorboard"), NowSeconds()));
   }
+  const std::vector<gradients::NamedParameter> trainable =
+      gradients::TrainableParameters({s.model->get()});
   int64_t parameters = 0;
-  for (const auto& p : s.parameters) parameters += p.param.numel();
-  *runtime_.log << "model: " << s.parameters.size() << " tensors, " << parameters << " parameters; "
-                << s.data.splits.train_size() << " training and " << s.data.splits.val_size()
-                << " validation windows of " << options_.data.dataset.sequence_length << " tokens; "
-                << s.scheduler->max_steps() << " steps of "
-                << options_.step_scheduler.global_batch_size << " samples ("
+  for (const auto& p : trainable) parameters += p.param.numel();
+  *runtime_.log << "model: " << trainable.size() << " tensors, " << parameters << " parameters, "
+                << s.optimizer->Describe() << "; " << s.data.splits.train_size() << " training and "
+                << s.data.splits.val_size() << " validation windows of "
+                << options_.data.dataset.sequence_length << " tokens; " << s.scheduler->max_steps()
+                << " steps of " << options_.step_scheduler.global_batch_size << " samples ("
                 << s.scheduler->grad_acc_steps() << " micro-batches of "
                 << options_.local_batch_size << " per rank on " << runtime_.world_size
                 << " rank(s))\n";
