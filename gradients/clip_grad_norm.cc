@@ -13,6 +13,7 @@
 #include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
+#include "gradients/internal/norm_kernels.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::gradients {
@@ -37,13 +38,45 @@ std::vector<c10d::ProcessGroup*> ShardedGroups(const GroupKey& key) {
   return groups;
 }
 
+// max(|g|) in one read pass for float32/float64 (aminmax; NaN propagates, a zero is +0 as
+// abs().max() gives it); other dtypes keep NeMo's abs().max().
+at::Tensor MaxAbs(const at::Tensor& g) {
+  if (g.scalar_type() != at::kFloat && g.scalar_type() != at::kDouble) return g.abs().max();
+  auto [min, max] = at::aminmax(g);
+  return at::maximum(min.neg(), max).abs();
+}
+
+// A float64 buffer of n elements, kept per thread between calls (it grows to the largest
+// float32 gradient, 8 bytes per element: less than the op sequence's temporaries for it).
+at::Tensor Scratch(int64_t n) {
+  thread_local at::Tensor buffer;
+  if (!buffer.defined() || buffer.numel() < n) buffer = at::empty({n}, at::kDouble);
+  return buffer.narrow(0, 0, n);
+}
+
+// NeMo's term g.abs().div(scale).square().sum(float64) (or .pow(p) for p != 2). On the CPU
+// ATen's sum widens a float32 input to float64 before it reduces, so for a contiguous float32
+// CPU gradient one pass writes those float64 values into a reused buffer and the same
+// reduction runs over them: bit-identical, without the four temporaries.
+at::Tensor ScaledPowerSum(const at::Tensor& g, const at::Tensor& scale, double norm_type) {
+  if (norm_type == 2.0 && g.scalar_type() == at::kFloat && g.is_cpu() && g.is_contiguous()) {
+    at::Tensor squares = Scratch(g.numel()).view(g.sizes());
+    // ATen divides by the float64 0-d scale cast to float32 (exact: it is a float32's max).
+    internal::ScaledSquares(g, static_cast<float>(scale.item<double>()),
+                            squares.data_ptr<double>());
+    return squares.sum(at::kDouble);
+  }
+  const at::Tensor scaled = g.abs().div(scale);
+  return (norm_type == 2.0 ? scaled.square() : scaled.pow(norm_type)).sum(at::kDouble);
+}
+
 absl::StatusOr<at::Tensor> GroupNorm(const std::vector<at::Tensor>& grads, const GroupKey& key,
                                      double norm_type, const at::Device& device) {
   const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble).device(device);
   at::Tensor local_max = at::zeros({}, f64);
   for (const at::Tensor& g : grads) {
     if (g.numel() == 0) continue;
-    local_max = at::maximum(local_max, g.detach().abs().max().to(device, at::kDouble));
+    local_max = at::maximum(local_max, MaxAbs(g.detach()).to(device, at::kDouble));
   }
   const std::vector<c10d::ProcessGroup*> sharded = ShardedGroups(key);
   for (c10d::ProcessGroup* group : sharded) {
@@ -55,14 +88,23 @@ absl::StatusOr<at::Tensor> GroupNorm(const std::vector<at::Tensor>& grads, const
   at::Tensor local_val = at::zeros({}, f64);
   for (const at::Tensor& g : grads) {
     if (g.numel() == 0) continue;
-    const at::Tensor scaled = g.detach().abs().div(scale);
-    local_val =
-        local_val + (norm_type == 2.0 ? scaled.square() : scaled.pow(norm_type)).sum(at::kDouble);
+    local_val = local_val + ScaledPowerSum(g.detach(), scale, norm_type);
   }
   for (c10d::ProcessGroup* group : sharded) {
     KEEL_RETURN_IF_ERROR(base::AllReduce(local_val, base::Reduce::kSum, *group, "a gradient norm"));
   }
   return local_max * local_val.pow(1.0 / norm_type);
+}
+
+// A float32/bfloat16/float16 gradient's 2-norm, accumulated in float (a float16 sum of
+// squares overflows): LibTorch's norm kernel, or for a contiguous bfloat16 CPU gradient one
+// read pass (LibTorch's would first convert the whole tensor to float).
+at::Tensor ReducedPrecisionTwoNorm(const at::Tensor& g) {
+  if (g.scalar_type() == at::kFloat) return g.norm();
+  if (g.scalar_type() == at::kBFloat16 && g.is_cpu() && g.is_contiguous()) {
+    return at::scalar_tensor(std::sqrt(internal::BFloat16SumOfSquares(g)), at::kDouble);
+  }
+  return at::norm(g, 2, at::kFloat);
 }
 
 // The fused 2-norm of an unsharded group: LibTorch's vectorized per-tensor norm kernel (one
@@ -74,10 +116,7 @@ std::optional<at::Tensor> FusedTwoNorm(const std::vector<at::Tensor>& grads,
   for (const at::Tensor& g : grads) {
     if (g.scalar_type() == at::kDouble) return std::nullopt;
     if (g.numel() == 0) continue;
-    // Reduced-precision norms are computed in float: a float16 sum of squares overflows.
-    const at::Tensor norm =
-        g.scalar_type() == at::kFloat ? g.detach().norm() : at::norm(g.detach(), 2, at::kFloat);
-    norms.push_back(norm.to(device, at::kDouble));
+    norms.push_back(ReducedPrecisionTwoNorm(g.detach()).to(device, at::kDouble));
   }
   if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
   return at::stack(norms).norm();

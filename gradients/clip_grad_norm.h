@@ -42,11 +42,11 @@ struct ClipGradNormOptions {
   bool foreach = true;
   // A non-finite total norm is an error instead of being applied. Default: false.
   bool error_if_nonfinite = false;
-  // Fast path for the 2-norm of unsharded float32/bfloat16/float16 gradients: LibTorch's
-  // per-tensor norm kernel (one read pass, no temporaries, as torch.nn.utils.clip_grad_norm_)
-  // combined in float64, instead of NeMo's max pass plus four-op scaled sum. Equal to NeMo's
-  // norm up to rounding, not bit for bit; other norms, dtypes and layouts take the exact
-  // path. Default: false.
+  // Fast path for the 2-norm of unsharded float32/bfloat16/float16 gradients: one read pass
+  // per tensor accumulating in float (LibTorch's norm kernel for float32, as
+  // torch.nn.utils.clip_grad_norm_; Keel's for contiguous bfloat16 on the CPU), combined in
+  // float64, instead of NeMo's max pass and scaled sum. Equal to NeMo's norm up to rounding,
+  // not bit for bit; other norms, dtypes and layouts take the exact path. Default: false.
   bool fused = false;
 };
 
@@ -54,6 +54,9 @@ struct ClipGradNormOptions {
 // - Computed: the p-norm of every gradient together, each element counted once however
 //   `sharding` lays it out, accumulated in float64 with NeMo's max-scaled sums (bit-identical
 //   to NeMo; options.fused trades that for speed). Parameters without a gradient are skipped.
+//   For contiguous float32 CPU gradients and p = 2 the exact path writes each element's
+//   float64 term into a buffer kept per calling thread, as large as the largest such gradient
+//   (8 bytes per element), and reduces it with ATen's own sum, so it allocates nothing per call.
 // - Reduced: Partial gradients are first summed in place over their group; each layout's max
 //   and sum are reduced (MAX, SUM) over the groups of its sharded dimensions, then over pp_group.
 // - Applied: every gradient is multiplied in place by min(1, max_norm / (norm + 1e-6)); a

@@ -1,8 +1,9 @@
 // Clipping ~150 gradient tensors totalling ~250M elements: Keel (NeMo-exact and fused paths)
-// side by side with LibTorch's clip_grad_norm_ and the memory floor (one read pass, and one
-// read+write pass, over the same bytes). Gradients are restored outside the timed region, so
-// every iteration really clips. The *_cuda cases run the same on the GPU, beside a
-// device-to-device copy of the gradients' bytes (the floor there), and skip without one.
+// side by side with LibTorch's clip_grad_norm_, NeMo's op sequence run op by op, and the memory
+// floor (one read pass, and one read+write pass, over the same bytes). Gradients are restored
+// outside the timed region, so every iteration really clips. The *_cuda cases run the same on the
+// GPU, beside a device-to-device copy of the gradients' bytes (the floor there), and skip without
+// one.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -135,6 +136,28 @@ void BM_TorchClipGradNorm(benchmark::State& state, at::ScalarType dtype, at::Dev
   state.SetBytesProcessed(state.iterations() * grads.bytes);
 }
 
+// NeMo's op sequence run by ATen, one op at a time (what Keel's exact path computes bit for bit,
+// and what it ran before its one-pass kernel).
+void BM_NemoOpSequence(benchmark::State& state, at::ScalarType dtype) {
+  Grads& grads = MakeGrads(dtype);
+  for (auto _ : state) {
+    at::Tensor max = at::zeros({}, at::kDouble);
+    for (const at::Tensor& p : grads.params) {
+      max = at::maximum(max, p.grad().abs().max().to(at::kDouble));
+    }
+    const at::Tensor scale =
+        at::where(at::isfinite(max).logical_and(max.ne(0)), max, at::ones_like(max));
+    at::Tensor sum = at::zeros({}, at::kDouble);
+    for (const at::Tensor& p : grads.params) {
+      sum = sum + p.grad().abs().div(scale).square().sum(at::kDouble);
+    }
+    const at::Tensor coef = ((max * sum.sqrt()) + 1e-6).reciprocal().mul(1.0).clamp_max(1.0);
+    for (const at::Tensor& p : grads.params) p.grad().mul_(coef);
+    Restore(state, grads);
+  }
+  state.SetBytesProcessed(state.iterations() * grads.bytes);
+}
+
 void BM_KeelClipGradNorm(benchmark::State& state, at::ScalarType dtype, at::DeviceType device,
                          bool fused) {
   if (!HasDevice(state, device)) return;
@@ -156,6 +179,9 @@ BENCHMARK_CAPTURE(BM_ReadWriteFloor, float32, at::kFloat)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TorchClipGradNorm, float32, at::kFloat, at::kCPU)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_NemoOpSequence, float32, at::kFloat)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact, at::kFloat, at::kCPU, false)

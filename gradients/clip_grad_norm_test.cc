@@ -147,6 +147,79 @@ TEST(ClipGradNormTest, FusedTwoNormAgreesWithTheExactPathToRounding) {
   }
 }
 
+// NeMo's op sequence for one group of float32 gradients, written out with ATen ops.
+double NemoTwoNorm(const std::vector<at::Tensor>& grads) {
+  at::Tensor max = at::zeros({}, at::kDouble);
+  for (const at::Tensor& g : grads) max = at::maximum(max, g.abs().max().to(at::kDouble));
+  const at::Tensor scale =
+      at::where(at::isfinite(max).logical_and(max.ne(0)), max, at::ones_like(max));
+  at::Tensor sum = at::zeros({}, at::kDouble);
+  for (const at::Tensor& g : grads) sum = sum + g.abs().div(scale).square().sum(at::kDouble);
+  return (max * sum.pow(0.5)).item<double>();
+}
+
+TEST(ClipGradNormTest, ExactPathEqualsNemosOpSequenceBitForBit) {
+  at::manual_seed(5);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float denormal = std::numeric_limits<float>::denorm_min();
+  // Magnitudes over 60 binades, tails that are not a multiple of any vector width, a
+  // non-contiguous gradient, signed zeros, denormals, and non-finite values.
+  std::vector<std::vector<at::Tensor>> cases = {
+      {at::randn({4099}) * at::exp(at::randn({4099}) * 10), at::randn({3, 5}),
+       at::randn({64, 70}).t()},
+      {at::tensor({-0.0f, 0.0f, -0.0f})},
+      {at::tensor({denormal, -denormal * 3, 1e-30f})},
+      {at::randn({1000}) * 1e30, at::randn({17})},
+      {at::tensor({1.0f, -inf, 2.0f}), at::randn({100})},
+      {at::tensor({1.0f, nan}), at::randn({100})},
+      {at::randn({(1 << 17) + 3})},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SCOPED_TRACE(absl::StrCat("case ", c));
+    std::vector<NamedParameter> params;
+    for (const at::Tensor& g : cases[c]) {
+      at::Tensor param = at::zeros(g.sizes()).requires_grad_(true);
+      param.mutable_grad() = g.clone();  // keeps a transposed gradient's strides
+      ASSERT_EQ(param.grad().is_contiguous(), g.is_contiguous());
+      params.push_back({"w", param});
+    }
+    const double expected = NemoTwoNorm(cases[c]);
+    ClipGradNormOptions options;
+    options.foreach = false;
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(1e40, params, options));
+    const double actual = norm.item<double>();
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(actual)) << actual;
+    } else {
+      EXPECT_EQ(actual, expected);
+      EXPECT_EQ(std::signbit(actual), std::signbit(expected));
+    }
+  }
+}
+
+TEST(ClipGradNormTest, FusedBFloat16NormAccumulatesInFloatWhateverTheThreadCount) {
+  at::manual_seed(9);
+  // bfloat16 squares summed in bfloat16 would stop growing near 256 x the first square.
+  const at::Tensor big = (at::randn({300001}) * 3).to(at::kBFloat16);
+  const double reference = big.to(at::kDouble).norm().item<double>();
+  const int threads = at::get_num_threads();
+  std::vector<double> norms;
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    at::Tensor param = at::zeros({300001}, at::kBFloat16).requires_grad_(true);
+    param.mutable_grad() = big.clone();
+    std::vector<NamedParameter> params = {{"w", param}};
+    ClipGradNormOptions options;
+    options.fused = true;
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(1e9, params, options));
+    norms.push_back(norm.item<double>());
+  }
+  at::set_num_threads(threads);
+  EXPECT_NEAR(norms[0], reference, 1e-6 * reference);
+  EXPECT_EQ(norms[0], norms[1]);
+}
+
 TEST(TrainableParametersTest, NamesEveryParameterThatRequiresGrad) {
   torch::nn::Linear linear(3, 2);
   linear->bias.set_requires_grad(false);
