@@ -6,13 +6,15 @@
 //   bazel run -c opt //checkpoint:checkpoint_benchmark -- --benchmark_out_format=console
 //
 // The argument is the state size in GiB. Files go to $KEEL_BENCHMARK_DIR (default /tmp);
-// reads come from the page cache for every contender alike. The /cuda cases hold the state on
-// the GPU and skip without one.
+// reads come from the page cache for every contender alike, except in the /cold cases, which
+// drop the files' pages (posix_fadvise DONTNEED, outside the timed region) before each
+// iteration, as after a restart. The /cuda cases hold the state on the GPU and skip without one.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,25 @@ void RemoveAll(const std::string& path) {
   if (std::system(command.c_str()) != 0) std::abort();
 }
 
+// Drops the page-cache pages of every file under `path` (a file or a directory): the next
+// read comes from the disk. The files must be clean (written back), as after an fsync.
+void DropCache(const std::string& path) {
+  std::vector<std::string> files = {path};
+  if (std::filesystem::is_directory(path)) {
+    files.clear();
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(path)) {
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    }
+  }
+  for (const std::string& file : files) {
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    if (fd < 0 || ::fdatasync(fd) != 0 || ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) {
+      std::abort();
+    }
+    ::close(fd);
+  }
+}
+
 void WriteRaw(const TensorsState& tensors, const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   for (const auto& [key, ref] : tensors.tensors) {
@@ -125,11 +146,16 @@ void BM_TorchSave(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * Bytes(tensors));
 }
 
-void BM_RawRead(benchmark::State& state) {
+void BM_RawRead(benchmark::State& state, bool cold) {
   TensorsState tensors = ModelLikeState(state.range(0));
   const std::string path = BenchmarkDir() + "/keel_bench_raw_read";
   WriteRaw(tensors, path);
   for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      DropCache(path);
+      state.ResumeTiming();
+    }
     const int fd = ::open(path.c_str(), O_RDONLY);
     for (auto& [key, ref] : tensors.tensors) {
       char* data = static_cast<char*>(ref.tensor.data_ptr());
@@ -143,7 +169,7 @@ void BM_RawRead(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * Bytes(tensors));
 }
 
-void BM_KeelLoad(benchmark::State& state, at::DeviceType device) {
+void BM_KeelLoad(benchmark::State& state, at::DeviceType device, bool cold) {
   if (!HasDevice(state, device)) return;
   TensorsState tensors = ModelLikeStateOn(state.range(0), device);
   const std::string dir = BenchmarkDir() + "/keel_bench_load";
@@ -158,6 +184,11 @@ void BM_KeelLoad(benchmark::State& state, at::DeviceType device) {
   Check(verified.ok() ? verified->ToStatus() : verified.status(), state);
   TensorsState target = tensors.EmptyLike(0);
   for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      DropCache(dir);
+      state.ResumeTiming();
+    }
     Check(LoadCheckpoint(dir + "/step_0000000001", {{"model", &target}}).status(), state);
     if (device == at::kCUDA) torch::cuda::synchronize();
   }
@@ -245,15 +276,17 @@ void Sizes(benchmark::internal::Benchmark* benchmark) {
 BENCHMARK(BM_RawWriteFsync)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_KeelSave, cpu, at::kCPU)->Apply(Sizes);
 BENCHMARK(BM_TorchSave)->Apply(Sizes);
-BENCHMARK(BM_RawRead)->Apply(Sizes);
-BENCHMARK_CAPTURE(BM_KeelLoad, cpu, at::kCPU)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_RawRead, warm, false)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelLoad, cpu, at::kCPU, false)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_RawRead, cold, true)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelLoad, cpu_cold, at::kCPU, true)->Apply(Sizes);
 BENCHMARK(BM_TorchLoad)->Apply(Sizes);
 BENCHMARK(BM_Memcpy)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_KeelAsyncSaveStall, cpu, at::kCPU)->Apply(Sizes);
 // The state on the GPU (skipped without one): saves and loads through host buffers, and the
 // async stall beside a device-to-host copy into pinned memory.
 BENCHMARK_CAPTURE(BM_KeelSave, cuda, at::kCUDA)->Apply(Sizes);
-BENCHMARK_CAPTURE(BM_KeelLoad, cuda, at::kCUDA)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_KeelLoad, cuda, at::kCUDA, false)->Apply(Sizes);
 BENCHMARK(BM_DeviceToHost)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_KeelAsyncSaveStall, cuda, at::kCUDA)->Apply(Sizes);
 
