@@ -101,20 +101,28 @@ class Run::State {
   std::optional<TensorBoardWriter> tensorboard;
   // Time spent in the scheduler, the sampler and the LR schedule.
   Clock::duration bookkeeping{};
+  // Time spent after the backward passes waiting for the data-parallel gradient reduction.
+  Clock::duration gradient_wait{};
   // Label tokens since the last progress line, and when it was.
   Clock::time_point loop_start;
   Clock::time_point interval_start;
   int64_t interval_tokens = 0;
 
-  // Runs `fn`, counting its time as bookkeeping.
+  // Runs `fn`, adding its time to `total`.
   template <typename Fn>
-  decltype(auto) Bookkept(Fn&& fn) {
+  static decltype(auto) Timed(Clock::duration& total, Fn&& fn) {
     struct Timer {
       Clock::time_point start;
       Clock::duration& total;
       ~Timer() { total += Clock::now() - start; }
-    } timer{Clock::now(), bookkeeping};
+    } timer{Clock::now(), total};
     return fn();
+  }
+
+  // Runs `fn`, counting its time as bookkeeping.
+  template <typename Fn>
+  decltype(auto) Bookkept(Fn&& fn) {
+    return Timed(bookkeeping, std::forward<Fn>(fn));
   }
 };
 
@@ -320,7 +328,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
     // Gradients are averaged over the ranks: scale so they sum to d(mean loss).
     (loss * (static_cast<double>(runtime_.world_size) / label_tokens)).backward();
   }
-  KEEL_RETURN_IF_ERROR(s.optimizer->Wait());
+  KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
   KEEL_RETURN_IF_ERROR(s.optimizer->Step());
   s.Bookkept([&] { s.lr_scheduler->Step(1); });
@@ -469,6 +477,7 @@ absl::StatusOr<TrainResult> Run::Finish() {
   result_.final_step = s.scheduler->step();
   result_.loop_seconds = Seconds(Clock::now() - s.loop_start);
   result_.bookkeeping_seconds = Seconds(s.bookkeeping);
+  result_.gradient_wait_seconds = Seconds(s.gradient_wait);
   if (runtime_.rank != 0) return result_;
   std::ostream& log = *runtime_.log;
   if (s.checkpointer->last_saved()) log << "checkpoint: " << *s.checkpointer->last_saved() << "\n";
@@ -478,7 +487,8 @@ absl::StatusOr<TrainResult> Run::Finish() {
   KEEL_RETURN_IF_ERROR(WriteLossPlot(base::JoinPath(options_.run_dir, "loss.svg"), history));
   log << (result_.preempted ? "preempted" : "done") << " at step " << result_.final_step
       << "; bookkeeping " << 100.0 * result_.bookkeeping_seconds / result_.loop_seconds << "% of "
-      << result_.loop_seconds << " s\n";
+      << result_.loop_seconds << " s; waiting for gradients "
+      << 100.0 * result_.gradient_wait_seconds / result_.loop_seconds << "%\n";
   return result_;
 }
 

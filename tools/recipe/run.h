@@ -35,6 +35,9 @@ struct TrainResult {
   // schedule; not clipping), and in the whole loop.
   double bookkeeping_seconds = 0.0;
   double loop_seconds = 0.0;
+  // Seconds of the loop spent waiting, after the backward passes, for the data-parallel
+  // gradient reduction (what backward did not overlap); 0 on one rank.
+  double gradient_wait_seconds = 0.0;
 };
 
 // What one optimizer step computed.

@@ -7,15 +7,22 @@
 # their ratio, the final loss of each (both start from the same weights and see the same
 # batches, so these agree up to rounding), and the share of the trainer's loop spent in Keel's
 # bookkeeping (step scheduler, sampler, LR schedule; its "bookkeeping X% of Y s" line).
+# With --ranks=N (N > 1) both are data-parallel on N processes: the trainer on tools:launch,
+# the Python loop in DistributedDataParallel (Gloo) on torchrun (python3 -m
+# torch.distributed.run), --threads threads each; tokens/s are then per rank, and the table
+# adds each one's share of the loop spent waiting for gradients after backward (the trainer's
+# "waiting for gradients X%", the reference's gradient_wait_share from DDP's comm hook).
 #
 #   tools/scripts/train_benchmark.sh                                   # from the repository root
 #   tools/scripts/train_benchmark.sh --rounds=5 --threads=4 --hidden_size=256 --ffn_hidden_size=1024
 #   tools/scripts/train_benchmark.sh --train_bin=bazel-bin/tools/train --prefix=runs/default/data/corpus
+#   tools/scripts/train_benchmark.sh --ranks=2 --threads=1 --local_batch_size=4
 #
-# --rounds=3 --steps=40 --untimed_steps=5 --threads=2 (the default run's 2 cores)
+# --rounds=3 --steps=40 --untimed_steps=5 --threads=2 (the default run's 2 cores) --ranks=1
 # --wait_policy=PASSIVE (OMP_WAIT_POLICY, the trainer's default) by default;
 # any hyper-parameter below can be set the same way (--name=value, both loops get it).
-# Without --train_bin it builds `bazel build --config=opt //tools:train`; without --prefix the
+# Without --train_bin it builds `bazel build --config=opt //tools:train //tools:launch` (with
+# --train_bin, --launch_bin names the launcher, default beside the trainer); without --prefix the
 # trainer prepares its default corpus (/usr/share/common-licenses) once in the work directory
 # (--work_dir, default a new temporary directory; run logs and metrics stay there).
 # Validation and periodic checkpoints are off; the trainer still checkpoints after its last
@@ -29,10 +36,12 @@ rounds=3
 steps=40
 untimed_steps=5
 threads=2
+ranks=1
 # OpenMP wait policy for both (the trainer defaults to PASSIVE; libgomp to spinning).
 wait_policy=PASSIVE
 python=/usr/bin/python3  # Debian's interpreter, where python3-torch lives
 train_bin=""
+launch_bin=""
 prefix=""
 work_dir=""
 
@@ -87,6 +96,8 @@ for arg in "$@"; do
     --steps=*) steps=${arg#*=} ;;
     --untimed_steps=*) untimed_steps=${arg#*=} ;;
     --threads=*) threads=${arg#*=} ;;
+    --ranks=*) ranks=${arg#*=} ;;
+    --launch_bin=*) launch_bin=${arg#*=} ;;
     --wait_policy=*) wait_policy=${arg#*=} ;;
     --python=*) python=${arg#*=} ;;
     --train_bin=*) train_bin=${arg#*=} ;;
@@ -108,7 +119,7 @@ for arg in "$@"; do
       ;;
   esac
 done
-for n in rounds steps threads; do
+for n in rounds steps threads ranks; do
   if ! [[ "${!n}" =~ ^[1-9][0-9]*$ ]]; then
     echo "train_benchmark: --${n} (${!n}) must be a positive integer" >&2
     exit 2
@@ -136,12 +147,17 @@ mkdir -p "${work_dir}"
 log "work directory ${work_dir}"
 
 if [[ -z "${train_bin}" ]]; then
-  log "building //tools:train (bazel build --config=opt)"
-  (cd "${repo_root}" && bazel build --config=opt //tools:train >&2)
+  log "building //tools:train and //tools:launch (bazel build --config=opt)"
+  (cd "${repo_root}" && bazel build --config=opt //tools:train //tools:launch >&2)
   train_bin="$(cd "${repo_root}" && bazel info --config=opt bazel-bin)/tools/train"
 fi
 train_bin=$(absolute "${train_bin}")
 [[ -x "${train_bin}" ]] || { echo "train_benchmark: no trainer at ${train_bin}" >&2; exit 1; }
+launch_bin=$(absolute "${launch_bin:-$(dirname "${train_bin}")/launch}")
+if ((ranks > 1)) && [[ ! -x "${launch_bin}" ]]; then
+  echo "train_benchmark: no launcher at ${launch_bin} (--launch_bin)" >&2
+  exit 1
+fi
 
 # Settings only the trainer has: no validation, no periodic or per-epoch checkpoints.
 trainer_settings=(
@@ -167,13 +183,16 @@ for name in "${flag_names[@]}"; do
   reference_settings+=("--${name}=${value[${name}]}")
 done
 
-# run_trainer RUN_DIR LOG [--set ...]: the trainer on ${threads} intra-op threads.
+# run_trainer RANKS RUN_DIR LOG [--set ...]: the trainer on RANKS processes (tools:launch
+# when more than one) of ${threads} intra-op threads.
 run_trainer() {
-  local run_dir=$1 out=$2
-  shift 2
+  local n=$1 run_dir=$2 out=$3
+  shift 3
   rm -rf "${run_dir}"
-  if ! OMP_NUM_THREADS=${threads} OMP_WAIT_POLICY=${wait_policy} "${train_bin}" "${trainer_settings[@]}" \
-    --set "run_dir=${run_dir}" "$@" >"${out}" 2>&1; then
+  local launcher=()
+  ((n == 1)) || launcher=("${launch_bin}" --nproc_per_node="${n}" --master_port=0 --)
+  if ! OMP_NUM_THREADS=${threads} OMP_WAIT_POLICY=${wait_policy} "${launcher[@]}" "${train_bin}" \
+    "${trainer_settings[@]}" --set "run_dir=${run_dir}" "$@" >"${out}" 2>&1; then
     tail -n 20 "${out}" >&2
     echo "train_benchmark: the trainer failed; log: ${out}" >&2
     exit 1
@@ -182,7 +201,7 @@ run_trainer() {
 
 if [[ -z "${prefix}" ]]; then
   log "preparing the default corpus"
-  run_trainer "${work_dir}/corpus" "${work_dir}/corpus.log" --set step_scheduler.max_steps=1
+  run_trainer 1 "${work_dir}/corpus" "${work_dir}/corpus.log" --set step_scheduler.max_steps=1
   prefix="${work_dir}/corpus/data/corpus"
 fi
 prefix=$(absolute "${prefix}")
@@ -190,11 +209,16 @@ prefix=$(absolute "${prefix}")
   { echo "train_benchmark: no indexed dataset at ${prefix}.{bin,idx}" >&2; exit 1; }
 
 for ((round = 1; round <= rounds; ++round)); do
-  log "round ${round}/${rounds}: C++ (${steps} steps, ${threads} threads)"
-  run_trainer "${work_dir}/cpp_${round}" "${work_dir}/cpp_${round}.log" \
+  log "round ${round}/${rounds}: C++ (${steps} steps, ${ranks} rank(s) of ${threads} threads)"
+  run_trainer "${ranks}" "${work_dir}/cpp_${round}" "${work_dir}/cpp_${round}.log" \
     --set "data.prefix=${prefix}"
   log "round ${round}/${rounds}: Python"
-  if ! OMP_NUM_THREADS=${threads} OMP_WAIT_POLICY=${wait_policy} "${python}" "${repo_root}/tools/scripts/train_reference.py" \
+  torchrun=()
+  # --redirects/--tee: torchrun 1.13's default (0) fails on Python 3.11 (its Std enum).
+  ((ranks == 1)) || torchrun=(-m torch.distributed.run --standalone --redirects=1 --tee=1
+    --nproc_per_node="${ranks}")
+  if ! OMP_NUM_THREADS=${threads} OMP_WAIT_POLICY=${wait_policy} "${python}" "${torchrun[@]}" \
+    "${repo_root}/tools/scripts/train_reference.py" \
     --prefix="${prefix}" "${reference_settings[@]}" >"${work_dir}/python_${round}.log" 2>&1; then
     tail -n 20 "${work_dir}/python_${round}.log" >&2
     echo "train_benchmark: the reference failed; log: ${work_dir}/python_${round}.log" >&2
@@ -206,15 +230,15 @@ settings_line=""
 for name in "${flag_names[@]}"; do settings_line+="${name}=${value[${name}]} "; done
 OMP_WAIT_POLICY=${wait_policy} "${python}" - "${work_dir}" "${rounds}" "${steps}" "${untimed_steps}" "${threads}" \
   "${value[global_batch_size]}" "${value[local_batch_size]}" "${value[sequence_length]}" \
-  "${prefix}" "${train_bin}" "${settings_line}" <<'EOF'
+  "${ranks}" "${prefix}" "${train_bin}" "${settings_line}" <<'EOF'
 import json, os, platform, re, statistics, subprocess, sys
 
 import torch
 
-work, rounds, steps, untimed, threads, gbs, lbs, seq = sys.argv[1:9]
-prefix, train_bin, hyper_parameters = sys.argv[9:12]
-rounds, steps, untimed, threads, gbs, lbs, seq = map(int, (rounds, steps, untimed, threads, gbs,
-                                                           lbs, seq))
+work, rounds, steps, untimed, threads, gbs, lbs, seq, ranks = sys.argv[1:10]
+prefix, train_bin, hyper_parameters = sys.argv[10:13]
+rounds, steps, untimed, threads, gbs, lbs, seq, ranks = map(
+    int, (rounds, steps, untimed, threads, gbs, lbs, seq, ranks))
 
 
 def fail(message):
@@ -222,19 +246,22 @@ def fail(message):
 
 
 def step_tokens(train_windows):
-    """Label tokens of each step (1-based) of the trainer: the StepScheduler groups an epoch's
-    train_windows // lbs micro-batches by gbs // lbs, a shorter group at the tail."""
-    per_epoch = train_windows // lbs
-    acc = gbs // lbs
+    """Label tokens of each step (1-based) of the trainer, all ranks together: with drop_last
+    the sampler serves the training windows cut to whole global batches, each rank's share of
+    an epoch in micro-batches of lbs, which the StepScheduler groups by gbs // (lbs x ranks)
+    (a shorter group at an epoch's tail, were there one)."""
+    per_epoch = (train_windows // gbs * gbs) // (lbs * ranks)
+    acc = gbs // (lbs * ranks)
     groups = -(-per_epoch // acc)
     tail = per_epoch - (groups - 1) * acc
-    return lambda s: (tail if (s - 1) % groups == groups - 1 else acc) * lbs * seq
+    return lambda s: (tail if (s - 1) % groups == groups - 1 else acc) * lbs * ranks * seq
 
 
 def cpp_run(r):
     log = open(os.path.join(work, f"cpp_{r}.log")).read()
     windows = re.search(r"(\d+) training and \d+ validation windows", log)
-    done = re.search(r"done at step (\d+); bookkeeping ([0-9.eE+-]+)% of ([0-9.eE+-]+) s", log)
+    done = re.search(r"done at step (\d+); bookkeeping ([0-9.eE+-]+)% of ([0-9.eE+-]+) s; "
+                     r"waiting for gradients ([0-9.eE+-]+)%", log)
     if not windows or not done:
         fail(f"cpp_{r}.log lacks the model or done line")
     rows = {}
@@ -249,19 +276,23 @@ def cpp_run(r):
     start = rows[untimed]["elapsed_seconds"] if untimed else 0.0
     seconds = rows[steps]["elapsed_seconds"] - start
     return {
-        "tps": sum(tokens(s) for s in range(untimed + 1, steps + 1)) / seconds,
+        "tps": sum(tokens(s) for s in range(untimed + 1, steps + 1)) / seconds / ranks,
         "loss": float(rows[steps]["loss"]),
+        "wait": float(done.group(4)),
         "book": float(done.group(2)),
         "book_ms": float(done.group(2)) / 100 * float(done.group(3)) / int(done.group(1)) * 1e3,
     }
 
 
 def python_run(r):
-    values = dict(re.findall(r"^(\w+)=(\S+)$", open(os.path.join(work, f"python_{r}.log")).read(),
-                             re.M))
+    # torchrun --tee prefixes each line of rank 0 with "[default0]:".
+    values = dict(re.findall(r"^(?:\[default0\]:)?(\w+)=(\S+)$",
+                             open(os.path.join(work, f"python_{r}.log")).read(), re.M))
     if "tokens_per_second" not in values:
         fail(f"python_{r}.log lacks tokens_per_second")
-    return {"tps": float(values["tokens_per_second"]), "loss": float(values["final_loss"])}
+    return {"tps": float(values["tokens_per_second"]) / ranks,
+            "loss": float(values["final_loss"]),
+            "wait": 100 * float(values["gradient_wait_share"])}
 
 
 cpp = [cpp_run(r) for r in range(1, rounds + 1)]
@@ -273,20 +304,30 @@ package = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "python3-torch
                          capture_output=True, text=True).stdout or "not from Debian"
 
 print("## //tools:train vs tools/scripts/train_reference.py\n")
+if ranks > 1:
+    print(f"- {ranks} ranks: the trainer on tools:launch, the reference in "
+          "DistributedDataParallel (Gloo) on torchrun; tokens/s per rank")
 print(f"- machine: {cpu}, {os.cpu_count()} cores; {threads} threads and "
       f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} for both; "
       f"python3-torch {package} (torch.__version__ {torch.__version__}); BLAS {blas}")
-print(f"- {steps} steps of {gbs} x {seq} tokens ({gbs // lbs} micro-batches of {lbs}), "
+print(f"- {steps} steps of {gbs} x {seq} tokens ({gbs // (lbs * ranks)} micro-batches of {lbs} "
+      f"per rank), "
       f"tokens/s over steps {untimed + 1}-{steps}; {hyper_parameters.strip()}")
 print(f"- data: {prefix}; trainer: {train_bin}; logs: {work}\n")
 print("| round | C++ tokens/s | Python tokens/s | C++ / Python | C++ final loss "
-      "| Python final loss | bookkeeping (share of loop) | bookkeeping per step |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+      "| Python final loss | bookkeeping (share of loop) | bookkeeping per step "
+      "| C++ gradient wait | Python gradient wait |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def row(label, c, p):
+    print(f"| {label} | {c['tps']:.1f} | {p['tps']:.1f} | {c['tps'] / p['tps']:.3f} | "
+          f"{c['loss']:.4f} | {p['loss']:.4f} | {c['book']:.3g}% | {c['book_ms']:.3g} ms | "
+          f"{c['wait']:.3g}% | {p['wait']:.3g}% |")
+
+
 for r, (c, p) in enumerate(zip(cpp, py), start=1):
-    print(f"| {r} | {c['tps']:.1f} | {p['tps']:.1f} | {c['tps'] / p['tps']:.3f} | "
-          f"{c['loss']:.4f} | {p['loss']:.4f} | {c['book']:.3g}% | {c['book_ms']:.3g} ms |")
-median = lambda runs, key: statistics.median(run[key] for run in runs)
-print(f"| median | {median(cpp, 'tps'):.1f} | {median(py, 'tps'):.1f} | "
-      f"{median(cpp, 'tps') / median(py, 'tps'):.3f} | {median(cpp, 'loss'):.4f} | "
-      f"{median(py, 'loss'):.4f} | {median(cpp, 'book'):.3g}% | {median(cpp, 'book_ms'):.3g} ms |")
+    row(r, c, p)
+median = lambda runs: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+row("median", median(cpp), median(py))
 EOF

@@ -8,26 +8,40 @@ for validation (never run here), MegatronPretrainingRandomSampler's per-epoch
 torch.randperm(seed = epoch), micro-batches grouped into steps of global / local batch size
 (a shorter group at an epoch's tail), the summed cross-entropy divided by the label tokens of
 the step, torch.nn.utils.clip_grad_norm_, AdamW, and Megatron-Core's OptimizerParamScheduler
-formulas (optim/param_scheduler.cc) for the learning rate and weight decay. Single process;
-no validation, checkpoints or metric files.
+formulas (optim/param_scheduler.cc) for the learning rate and weight decay. No validation,
+checkpoints or metric files.
 
     /usr/bin/python3 tools/scripts/train_reference.py --prefix=runs/default/data/corpus --threads=2
 
+Under torchrun (WORLD_SIZE > 1) it is data-parallel as the trainer on tools:launch is: the
+model in DistributedDataParallel over Gloo, no_sync on all but a step's last micro-batch, the
+random sampler's per-rank buckets, the label tokens and the loss summed over the ranks:
+
+    /usr/bin/python3 -m torch.distributed.run --standalone --redirects=1 --tee=1 --nproc_per_node=2 \
+        tools/scripts/train_reference.py --prefix=runs/default/data/corpus --threads=1
+
 The last line is machine-readable: tokens_per_second=N, the label tokens of the steps after
 --untimed_steps divided by the wall-clock seconds they took (tools/scripts/train_benchmark.sh
-computes the C++ trainer's figure the same way from its metrics.jsonl).
+computes the C++ trainer's figure the same way from its metrics.jsonl), for all ranks together;
+gradient_wait_share=F is the share of the loop spent after the last gradient bucket was ready
+(DDP's comm hook) until backward returned with the averaged gradients, the trainer's
+"waiting for gradients" (0 on one process).
 Needs PyTorch 1.13 and NumPy (Debian: python3-torch).
 """
 
 import argparse
+import contextlib
 import math
+import os
 import sys
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 # Megatron's DType codes (megatron/core/datasets/indexed_dataset.py; sampling/indexed_dataset.h).
 _DTYPES = {
@@ -116,26 +130,28 @@ class GptWindows:
         return torch.from_numpy(self.tokens[positions].astype(np.int64))
 
 
-def random_sampler_epochs(total_samples, micro_batch_size):
-    """MegatronPretrainingRandomSampler for one rank, drop_last, seed 0: per epoch, the
-    micro-batches of torch.randperm(bucket) on a generator seeded with the epoch."""
-    bucket_size = (total_samples // micro_batch_size) * micro_batch_size
+def random_sampler_epochs(total_samples, micro_batch_size, rank, world_size):
+    """MegatronPretrainingRandomSampler for `rank`, drop_last, seed 0: per epoch, the
+    micro-batches of the rank's bucket (the rank-th of world_size equal slices) in the order of
+    torch.randperm(bucket) on a generator seeded with the epoch."""
+    bucket_size = (total_samples // (micro_batch_size * world_size)) * micro_batch_size
     if bucket_size == 0:
         raise ValueError(f"{total_samples} training windows: fewer than one micro-batch of "
-                         f"{micro_batch_size}")
+                         f"{micro_batch_size} per rank for {world_size} rank(s)")
     epoch = 0
     while True:
         generator = torch.Generator()
         generator.manual_seed(epoch)
-        order = torch.randperm(bucket_size, generator=generator).numpy()
+        order = torch.randperm(bucket_size, generator=generator).numpy() + rank * bucket_size
         yield [order[i:i + micro_batch_size]
                for i in range(0, bucket_size - micro_batch_size + 1, micro_batch_size)]
         epoch += 1
 
 
-def steps(total_samples, micro_batch_size, grad_acc_steps):
+def steps(total_samples, micro_batch_size, grad_acc_steps, rank, world_size):
     """The StepScheduler's groups: grad_acc_steps micro-batches, fewer at an epoch's tail."""
-    for micro_batches in random_sampler_epochs(total_samples, micro_batch_size):
+    for micro_batches in random_sampler_epochs(total_samples, micro_batch_size, rank,
+                                               world_size):
         for i in range(0, len(micro_batches), grad_acc_steps):
             yield micro_batches[i:i + grad_acc_steps]
 
@@ -317,10 +333,54 @@ def parse_args(argv):
     return args
 
 
+class DataParallel:
+    """The torchrun world (one process when WORLD_SIZE is unset): the model in DDP over Gloo,
+    sums over the ranks, and the time spent waiting for the gradients' all-reduce."""
+
+    def __init__(self):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.wait_seconds = 0.0
+        self._last_bucket_ready = None
+        if self.world_size > 1:
+            dist.init_process_group("gloo")
+
+    def wrap(self, model):
+        if self.world_size == 1:
+            return model
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(self, DataParallel._timed_allreduce)
+        return ddp
+
+    @staticmethod
+    def _timed_allreduce(self, bucket):
+        self._last_bucket_ready = time.perf_counter()
+        return default_hooks.allreduce_hook(None, bucket)
+
+    def backward(self, model, loss, last):
+        """loss.backward(), reducing the gradients only when `last` (DDP's no_sync before)."""
+        if self.world_size == 1:
+            loss.backward()
+            return
+        with contextlib.nullcontext() if last else model.no_sync():
+            loss.backward()
+        if last:
+            self.wait_seconds += time.perf_counter() - self._last_bucket_ready
+
+    def sum(self, value):
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.item()
+
+
 def main(argv):
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    world = DataParallel()
+    out = sys.stdout if world.rank == 0 else open(os.devnull, "w")
 
     tokens = read_indexed_tokens(args.prefix)
     windows = GptWindows(tokens, args.sequence_length, args.validation_every_n_samples)
@@ -332,44 +392,53 @@ def main(argv):
     model = Gpt(args.vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads,
                 args.ffn_hidden_size, args.sequence_length)
     parameters = list(model.parameters())  # the tied weight once
+    model = world.wrap(model)
     optimizer = torch.optim.AdamW(parameters, lr=args.lr, betas=(args.beta1, args.beta2),
                                   eps=args.eps, weight_decay=args.weight_decay)
     schedule = ParamSchedule(args)
-    grad_acc_steps = args.global_batch_size // args.local_batch_size
+    per_rank = args.local_batch_size * world.world_size
+    if args.global_batch_size % per_rank:
+        raise ValueError(f"global_batch_size ({args.global_batch_size}) is not a multiple of "
+                         f"local_batch_size x ranks ({per_rank})")
+    grad_acc_steps = args.global_batch_size // per_rank
     print(f"model: {len(parameters)} tensors, {sum(p.numel() for p in parameters)} parameters; "
           f"{windows.train_size} training windows of {args.sequence_length} tokens; "
           f"{args.steps} steps of {args.global_batch_size} samples ({grad_acc_steps} "
-          f"micro-batches of {args.local_batch_size}); torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads", flush=True)
+          f"micro-batches of {args.local_batch_size} per rank on {world.world_size} rank(s)); "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads", file=out, flush=True)
 
     timed_tokens = 0
-    timed_start = time.perf_counter() if args.untimed_steps == 0 else None
+    loop_start = time.perf_counter()
+    timed_start = loop_start if args.untimed_steps == 0 else None
     first_loss = last_loss = math.nan
     interval_start, interval_tokens = time.perf_counter(), 0
     # With drop_last (this script's only mode), the trainer samples the training split cut to
     # whole global batches (SampledWindows in tools/recipe/data.cc).
     usable = windows.train_size // args.global_batch_size * args.global_batch_size
     for step, micro_batches in enumerate(
-            steps(usable, args.local_batch_size, grad_acc_steps), start=1):
+            steps(usable, args.local_batch_size, grad_acc_steps, world.rank, world.world_size),
+            start=1):
         batches = [windows.batch(indices) for indices in micro_batches]
-        label_tokens = sum(b.size(0) * (b.size(1) - 1) for b in batches)
+        label_tokens = world.sum(sum(b.size(0) * (b.size(1) - 1) for b in batches))
 
         lr, wd = schedule.lr(step - 1), schedule.wd(step - 1)
         for group in optimizer.param_groups:
             group["lr"] = lr
             group["weight_decay"] = wd
         loss_sum = 0.0
-        for batch in batches:
+        for i, batch in enumerate(batches):
             logits = model(batch[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1),
                                    reduction="sum")
             loss_sum += loss.item()
-            (loss * (1.0 / label_tokens)).backward()
+            # DDP averages the gradients over the ranks: scale so they sum to d(mean loss).
+            world.backward(model, loss * (world.world_size / label_tokens),
+                           i + 1 == len(batches))
         grad_norm = torch.nn.utils.clip_grad_norm_(parameters, args.max_norm).item()
         optimizer.step()
         optimizer.zero_grad()
 
-        last_loss = loss_sum / label_tokens
+        last_loss = world.sum(loss_sum) / label_tokens
         if step == 1:
             first_loss = last_loss
         interval_tokens += label_tokens
@@ -381,17 +450,19 @@ def main(argv):
             now = time.perf_counter()
             print(f"step {step}/{args.steps} | loss {last_loss:.4f} | lr {lr:.2e} | "
                   f"grad norm {grad_norm:.3f} | {interval_tokens / (now - interval_start):.1f} "
-                  "tok/s", flush=True)
+                  "tok/s", file=out, flush=True)
             interval_start, interval_tokens = now, 0
         if step == args.steps:
             break
-    timed_seconds = time.perf_counter() - timed_start
+    end = time.perf_counter()
+    timed_seconds = end - timed_start
 
-    print(f"first_loss={first_loss:.6f}")
-    print(f"final_loss={last_loss:.6f}")
-    print(f"timed_steps={args.steps - args.untimed_steps}")
-    print(f"timed_seconds={timed_seconds:.6f}")
-    print(f"tokens_per_second={timed_tokens / timed_seconds:.1f}")
+    print(f"first_loss={first_loss:.6f}", file=out)
+    print(f"final_loss={last_loss:.6f}", file=out)
+    print(f"timed_steps={args.steps - args.untimed_steps}", file=out)
+    print(f"timed_seconds={timed_seconds:.6f}", file=out)
+    print(f"gradient_wait_share={world.wait_seconds / (end - loop_start):.6f}", file=out)
+    print(f"tokens_per_second={timed_tokens / timed_seconds:.1f}", file=out, flush=True)
     return 0
 
 
