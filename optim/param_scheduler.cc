@@ -31,6 +31,10 @@ constexpr base::EnumSpelling<WdIncrStyle> kWdIncrStyles[] = {
     {WdIncrStyle::kLinear, "linear"},
     {WdIncrStyle::kCosine, "cosine"},
 };
+constexpr base::EnumSpelling<SchedulerLoadPolicy> kSchedulerLoadPolicies[] = {
+    {SchedulerLoadPolicy::kReference, "reference"},
+    {SchedulerLoadPolicy::kCorrected, "corrected"},
+};
 constexpr base::EnumSpelling<LrWsdDecayStyle> kLrWsdDecayStyles[] = {
     {LrWsdDecayStyle::kLinear, "linear"},
     {LrWsdDecayStyle::kCosine, "cosine"},
@@ -79,6 +83,9 @@ bool AbslParseFlag(absl::string_view text, WdIncrStyle* out, std::string* error)
 bool AbslParseFlag(absl::string_view text, LrWsdDecayStyle* out, std::string* error) {
   return base::ParseEnum(kLrWsdDecayStyles, text, out, error);
 }
+bool AbslParseFlag(absl::string_view text, SchedulerLoadPolicy* out, std::string* error) {
+  return base::ParseEnum(kSchedulerLoadPolicies, text, out, error);
+}
 std::string AbslUnparseFlag(LrDecayStyle style) {
   return std::string(base::EnumName(kLrDecayStyles, style));
 }
@@ -87,6 +94,9 @@ std::string AbslUnparseFlag(WdIncrStyle style) {
 }
 std::string AbslUnparseFlag(LrWsdDecayStyle style) {
   return std::string(base::EnumName(kLrWsdDecayStyles, style));
+}
+std::string AbslUnparseFlag(SchedulerLoadPolicy policy) {
+  return std::string(base::EnumName(kSchedulerLoadPolicies, policy));
 }
 
 absl::Status Validate(const ParamSchedulerOptions& o) {
@@ -338,7 +348,9 @@ absl::Status ParamScheduler::LoadStateDict(const ParamSchedulerState& state) {
     }
   }
 
-  options_ = lr_loaded;
+  const bool reference = options_.load_policy == SchedulerLoadPolicy::kReference;
+  if (!reference) num_steps_ = 0;
+  options_ = reference ? lr_loaded : all_loaded;
   Step(state.num_steps);
   options_ = all_loaded;
   return absl::OkStatus();

@@ -31,18 +31,31 @@ enum class LrDecayStyle { kConstant, kLinear, kCosine, kInverseSquareRoot, kWsd 
 enum class WdIncrStyle { kConstant, kLinear, kCosine };
 // Megatron's lr_wsd_decay_style spellings: "linear", "cosine", "exponential", "minus_sqrt".
 enum class LrWsdDecayStyle { kLinear, kCosine, kExponential, kMinusSqrt };
+// How ParamScheduler::LoadStateDict restores a checkpoint, spelled "reference" or "corrected":
+// - kReference: Megatron-Core's released load_state_dict, quirks included: the checkpoint's
+//   num_steps is *added* to the steps taken (Step(num_steps)), and the weight-decay fields are
+//   restored after that Step, so the groups' weight decay takes them only at the next Step.
+// - kCorrected: every field is restored first, then the scheduler lands on the checkpoint's
+//   step and sets the groups from the restored schedule (Megatron-LM's dev branch PR #5213,
+//   proposed for main in PR #7468; NeMo AutoModel PR #3883).
+// The two agree when loading into a fresh scheduler whose weight-decay fields equal the
+// checkpoint's (an unchanged resume).
+enum class SchedulerLoadPolicy { kReference, kCorrected };
 
 // Parse an exact reference spelling (false and an error listing the spellings otherwise) or
 // give it back. These are Abseil's flag hooks, so the enums also work as absl flags.
 bool AbslParseFlag(absl::string_view text, LrDecayStyle* out, std::string* error);
 bool AbslParseFlag(absl::string_view text, WdIncrStyle* out, std::string* error);
 bool AbslParseFlag(absl::string_view text, LrWsdDecayStyle* out, std::string* error);
+bool AbslParseFlag(absl::string_view text, SchedulerLoadPolicy* out, std::string* error);
 std::string AbslUnparseFlag(LrDecayStyle style);
 std::string AbslUnparseFlag(WdIncrStyle style);
 std::string AbslUnparseFlag(LrWsdDecayStyle style);
+std::string AbslUnparseFlag(SchedulerLoadPolicy policy);
 
 // Mirrors the OptimizerParamScheduler constructor: same names, order and defaults. Megatron
 // gives the first eleven no default; here they are value-initialized and Create() checks them.
+// load_policy is Keel's (Megatron's semantics are kReference).
 struct ParamSchedulerOptions {
   // Learning rate at step 0; warmup rises linearly from it. Default: 0.
   double init_lr = 0.0;
@@ -72,6 +85,10 @@ struct ParamSchedulerOptions {
   std::optional<int64_t> wsd_decay_steps;
   // Shape of WSD's anneal; required for kWsd. Default: nullopt.
   std::optional<LrWsdDecayStyle> lr_wsd_decay_style;
+  // How LoadStateDict restores a checkpoint. Default: kReference (golden-tested against
+  // Megatron). //tools:train defaults to kCorrected, as NeMo AutoModel's scheduler does: see
+  // TrainOptions::lr_scheduler in tools/recipe/options.h.
+  SchedulerLoadPolicy load_policy = SchedulerLoadPolicy::kReference;
 };
 
 // The option fields by their Megatron names, in declaration order, for every reader and
@@ -92,6 +109,7 @@ void VisitFields(O& o, V&& v) {
   v("override_opt_param_scheduler", o.override_opt_param_scheduler);
   v("wsd_decay_steps", o.wsd_decay_steps);
   v("lr_wsd_decay_style", o.lr_wsd_decay_style);
+  v("load_policy", o.load_policy);
 }
 
 // Per-param-group settings that Megatron reads from the param group dict (ParamGroupOverride)
@@ -199,13 +217,16 @@ class ParamScheduler {
   // The state to checkpoint (state_dict).
   ParamSchedulerState StateDict() const;
 
-  // Restores `state` with Megatron's semantics, quirks included:
+  // Restores `state` as options().load_policy says:
   // - each value is the checkpoint's if use_checkpoint_opt_param_scheduler, the options' if
   //   override_opt_param_scheduler, and otherwise must equal the options' value;
-  // - num_steps is *added* through Step(num_steps): load into a fresh scheduler (step 0) to
-  //   resume; loading into one that has stepped counts those steps twice, as Megatron does;
-  // - the weight-decay fields are applied after that Step, so the groups' weight decay
-  //   reflects the new fields only from the next Step.
+  // - kReference (Megatron's semantics, quirks included): num_steps is *added* through
+  //   Step(num_steps), so load into a fresh scheduler (step 0) to resume (loading into one
+  //   that has stepped counts those steps twice, as Megatron does); the weight-decay fields
+  //   are applied after that Step, so the groups' weight decay reflects them from the next
+  //   Step only;
+  // - kCorrected: all fields are restored, then the step count becomes num_steps and every
+  //   group gets that step's learning rate and weight decay from the restored schedule.
   // Unlike Megatron, every field is checked before anything changes, and the resulting
   // schedule is validated as Create does. Errors: kInvalidArgument naming the field and both
   // values on a mismatch, num_steps < 0, or a resulting schedule that Create would reject.

@@ -250,6 +250,11 @@ TEST(ParamSchedulerStyleTest, ParsesExactlyTheReferenceSpellings) {
   LrWsdDecayStyle wsd;
   EXPECT_TRUE(AbslParseFlag("minus_sqrt", &wsd, &error));
   EXPECT_EQ(AbslUnparseFlag(wsd), "minus_sqrt");
+  SchedulerLoadPolicy policy;
+  EXPECT_TRUE(AbslParseFlag("corrected", &policy, &error));
+  EXPECT_EQ(AbslUnparseFlag(policy), "corrected");
+  EXPECT_FALSE(AbslParseFlag("fixed", &policy, &error));
+  EXPECT_EQ(error, R"("fixed" is not one of "reference", "corrected")");
 }
 
 TEST_F(ParamSchedulerTest, StateDictRoundTripResumesTheExactTrace) {
@@ -293,6 +298,73 @@ TEST_F(ParamSchedulerTest, LoadedWeightDecayFieldsTakeEffectAtTheNextStep) {
   EXPECT_DOUBLE_EQ(Wd(0), 0.05);  // computed with the old end_wd 0.1
   scheduler.Step(0);
   EXPECT_DOUBLE_EQ(Wd(0), 0.15);  // now with the loaded end_wd 0.3
+}
+
+TEST_F(ParamSchedulerTest, CorrectedLoadLandsOnTheCheckpointStepWithItsWholeSchedule) {
+  ParamSchedulerOptions options = LinearOptions();
+  options.load_policy = SchedulerLoadPolicy::kCorrected;
+  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler, ParamScheduler::Create(options, optimizer_));
+  ParamSchedulerState state = scheduler.StateDict();
+  state.num_steps = 50;
+  state.max_lr = 2.0;
+  state.end_wd = 0.3;
+  scheduler.Step(5);  // steps already taken do not count
+  KEEL_ASSERT_OK(scheduler.LoadStateDict(state));
+  EXPECT_EQ(scheduler.num_steps(), 50);
+  // Linear warmup ends at 10; at 50 the lr is 2.0 - (2.0 - 0.1) * 40 / 90 and the weight
+  // decay 0.3 * 50 / 100, both from the checkpoint's fields at once.
+  EXPECT_DOUBLE_EQ(Lr(1), 2.0 - 1.9 * 40.0 / 90.0);
+  EXPECT_DOUBLE_EQ(Wd(1), 0.15);
+  EXPECT_EQ(scheduler.options().max_lr, 2.0);
+  EXPECT_EQ(scheduler.options().end_wd, 0.3);
+  EXPECT_EQ(scheduler.options().load_policy, SchedulerLoadPolicy::kCorrected);
+}
+
+TEST_F(ParamSchedulerTest, BothLoadPoliciesAgreeOnAnUnchangedResumeIntoAFreshScheduler) {
+  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler first,
+                            ParamScheduler::Create(LinearOptions(), optimizer_));
+  first.Step(37);
+  const ParamSchedulerState state = first.StateDict();
+  for (SchedulerLoadPolicy policy :
+       {SchedulerLoadPolicy::kReference, SchedulerLoadPolicy::kCorrected}) {
+    SCOPED_TRACE(AbslUnparseFlag(policy));
+    ParamSchedulerOptions options = LinearOptions();
+    options.load_policy = policy;
+    torch::optim::AdamW fresh(Groups(2), torch::optim::AdamWOptions());
+    KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler resumed, ParamScheduler::Create(options, fresh));
+    KEEL_ASSERT_OK(resumed.LoadStateDict(state));
+    EXPECT_EQ(resumed.num_steps(), 37);
+    EXPECT_EQ(fresh.param_groups()[0].options().get_lr(), Lr(0));
+    EXPECT_EQ(
+        static_cast<torch::optim::AdamWOptions&>(fresh.param_groups()[0].options()).weight_decay(),
+        Wd(0));
+  }
+}
+
+TEST_F(ParamSchedulerTest, OnlyTheReferenceLoadLeavesTheOldWeightDecayUntilTheNextStep) {
+  // The configured weight decay is constant 0.1; the checkpoint's rises linearly to 0.2 over 10
+  // steps, so at its step 3 it is 0.13.
+  ParamSchedulerOptions options = LinearOptions();
+  options.wd_incr_style = WdIncrStyle::kConstant;
+  options.start_wd = 0.1;
+  options.end_wd = 0.1;
+  for (SchedulerLoadPolicy policy :
+       {SchedulerLoadPolicy::kReference, SchedulerLoadPolicy::kCorrected}) {
+    SCOPED_TRACE(AbslUnparseFlag(policy));
+    options.load_policy = policy;
+    torch::optim::AdamW optimizer(Groups(1), torch::optim::AdamWOptions());
+    KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler, ParamScheduler::Create(options, optimizer));
+    ParamSchedulerState state = scheduler.StateDict();
+    state.num_steps = 3;
+    state.end_wd = 0.2;
+    state.wd_incr_style = WdIncrStyle::kLinear;
+    state.wd_incr_steps = 10;
+    KEEL_ASSERT_OK(scheduler.LoadStateDict(state));
+    auto& group = static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups()[0].options());
+    EXPECT_DOUBLE_EQ(group.weight_decay(), policy == SchedulerLoadPolicy::kCorrected ? 0.13 : 0.1);
+    scheduler.Step(0);
+    EXPECT_DOUBLE_EQ(group.weight_decay(), 0.13);
+  }
 }
 
 TEST_F(ParamSchedulerTest, LoadWithoutWeightDecayFieldsKeepsTheConfiguredOnes) {

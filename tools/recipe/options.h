@@ -106,7 +106,15 @@ struct TrainOptions {
   // max_sequence_length is data.dataset.sequence_length.
   GptOptions model;
   OptimizerOptions optimizer;
-  optim::ParamSchedulerOptions lr_scheduler;
+  // load_policy defaults to kCorrected here, unlike the library: what NeMo AutoModel's
+  // scheduler does since its PR #3883. The trainer always loads into a fresh scheduler, so
+  // the two policies differ only when a resume changes the weight-decay schedule: kCorrected
+  // applies the checkpoint's to the first resumed step, kReference the configured one.
+  optim::ParamSchedulerOptions lr_scheduler = [] {
+    optim::ParamSchedulerOptions defaults;
+    defaults.load_policy = optim::SchedulerLoadPolicy::kCorrected;
+    return defaults;
+  }();
   // Gradient-norm clipping threshold; infinity clips nothing (the norm is still logged).
   double max_norm = std::numeric_limits<double>::infinity();
   // checkpoint_dir defaults to <run_dir>/checkpoints.

@@ -59,6 +59,11 @@ TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {
   EXPECT_TRUE(options.logging.tensorboard);
   EXPECT_EQ(options.step_scheduler.num_epochs,
             scheduling::StepSchedulerOptions().num_epochs);  // NeMo's default
+  // The trainer's own default; the library's is kReference.
+  EXPECT_EQ(options.lr_scheduler.load_policy, optim::SchedulerLoadPolicy::kCorrected);
+  config.mutable_lr_scheduler()->set_load_policy("reference");
+  KEEL_ASSERT_OK_AND_ASSIGN(options, ReadOptions(config));
+  EXPECT_EQ(options.lr_scheduler.load_policy, optim::SchedulerLoadPolicy::kReference);
 }
 
 // Every configuration error a user can make is found before anything is built, as
@@ -71,6 +76,7 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
   const std::vector<Case> cases = {
       {{"model.layers=3"}, "no field \"layers\" in section model"},
       {{"lr_scheduler.lr_decay_style=sine"}, "lr_scheduler.lr_decay_style"},
+      {{"lr_scheduler.load_policy=megatron"}, "lr_scheduler.load_policy"},
       {{"sampler.dataloader_type=shuffled"}, "sampler.dataloader_type"},
       {{"checkpoint.model_save_format=pickle"}, "checkpoint.model_save_format"},
       {{"step_scheduler.local_batch_size=0"}, "step_scheduler.local_batch_size (0) must be > 0"},
