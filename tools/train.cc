@@ -4,6 +4,7 @@
 // config says, single-process or under the torchrun contract (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: `torchrun --no_python --nproc_per_node=2
 // bazel-bin/tools/train ...` or `bazel run //tools:launch -- --nproc_per_node=2 -- ...`).
+// --dry_run prints the schedule the config gives on that many ranks and trains nothing.
 // Exit codes (tools/cli/exit_code.h): 0 done, or preempted after a checkpoint; 1 training
 // failed; 2 bad usage or configuration.
 #include <malloc.h>
@@ -31,10 +32,15 @@
 #include "tools/cli/user_path.h"
 #include "tools/cpp/runfiles/runfiles.h"
 #include "tools/recipe/config.h"
+#include "tools/recipe/dry_run.h"
 #include "tools/recipe/options.h"
 #include "tools/recipe/run.h"
 #include "tools/recipe/runtime.h"
 
+ABSL_FLAG(bool, dry_run, false,
+          "Prints the schedule the config gives (steps, epochs, checkpoint and validation "
+          "steps, learning rate and weight decay) and writes <run_dir>/schedule.svg; trains, "
+          "loads and checkpoints nothing.");
 ABSL_FLAG(std::string, config, "",
           "Config in protobuf text format (tools/recipe/config.proto); default: "
           "tools/recipe/default.textproto.");
@@ -99,11 +105,16 @@ absl::Status Main(int argc, char** argv) {
   std::vector<std::string> overrides = TakeOverrides(argc, argv);
   absl::SetProgramUsageMessage(
       "trains a GPT on the default corpus or a Megatron indexed dataset.\n"
-      "  train [--config=FILE] [--set section.field=value]...");
+      "  train [--config=FILE] [--set section.field=value]... [--dry_run]");
   absl::ParseCommandLine(argc, argv);
   KEEL_ASSIGN_OR_RETURN(const cli::WorkerEnv env, cli::ReadWorkerEnv());
   KEEL_ASSIGN_OR_RETURN(const recipe::TrainOptions options,
                         ReadTrainOptions(argv[0], overrides, env));
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    // For the world size of the launch; one rank prints it.
+    if (env.rank != 0) return absl::OkStatus();
+    return recipe::DryRun(options, env.world_size, std::cout);
+  }
   SetThreads(env);
   KEEL_ASSIGN_OR_RETURN(const recipe::ProcessGroups groups,
                         recipe::ProcessGroups::Connect(env, options.distributed));

@@ -5,6 +5,7 @@
 // operations in the same order, whatever the machine.
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -96,6 +97,33 @@ TEST(TrainTest, DefaultRunLearnsMoreThanByteFrequencies) {
     event_files += absl::StrContains(entry.path().filename().string(), "tfevents");
   }
   EXPECT_EQ(event_files, 1);
+}
+
+// --dry_run with the default config and the --set overrides: the schedule in about a second,
+// nothing trained or written but the plot, and on two ranks (tools:launch) the per-rank
+// accumulation of that world size, printed once.
+TEST(TrainTest, DryRunPrintsTheScheduleAndTrainsNothing) {
+  const std::string run_dir = NewTempDir("dry_run");
+  Subprocess child = StartTrain(
+      {"--set", "run_dir=" + run_dir, "--set", "step_scheduler.max_steps=20000", "--dry_run"},
+      run_dir + "/stderr");
+  ASSERT_EQ(child.Wait(), 0) << child.Stderr();
+  const std::string out = child.DrainStdout();
+  EXPECT_THAT(out, HasSubstr("2 micro-batch(es) of 8 per rank on 1 rank(s)"));
+  EXPECT_THAT(out, HasSubstr("warning: num_epochs (100) stops the run at step 11000"));
+  std::vector<std::string> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir)) {
+    entries.push_back(entry.path().filename());
+  }
+  std::sort(entries.begin(), entries.end());
+  EXPECT_EQ(entries, (std::vector<std::string>{"schedule.svg", "stderr"}));
+
+  Subprocess ranks =
+      LaunchTrain(2, {"--set", "run_dir=" + run_dir, "--dry_run"}, run_dir + "/stderr2");
+  ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+  const std::string two = ranks.DrainStdout();
+  EXPECT_THAT(two, HasSubstr("1 micro-batch(es) of 8 per rank on 2 rank(s)"));
+  EXPECT_EQ(two.find("dry run:"), two.rfind("dry run:"));  // rank 0 only
 }
 
 class ResumeTest : public ::testing::Test {

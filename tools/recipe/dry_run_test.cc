@@ -1,0 +1,165 @@
+#include "tools/recipe/dry_run.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/files.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sampling/gpt_dataset.h"
+#include "sampling/indexed_dataset.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+#include "tools/recipe/corpus.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+using ::absl::StatusCode;
+using ::keel::testing::IsOk;
+using ::keel::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(CompressStepsTest, RunsOfThreeOrMoreBecomeRanges) {
+  const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
+      {{}, "none"},
+      {{7}, "7"},
+      {{4, 8}, "4, 8"},
+      {{1, 2, 3}, "1-3"},
+      {{1, 2, 3, 5, 50, 100, 150, 200}, "1-3, 5, 50-200 every 50"},
+      {{100, 200, 300, 310, 400}, "100-300 every 100, 310, 400"},
+      {{5, 10, 15, 20, 23}, "5-20 every 5, 23"},
+  };
+  for (const auto& [steps, expected] : cases) EXPECT_EQ(CompressSteps(steps), expected);
+}
+
+// A byte corpus of a few thousand tokens.
+std::string CorpusPrefix(const std::string& dir) {
+  std::string text;
+  for (int i = 0; i < 150; ++i) absl::StrAppend(&text, "Line ", i, ": the quick brown fox.\n\n");
+  keel::testing::WriteFileOrFail(dir + "/text.txt", text);
+  EXPECT_THAT(BuildByteCorpus({dir + "/text.txt"}, dir + "/corpus").status(), IsOk());
+  return dir + "/corpus";
+}
+
+// 4 samples a step in micro-batches of 2 on one rank; one epoch; warm-up to 1.0 over 10 steps.
+TrainOptions SmallOptions(const std::string& dir) {
+  TrainOptions options;
+  options.run_dir = dir + "/run";
+  options.step_scheduler.global_batch_size = 4;
+  options.step_scheduler.num_epochs = 1;
+  options.step_scheduler.max_steps = 1000;
+  options.step_scheduler.ckpt_every_steps = 5;
+  options.step_scheduler.val_every_steps = 3;
+  options.step_scheduler.validate_on_checkpoint = false;
+  options.step_scheduler.save_checkpoint_every_epoch = false;
+  options.local_batch_size = 2;
+  options.data.prefix = CorpusPrefix(dir);
+  options.data.dataset.sequence_length = 16;
+  options.data.validation_every_n_samples = 10;
+  options.sampler.micro_batch_size = 2;
+  options.sampler.global_batch_size = 4;
+  options.lr_scheduler.max_lr = 1.0;
+  options.lr_scheduler.min_lr = 0.1;
+  options.lr_scheduler.lr_warmup_steps = 10;
+  options.lr_scheduler.lr_decay_steps = 100;
+  options.lr_scheduler.lr_decay_style = optim::LrDecayStyle::kLinear;
+  options.lr_scheduler.start_wd = 0.01;
+  options.lr_scheduler.end_wd = 0.01;
+  return options;
+}
+
+// Every step's number s with s % every == 0, and the last.
+std::vector<int64_t> Every(int64_t every, int64_t last, bool and_last) {
+  std::vector<int64_t> steps;
+  for (int64_t s = every; s <= last; s += every) steps.push_back(s);
+  if (and_last && (steps.empty() || steps.back() != last)) steps.push_back(last);
+  return steps;
+}
+
+TEST(DryRunTest, PrintsTheScheduleTheStepSchedulerGives) {
+  const std::string dir = keel::testing::NewTempDir("dry_run");
+  const TrainOptions options = SmallOptions(dir);
+  // One epoch of the training windows (every 10th validates) cut to whole global batches:
+  // NeMo checkpoints after steps 5, 10, ... and the last, validates after 3, 6, ...
+  KEEL_ASSERT_OK_AND_ASSIGN(auto tokens, sampling::IndexedDataset::Open(options.data.prefix));
+  KEEL_ASSERT_OK_AND_ASSIGN(auto windows,
+                            sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
+  const int64_t train = windows.size() - windows.size() / 10;
+  const int64_t steps = train / 4;
+  std::ostringstream out;
+  KEEL_ASSERT_OK(DryRun(options, 1, out));
+  const std::string text = out.str();
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat(train, " training windows (", steps * 4, " sampled) and ",
+                                     windows.size() / 10, " validation windows of 16")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("steps: ", steps, " over 1 epoch(s) of ", steps,
+                                           " steps (max_steps 1000, num_epochs 1)")));
+  EXPECT_THAT(text, HasSubstr("each step: 4 samples, 64 tokens; 2 micro-batch(es) of 2 per "
+                              "rank on 1 rank(s)"));
+  EXPECT_THAT(
+      text, HasSubstr(absl::StrCat("in total: ", steps * 4, " samples, ", steps * 64, " tokens")));
+  EXPECT_THAT(text, HasSubstr("checkpoint steps: " + CompressSteps(Every(5, steps, true))));
+  EXPECT_THAT(text, HasSubstr("validation steps: " + CompressSteps(Every(3, steps, false))));
+  EXPECT_THAT(text, HasSubstr("gc steps: none"));
+  // Step s trains at the schedule's step s - 1: warm-up reaches max_lr at step 11.
+  EXPECT_THAT(text, HasSubstr("step 1 (first): lr 0, wd 0.01"));
+  EXPECT_THAT(text, HasSubstr("step 11 (warm-up end): lr 1, wd 0.01"));
+  EXPECT_THAT(text, HasSubstr("step 5 (checkpoint): lr 0.4,"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("step ", steps, " (checkpoint, last): lr ")));
+  EXPECT_THAT(
+      text, HasSubstr(absl::StrCat("(", steps / 5 + 1 - 10, " more checkpoint steps not listed)")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("warning: num_epochs (1) stops the run at step ", steps,
+                                           " (", steps,
+                                           " steps per epoch), before max_steps "
+                                           "(1000); set step_scheduler.num_epochs to at least ",
+                                           (1000 + steps - 1) / steps)));
+  EXPECT_TRUE(base::PathExists(options.run_dir + "/schedule.svg"));
+  EXPECT_FALSE(base::PathExists(options.run_dir + "/checkpoints"));
+}
+
+TEST(DryRunTest, WarnsAboutCadencesThatNeverFire) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_cadence");
+  TrainOptions options = SmallOptions(dir);
+  options.step_scheduler.max_steps = 4;
+  options.step_scheduler.ckpt_every_steps = 100;
+  options.step_scheduler.val_every_steps = 50;
+  std::ostringstream out;
+  KEEL_ASSERT_OK(DryRun(options, 1, out));
+  EXPECT_THAT(out.str(), HasSubstr("warning: step_scheduler.ckpt_every_steps (100) never fires "
+                                   "in 4 steps: checkpoints come only from epoch ends and the "
+                                   "last step"));
+  EXPECT_THAT(out.str(), HasSubstr("warning: step_scheduler.val_every_steps (50) never fires in "
+                                   "4 steps"));
+  EXPECT_THAT(out.str(), HasSubstr("checkpoint steps: 4\n"));
+  EXPECT_THAT(out.str(), Not(HasSubstr("num_epochs (1) stops")));
+}
+
+TEST(DryRunTest, CountsTheDefaultCorpusWithoutPreparingItInTheRunDirectory) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_default");
+  TrainOptions options = SmallOptions(dir);
+  options.data.prefix.clear();
+  options.data.validation_every_n_samples = 0;
+  std::ostringstream out;
+  KEEL_ASSERT_OK(DryRun(options, 1, out));
+  EXPECT_THAT(out.str(), HasSubstr("data: the default corpus (counted in a temporary copy; the "
+                                   "run prepares it in " +
+                                   options.run_dir + "/data/corpus)"));
+  EXPECT_THAT(out.str(), HasSubstr("warning: validation never runs: no validation windows "
+                                   "(data.validation_every_n_samples 0)"));
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<std::string> entries, base::ListDirectory(options.run_dir));
+  EXPECT_EQ(entries, std::vector<std::string>{"schedule.svg"});
+}
+
+TEST(DryRunTest, RefusesAGeometryThatCannotWork) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_geometry");
+  std::ostringstream out;
+  EXPECT_THAT(DryRun(SmallOptions(dir), 3, out),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("global_batch_size")));
+}
+
+}  // namespace
+}  // namespace keel::tools::recipe
