@@ -16,6 +16,17 @@ bool IsLmHeadWeight(const std::string& name) {
   return absl::StrContains(name, "lm_head") && absl::EndsWith(name, ".weight");
 }
 
+// The parameter that the lm_head weight `name` is tied to (shares storage with), if any.
+std::optional<std::string> TiedTo(const torch::OrderedDict<std::string, at::Tensor>& params,
+                                  const std::string& name) {
+  if (!IsLmHeadWeight(name)) return std::nullopt;
+  const at::Tensor& param = params[name];
+  for (const auto& other : params) {
+    if (!IsLmHeadWeight(other.key()) && other.value().is_alias_of(param)) return other.key();
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::vector<std::string> DropOuterPrefix(const std::vector<std::string>& keys,
@@ -61,12 +72,7 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
     const std::string& name = item.key();
     const at::Tensor& param = item.value();
     if (options_.is_peft && !param.requires_grad()) continue;
-    if (IsLmHeadWeight(name)) {
-      const bool tied = std::any_of(params.begin(), params.end(), [&](const auto& other) {
-        return !IsLmHeadWeight(other.key()) && other.value().is_alias_of(param);
-      });
-      if (tied) continue;
-    }
+    if (TiedTo(params, name).has_value()) continue;
     names.push_back(name);
     tensors.push_back(param);
   }
@@ -77,12 +83,7 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
     }
   }
 
-  std::vector<std::string> keys = names;
-  if (options_.is_peft) {
-    keys = AddOuterPrefix(names, kPeftPrefix);
-  } else if (options_.model_save_format == SerializationFormat::kSafetensors) {
-    keys = DropOuterPrefix(names, kHfModelPrefix);
-  }
+  const std::vector<std::string> keys = Keys(names);
 
   std::map<std::string, size_t> first_with_key;
   std::vector<Entry> entries;
@@ -104,6 +105,25 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
     entries.push_back(std::move(entry));
   }
   return entries;
+}
+
+std::vector<std::string> ModelState::Keys(const std::vector<std::string>& names) const {
+  if (options_.is_peft) return AddOuterPrefix(names, kPeftPrefix);
+  if (options_.model_save_format == SerializationFormat::kSafetensors) {
+    return DropOuterPrefix(names, kHfModelPrefix);
+  }
+  return names;
+}
+
+std::map<std::string, std::string> ModelState::TiedKeys() const {
+  const auto params = model_->named_parameters(/*recurse=*/true);
+  std::map<std::string, std::string> tied;
+  for (const auto& item : params) {
+    if (std::optional<std::string> to = TiedTo(params, item.key())) {
+      tied.emplace(Keys({item.key()})[0], Keys({*to})[0]);
+    }
+  }
+  return tied;
 }
 
 absl::StatusOr<State> ModelState::StateDict() const {

@@ -77,6 +77,10 @@ class ModelState : public Stateful {
   // StateReader::ReadTensor.
   [[nodiscard]] absl::Status LoadStateDict(StateReader& reader) override;
 
+  // The key each tied lm_head weight would have (StateDict leaves them out), mapped to the key
+  // of the parameter it is tied to: {"lm_head.weight": "wte.weight"}.
+  std::map<std::string, std::string> TiedKeys() const;
+
  private:
   struct Entry {
     std::string key;
@@ -84,6 +88,8 @@ class ModelState : public Stateful {
     std::optional<ShardPlacement> placement;
   };
   absl::StatusOr<std::vector<Entry>> Entries() const;
+  // The keys of these parameter or buffer names (is_peft and model_save_format).
+  std::vector<std::string> Keys(const std::vector<std::string>& names) const;
 
   torch::nn::Module* model_;
   ModelStateOptions options_;

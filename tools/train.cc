@@ -96,6 +96,9 @@ absl::StatusOr<recipe::TrainOptions> ReadTrainOptions(const char* argv0,
   if (!config.data().prefix().empty()) {
     config.mutable_data()->set_prefix(cli::UserPath(config.data().prefix()));
   }
+  if (!config.model().pretrained_path().empty()) {
+    config.mutable_model()->set_pretrained_path(cli::UserPath(config.model().pretrained_path()));
+  }
   KEEL_ASSIGN_OR_RETURN(recipe::TrainOptions options, recipe::ReadOptions(config));
   KEEL_RETURN_IF_ERROR(recipe::CheckGeometry(options, env.world_size));
   return options;

@@ -21,6 +21,7 @@ absl::Status Require(bool ok, absl::string_view field, int64_t value, absl::stri
 
 absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
+  options.pretrained_path = config.model().pretrained_path();
   options.model.max_sequence_length = options.data.dataset.sequence_length;
   const GptOptions& m = options.model;
   for (auto [field, value] : {std::pair{"model.vocab_size", m.vocab_size},
@@ -129,6 +130,7 @@ std::string AbslUnparseFlag(Backend backend) {
 base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json model = base::WriteJsonFields(options.model);
   model["max_sequence_length"] = options.model.max_sequence_length;
+  model["pretrained_path"] = options.pretrained_path;
   base::Json data = base::WriteJsonFields(options.data.dataset);
   data["prefix"] = options.data.prefix;
   data["validation_every_n_samples"] = options.data.validation_every_n_samples;

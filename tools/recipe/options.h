@@ -105,6 +105,10 @@ struct TrainOptions {
   sampling::MegatronSamplerOptions sampler;
   // max_sequence_length is data.dataset.sequence_length.
   GptOptions model;
+  // model.pretrained_path: Hugging Face safetensors that a new run (no checkpoint in run_dir)
+  // loads the model's weights from before step 1, strictly (checkpoint::LoadHfSafetensors).
+  // Empty: none. Default: empty.
+  std::string pretrained_path;
   OptimizerOptions optimizer;
   // load_policy defaults to kCorrected here, unlike the library: what NeMo AutoModel's
   // scheduler does since its PR #3883. The trainer always loads into a fresh scheduler, so

@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/model_state.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/reader.h"
@@ -214,7 +215,12 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
   if (!result.loaded) {
     if (chief && !result.quarantined.empty())
       log << "warning: no checkpoint loads; starting afresh\n";
+    KEEL_RETURN_IF_ERROR(LoadPretrained());
     return std::nullopt;
+  }
+  if (chief && !options_.pretrained_path.empty()) {
+    log << "model: resuming from the run's own checkpoint, not from model.pretrained_path ("
+        << options_.pretrained_path << ")\n";
   }
   if (chief) {
     for (const std::string& change : changes) {
@@ -275,6 +281,22 @@ absl::Status Run::CheckConfig(const std::string& path, std::vector<std::string>&
                      "; resume with that model's configuration, or train in another run_dir"));
   }
   changes = std::move(compared.changed);
+  return absl::OkStatus();
+}
+
+absl::Status Run::LoadPretrained() {
+  if (options_.pretrained_path.empty()) return absl::OkStatus();
+  checkpoint::ModelStateOptions layout;
+  layout.model_save_format = options_.checkpoint.model_save_format;
+  absl::StatusOr<checkpoint::HfImportResult> loaded =
+      checkpoint::LoadHfSafetensors(options_.pretrained_path, **state_->model, layout);
+  KEEL_RETURN_IF_ERROR(AgreeOverRanks(base::Annotate(loaded.status(), "model.pretrained_path"),
+                                      runtime_, "loading model.pretrained_path"));
+  if (runtime_.rank == 0) {
+    *runtime_.log << "model: " << loaded->num_tensors << " tensors from "
+                  << options_.pretrained_path << " (" << loaded->files.size() << " file(s)"
+                  << (loaded->tied_checked.empty() ? "" : "; tied lm_head checked") << ")\n";
+  }
   return absl::OkStatus();
 }
 

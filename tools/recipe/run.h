@@ -65,7 +65,9 @@ class Run {
   // Checkpoints that do not load are moved to <checkpoint_dir>/quarantine with a warning, and
   // the state is reset after each that failed part-way; a checkpoint of another
   // configuration warns, field by field, and one of another model is an error naming the
-  // fields. Collective. Errors: as Checkpointer::LoadLatest; kInvalidArgument for another model.
+  // fields. When none loads, a new run starts from model.pretrained_path's weights, if set
+  // (LoadPretrained); a resumed run ignores it, saying so. Collective. Errors: as
+  // Checkpointer::LoadLatest; kInvalidArgument for another model; as LoadPretrained.
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> Resume();
 
   // One optimizer step over `micro_batches` (this rank's sample indices of each micro-batch):
@@ -106,6 +108,9 @@ class Run {
   // Compares this run's configuration with the checkpoint's at `path` (before_load): the fields
   // that differ go to `changes`; another model is an error.
   absl::Status CheckConfig(const std::string& path, std::vector<std::string>& changes) const;
+  // Loads the model's weights from model.pretrained_path (checkpoint::LoadHfSafetensors, with
+  // the checkpoint's key layout) on every rank, all agreeing on the outcome.
+  absl::Status LoadPretrained();
   absl::Status OpenOutputs();
   // Validation, logging and the checkpoint after a step.
   absl::Status AfterStep(StepMetrics& metrics);

@@ -8,14 +8,18 @@
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduling/preemption.h"
@@ -28,7 +32,10 @@ namespace keel::tools::recipe {
 namespace {
 
 using ::keel::testing::IsOk;
+using ::keel::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A byte corpus of a few thousand tokens, built once.
 const std::string& CorpusPrefix() {
@@ -276,6 +283,62 @@ TEST(RunTest, ACorruptNewestCheckpointIsSetAsideAndTheOneBeforeResumes) {
     EXPECT_EQ(actual[i].loss, expected[i].loss) << "step " << expected[i].step;
     EXPECT_EQ(actual[i].grad_norm, expected[i].grad_norm) << "step " << expected[i].step;
   }
+}
+
+// model.pretrained_path: an export of a run's checkpoint starts a new run with exactly those
+// weights (a zero learning rate keeps them through the one step, so the new run's checkpoint
+// shows what it started from); resuming that run ignores the path; a model of another shape
+// is refused before any step, naming the tensors.
+TEST(RunTest, StartsFromHuggingFaceWeightsUnlessItResumes) {
+  const std::string dir = keel::testing::NewTempDir("pretrained");
+  std::ostringstream first_log;
+  KEEL_ASSERT_OK(Train(SmallOptions(dir + "/source", 2), Runtime(first_log)).status());
+  checkpoint::HfExportOptions export_options;
+  export_options.max_shard_bytes = 4096;  // an index and several shards
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      checkpoint::HfExportResult exported,
+      checkpoint::ExportHfSafetensors(dir + "/source/checkpoints/step_0000000002", dir + "/hf",
+                                      export_options));
+  ASSERT_GT(exported.files.size(), 2u);
+
+  TrainOptions options = SmallOptions(dir + "/new", 1);
+  options.pretrained_path = dir + "/hf";
+  options.lr_scheduler.max_lr = 0.0;
+  std::ostringstream log;
+  KEEL_ASSERT_OK(Train(options, Runtime(log)).status());
+  EXPECT_THAT(log.str(), HasSubstr(absl::StrCat("model: ", exported.num_tensors,
+                                                " tensors from " + dir + "/hf")));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto source, checkpoint::CheckpointReader::Open(dir + "/source/checkpoints/step_0000000002"));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto started, checkpoint::CheckpointReader::Open(dir + "/new/checkpoints/step_0000000001"));
+  for (const auto& entry : source->manifest().tensors()) {
+    const std::string& key = entry.name();
+    if (!absl::StartsWith(key, "model/")) continue;
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor expected, source->ReadTensor(key));
+    KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor actual, started->ReadTensor(key));
+    EXPECT_TRUE(at::equal(actual, expected)) << key;
+  }
+
+  options.step_scheduler.max_steps = 2;
+  std::ostringstream resumed_log;
+  KEEL_ASSERT_OK(Train(options, Runtime(resumed_log)).status());
+  EXPECT_THAT(resumed_log.str(),
+              HasSubstr("model: resuming from the run's own checkpoint, not from "
+                        "model.pretrained_path (" +
+                        dir + "/hf)"));
+  EXPECT_THAT(resumed_log.str(), Not(HasSubstr("tensors from")));
+
+  TrainOptions wider = SmallOptions(dir + "/wider", 1);
+  wider.pretrained_path = dir + "/hf";
+  wider.model.hidden_size = 64;
+  std::ostringstream refused_log;
+  EXPECT_THAT(Train(wider, Runtime(refused_log)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("model.pretrained_path"),
+                             HasSubstr("\"wte.weight\": shape [256, 32] in the files, [256, 64] "
+                                       "in the model"))));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/wider/checkpoints/step_0000000001"));
 }
 
 }  // namespace

@@ -1,0 +1,148 @@
+#include "checkpoint/hf_import.h"
+
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/files.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "checkpoint/safetensors.h"
+#include "torch/types.h"
+
+namespace keel::checkpoint {
+namespace {
+
+constexpr char kSingleFile[] = "model.safetensors";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+
+// The files of the directory, each with the names of the tensors it holds by the index (empty
+// for the single file: all of them).
+absl::StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(
+    const std::string& directory) {
+  if (!base::IsDirectory(directory)) {
+    return absl::NotFoundError(absl::StrCat(directory, ": no such directory"));
+  }
+  const std::string index_path = base::JoinPath(directory, kIndexFile);
+  if (!base::PathExists(index_path)) {
+    const std::string single = base::JoinPath(directory, kSingleFile);
+    if (!base::PathExists(single)) {
+      return absl::NotFoundError(
+          absl::StrCat(directory, " holds neither ", kSingleFile, " nor ", kIndexFile));
+    }
+    return std::map<std::string, std::vector<std::string>>{{single, {}}};
+  }
+  absl::StatusOr<base::Json> index = base::ReadJsonFile(index_path);
+  if (!index.ok()) return absl::DataLossError(index.status().message());
+  const base::Json* map =
+      index->is_object() && index->contains("weight_map") ? &(*index)["weight_map"] : nullptr;
+  if (map == nullptr || !map->is_object()) {
+    return absl::DataLossError(absl::StrCat(index_path, ": no \"weight_map\" object"));
+  }
+  std::map<std::string, std::vector<std::string>> files;
+  for (const auto& [name, file] : map->items()) {
+    if (!file.is_string()) {
+      return absl::DataLossError(
+          absl::StrCat(index_path, ": weight_map[\"", name, "\"] is not a file name"));
+    }
+    const std::string path = base::JoinPath(directory, file.get<std::string>());
+    if (!base::PathExists(path)) {
+      return absl::NotFoundError(
+          absl::StrCat(index_path, " maps \"", name, "\" to ", path, ", which does not exist"));
+    }
+    files[path].push_back(name);
+  }
+  return files;
+}
+
+std::string Describe(const std::vector<int64_t>& shape, at::ScalarType dtype) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "] ", c10::toString(dtype));
+}
+
+// Every way the files' headers and the model's keys disagree, one line each.
+std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry>& in_files,
+                                    const State& expected,
+                                    const std::map<std::string, std::string>& tied) {
+  std::vector<std::string> problems;
+  for (const auto& [key, ref] : expected.tensors) {
+    const auto it = in_files.find(key);
+    const std::vector<int64_t> shape(ref.tensor.sizes().begin(), ref.tensor.sizes().end());
+    if (it == in_files.end()) {
+      problems.push_back(absl::StrCat("missing tensor \"", key, "\" (the model's is ",
+                                      Describe(shape, ref.tensor.scalar_type()), ")"));
+    } else if (it->second.shape != shape) {
+      problems.push_back(absl::StrCat("\"", key, "\": shape [",
+                                      absl::StrJoin(it->second.shape, ", "), "] in the files, [",
+                                      absl::StrJoin(shape, ", "), "] in the model"));
+    } else if (it->second.dtype != ref.tensor.scalar_type()) {
+      problems.push_back(absl::StrCat("\"", key, "\": dtype ", c10::toString(it->second.dtype),
+                                      " in the files, ", c10::toString(ref.tensor.scalar_type()),
+                                      " in the model"));
+    }
+  }
+  for (const auto& [key, entry] : in_files) {
+    if (expected.tensors.count(key) == 0 && tied.count(key) == 0) {
+      problems.push_back(absl::StrCat("unexpected tensor \"", key, "\" (",
+                                      Describe(entry.shape, entry.dtype), ")"));
+    }
+  }
+  return problems;
+}
+
+}  // namespace
+
+absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
+                                                 torch::nn::Module& model,
+                                                 const ModelStateOptions& options) {
+  KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory));
+  std::map<std::string, SafetensorsEntry> in_files;
+  for (const auto& [path, indexed] : files) {
+    KEEL_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path));
+    std::map<std::string, SafetensorsEntry> here;
+    for (SafetensorsEntry& entry : header.entries) here.emplace(entry.name, std::move(entry));
+    for (const std::string& name : indexed) {
+      if (here.count(name) == 0) {
+        return absl::DataLossError(absl::StrCat(directory, "/", kIndexFile, " puts \"", name,
+                                                "\" in ", path, ", which does not hold it"));
+      }
+    }
+    in_files.merge(here);
+  }
+  const ModelState state(model, options);
+  KEEL_ASSIGN_OR_RETURN(State expected, state.StateDict());
+  const std::map<std::string, std::string> tied = state.TiedKeys();
+  if (std::vector<std::string> problems = Mismatches(in_files, expected, tied); !problems.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(directory, " does not match the model (", problems.size(),
+                     " problem(s)): ", absl::StrJoin(problems, "; ")));
+  }
+
+  HfImportResult result;
+  std::map<std::string, at::Tensor> tied_in_files;
+  at::NoGradGuard no_grad;
+  for (const auto& [path, indexed] : files) {
+    KEEL_ASSIGN_OR_RETURN(auto tensors, ReadSafetensorsFile(path));
+    for (auto& [name, tensor] : tensors) {
+      if (tied.count(name) > 0) {
+        tied_in_files[name] = std::move(tensor);
+        continue;
+      }
+      expected.tensors.at(name).tensor.copy_(tensor);
+      ++result.num_tensors;
+    }
+    result.files.push_back(path);
+  }
+  for (const auto& [name, tensor] : tied_in_files) {
+    if (!at::equal(tensor, expected.tensors.at(tied.at(name)).tensor.cpu())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(directory, ": \"", name, "\" is tied to \"", tied.at(name),
+                       "\" in the model, but the files hold different values for the two"));
+    }
+    result.tied_checked.push_back(name);
+  }
+  return result;
+}
+
+}  // namespace keel::checkpoint

@@ -1,0 +1,46 @@
+// Loading a model's weights from Hugging Face safetensors: a directory holding
+// "model.safetensors", or "model.safetensors.index.json" and the shards its weight_map names
+// (the layout of the Hub, and what ExportHfSafetensors writes). The keys are ModelState's, so
+// an export of a Keel checkpoint loads back into the same model.
+//
+//   KEEL_ASSIGN_OR_RETURN(HfImportResult loaded, LoadHfSafetensors("/hf/gpt", model));
+#ifndef KEEL_CHECKPOINT_HF_IMPORT_H_
+#define KEEL_CHECKPOINT_HF_IMPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "checkpoint/model_state.h"
+#include "torch/nn/module.h"
+
+namespace keel::checkpoint {
+
+// What a load read.
+struct HfImportResult {
+  // The safetensors files read, in order.
+  std::vector<std::string> files;
+  // Tensors copied into the model.
+  int64_t num_tensors = 0;
+  // Tied lm_head weights found in the files and checked equal to what they are tied to
+  // (ModelState neither saves nor reads them; the load of the embedding refills them).
+  std::vector<std::string> tied_checked;
+};
+
+// Copies every tensor of the directory into the parameter or buffer of `model` that
+// ModelState(model, options) keys alike, in place. Strict: before anything is copied, every
+// key of the model must be in the files and every tensor of the files must be a key of the
+// model (or a tied lm_head weight), with the same shape and dtype.
+// Errors: kNotFound for a missing directory, a directory with neither file, or a shard that
+// the index names but that is missing; kDataLoss for an index that is not a
+// {"weight_map": {name: file}} object or names a tensor its file lacks, and as
+// ReadSafetensorsHeader and ReadSafetensorsFile; kFailedPrecondition naming every missing,
+// unexpected, mis-shaped and mis-typed tensor (with both shapes or dtypes), or a tied lm_head
+// weight that differs from the tensor it is tied to (the model is then partly loaded).
+[[nodiscard]] absl::StatusOr<HfImportResult> LoadHfSafetensors(
+    const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options = {});
+
+}  // namespace keel::checkpoint
+
+#endif  // KEEL_CHECKPOINT_HF_IMPORT_H_

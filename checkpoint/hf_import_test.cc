@@ -1,0 +1,157 @@
+#include "checkpoint/hf_import.h"
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/files.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_export.h"
+#include "checkpoint/model_state.h"
+#include "checkpoint/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+#include "torch/nn/module.h"
+#include "torch/types.h"
+
+namespace keel::checkpoint {
+namespace {
+
+using ::absl::StatusCode;
+using ::keel::testing::NewTempDir;
+using ::keel::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// An embedding, a projection with a bias, a buffer and an lm_head tied to the embedding.
+struct TinyModel : torch::nn::Module {
+  struct Head : torch::nn::Module {
+    explicit Head(const at::Tensor& tied) { register_parameter("weight", tied); }
+  };
+  explicit TinyModel(uint64_t seed) {
+    at::Generator generator = at::detail::createCPUGenerator(seed);
+    wte = register_parameter("wte", at::randn({10, 4}, generator));
+    w = register_parameter("proj_w", at::randn({4, 4}, generator), /*requires_grad=*/true);
+    b = register_parameter("proj_b", at::randn({4}, generator));
+    register_buffer("scale", at::full({1}, static_cast<double>(seed), at::kDouble));
+    register_module("lm_head", std::make_shared<Head>(wte));
+  }
+  at::Tensor wte, w, b;
+};
+
+std::map<std::string, at::Tensor> Weights(torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& item : model.named_parameters()) weights[item.key()] = item.value().clone();
+  for (const auto& item : model.named_buffers()) weights[item.key()] = item.value().clone();
+  return weights;
+}
+
+// `model` saved as a Keel checkpoint and exported with ExportHfSafetensors into `out`, one
+// tensor per file (an index and four shards).
+void Export(torch::nn::Module& model, const std::string& dir, const std::string& out) {
+  CheckpointerOptions options;
+  options.checkpoint_dir = dir;
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  ModelState state(model);
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &state}}, 1, 0));
+  HfExportOptions export_options;
+  export_options.max_shard_bytes = 1;
+  KEEL_ASSERT_OK(ExportHfSafetensors(dir + "/step_0000000001", out, export_options).status());
+}
+
+TEST(HfImportTest, AnExportLoadsBackIntoTheSameModelBitForBit) {
+  const std::string dir = NewTempDir("hf_roundtrip");
+  TinyModel source(1);
+  Export(source, dir + "/ckpt", dir + "/hf");
+  TinyModel target(2);
+  KEEL_ASSERT_OK_AND_ASSIGN(HfImportResult result, LoadHfSafetensors(dir + "/hf", target));
+  EXPECT_EQ(result.num_tensors, 4);
+  EXPECT_EQ(result.files.size(), 4u);
+  const auto expected = Weights(source);
+  const auto loaded = Weights(target);
+  ASSERT_EQ(loaded.size(), expected.size());
+  for (const auto& [name, tensor] : expected) {
+    EXPECT_TRUE(at::equal(loaded.at(name), tensor)) << name;
+  }
+  EXPECT_TRUE(target.named_parameters()["lm_head.weight"].is_alias_of(target.wte));
+}
+
+TEST(HfImportTest, ASingleFileWithTheTiedHeadLoadsAndTheHeadIsChecked) {
+  const std::string dir = NewTempDir("hf_single");
+  TinyModel source(3);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(source)) tensors.emplace_back(name, tensor);
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  TinyModel target(4);
+  KEEL_ASSERT_OK_AND_ASSIGN(HfImportResult result, LoadHfSafetensors(dir, target));
+  EXPECT_THAT(result.tied_checked, ElementsAre("lm_head.weight"));
+  EXPECT_TRUE(at::equal(target.wte, source.wte));
+
+  for (auto& [name, tensor] : tensors) {
+    if (name == "lm_head.weight") tensor = tensor + 1;
+  }
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  EXPECT_THAT(LoadHfSafetensors(dir, target),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("\"lm_head.weight\" is tied to \"wte\" in the model, but the "
+                                 "files hold different values")));
+}
+
+TEST(HfImportTest, EveryMismatchIsNamedAndNothingIsCopied) {
+  const std::string dir = NewTempDir("hf_mismatch");
+  TinyModel source(5);
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"wte", source.wte},                   // fine
+      {"proj_w", source.w.narrow(0, 0, 3)},  // shape
+      {"scale", at::ones({1}, at::kFloat)},  // dtype: the buffer is float64
+      {"extra", at::zeros({2})},             // unexpected
+  };                                         // "proj_b" missing
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  TinyModel target(6);
+  const auto before = Weights(target);
+  EXPECT_THAT(LoadHfSafetensors(dir, target),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("4 problem(s)"),
+                             HasSubstr("missing tensor \"proj_b\" (the model's is [4] Float)"),
+                             HasSubstr("\"proj_w\": shape [3, 4] in the files, [4, 4] in the "
+                                       "model"),
+                             HasSubstr("\"scale\": dtype Float in the files, Double in the "
+                                       "model"),
+                             HasSubstr("unexpected tensor \"extra\" ([2] Float)"))));
+  for (const auto& [name, tensor] : Weights(target)) {
+    EXPECT_TRUE(at::equal(tensor, before.at(name))) << name;
+  }
+}
+
+TEST(HfImportTest, MissingFilesAndBadIndexesAreNamed) {
+  const std::string dir = NewTempDir("hf_files");
+  TinyModel model(7);
+  EXPECT_THAT(LoadHfSafetensors(dir + "/absent", model),
+              StatusIs(StatusCode::kNotFound, HasSubstr("absent: no such directory")));
+  EXPECT_THAT(LoadHfSafetensors(dir, model),
+              StatusIs(StatusCode::kNotFound, HasSubstr("holds neither model.safetensors nor "
+                                                        "model.safetensors.index.json")));
+  keel::testing::WriteFileOrFail(dir + "/model.safetensors.index.json",
+                                 R"({"weight_map": {"wte": "model-00001-of-00001.safetensors"}})");
+  EXPECT_THAT(LoadHfSafetensors(dir, model),
+              StatusIs(StatusCode::kNotFound,
+                       HasSubstr("maps \"wte\" to " + dir +
+                                 "/model-00001-of-00001.safetensors, which does not exist")));
+  keel::testing::WriteFileOrFail(dir + "/model.safetensors.index.json", R"({"metadata": {}})");
+  EXPECT_THAT(LoadHfSafetensors(dir, model),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("no \"weight_map\" object")));
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/shard.safetensors", {{"wte", model.wte}}, {}));
+  keel::testing::WriteFileOrFail(dir + "/model.safetensors.index.json",
+                                 R"({"weight_map": {"proj_w": "shard.safetensors"}})");
+  EXPECT_THAT(
+      LoadHfSafetensors(dir, model),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("puts \"proj_w\" in " + dir +
+                                                "/shard.safetensors, which does not hold it")));
+}
+
+}  // namespace
+}  // namespace keel::checkpoint
