@@ -18,6 +18,7 @@
 #include "base/files.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "base/utf8.h"
 #include "checkpoint/internal/dtype.h"
 #include "checkpoint/internal/files.h"
 #include "nlohmann/json.hpp"
@@ -57,37 +58,7 @@ std::string DtypeString(at::ScalarType dtype) {
   return name.ok() ? *name : c10::toString(dtype);
 }
 
-bool IsUtf8(absl::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char lead = static_cast<unsigned char>(text[i]);
-    size_t length;
-    uint32_t code;
-    uint32_t smallest;
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    } else if ((lead & 0xe0) == 0xc0) {
-      length = 2, code = lead & 0x1f, smallest = 0x80;
-    } else if ((lead & 0xf0) == 0xe0) {
-      length = 3, code = lead & 0x0f, smallest = 0x800;
-    } else if ((lead & 0xf8) == 0xf0) {
-      length = 4, code = lead & 0x07, smallest = 0x10000;
-    } else {
-      return false;
-    }
-    if (text.size() - i < length) return false;
-    for (size_t k = 1; k < length; ++k) {
-      const unsigned char next = static_cast<unsigned char>(text[i + k]);
-      if ((next & 0xc0) != 0x80) return false;
-      code = (code << 6) | (next & 0x3f);
-    }
-    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8.
-    if (code < smallest || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return false;
-    i += length;
-  }
-  return true;
-}
+bool IsUtf8(absl::string_view text) { return !base::FirstInvalidUtf8(text).has_value(); }
 
 // The byte size of a C-order tensor of non-negative `shape`, or nullopt if LibTorch could not
 // allocate it: the product of the dims with 0 counted as 1 (the largest stride) must fit
