@@ -16,6 +16,7 @@ load("//third_party/protobuf:workspace.bzl", "protobuf_repository")
 load("//third_party/remote_coverage_tools:workspace.bzl", "remote_coverage_tools_repository")
 load("//third_party/rules_cc:workspace.bzl", "rules_cc_repository")
 load("//third_party/rules_java:workspace.bzl", "rules_java_repository")
+load("//third_party/sentencepiece:workspace.bzl", "sentencepiece_repository")
 load("//third_party/xxhash:workspace.bzl", "xxhash_repository")
 
 def keel_dependencies():
@@ -28,6 +29,7 @@ def keel_dependencies():
     googletest_repository()
     benchmark_repository()
     nlohmann_json_repository()
+    sentencepiece_repository()
     xxhash_repository()
     libtorch_repository()
     cuda_repository()

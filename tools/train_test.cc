@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -380,6 +381,47 @@ TEST(TrainTest, TrainsOnAPreprocessedIndexedDataset) {
   EXPECT_THAT(child.DrainStdout(), Not(HasSubstr("default corpus")));
   EXPECT_EQ(Metrics(dir + "/run").size(), 4u);
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/data"));
+}
+
+// tools:preprocess with a SentencePiece model (spm_train's, from Debian's sentencepiece) on
+// JSONL, then the trainer on its dataset: model.vocab_size must cover the recorded vocabulary.
+TEST(TrainTest, TrainsOnASentencePieceDatasetWhoseVocabularyTheModelCovers) {
+  const std::string dir = NewTempDir("spm");
+  std::string text, jsonl;
+  for (int i = 0; i < 600; ++i) {
+    const std::string line = absl::StrCat("Document ", i, ": the quick brown fox jumps over ",
+                                          i % 11, " lazy dogs near the river bank.");
+    absl::StrAppend(&text, line, "\n");
+    absl::StrAppend(&jsonl, "{\"text\": \"", line, "\"}\n");
+  }
+  std::ofstream(dir + "/train.txt") << text;
+  std::ofstream(dir + "/docs.jsonl") << jsonl;
+  ASSERT_EQ(std::system(("spm_train --input=" + dir + "/train.txt --model_prefix=" + dir +
+                         "/m --vocab_size=120 --minloglevel=2 >/dev/null 2>&1")
+                            .c_str()),
+            0);
+  Subprocess preprocess = Subprocess::Start(
+      {Absolute(absl::GetFlag(FLAGS_preprocess)), "--tokenizer_model=" + dir + "/m.model",
+       "--json_keys=text", "--append_eod", "--output_prefix=" + dir + "/web", dir + "/docs.jsonl"},
+      ChildOptions(dir + "/preprocess.stderr"));
+  ASSERT_EQ(preprocess.Wait(), 0) << preprocess.Stderr();
+  EXPECT_THAT(preprocess.DrainStdout(), HasSubstr("600 documents, 600 sequences"));
+
+  std::vector<std::string> args = SmallRun(dir + "/small", 2);
+  args.insert(args.end(), {"--set", "data.prefix=" + dir + "/web_text_document", "--set",
+                           "model.vocab_size=100"});
+  Subprocess refused = StartTrain(args, dir + "/refused.stderr");
+  ASSERT_EQ(refused.Wait(), 2);
+  EXPECT_THAT(refused.Stderr(),
+              HasSubstr("model.vocab_size (100) is smaller than the vocabulary of " + dir +
+                        "/web_text_document (120 pieces of " + dir + "/m.model"));
+
+  args = SmallRun(dir + "/run", 3);
+  args.insert(args.end(), {"--set", "data.prefix=" + dir + "/web_text_document", "--set",
+                           "model.vocab_size=120"});
+  Subprocess child = StartTrain(args, dir + "/train.stderr");
+  ASSERT_EQ(child.Wait(), 0) << child.Stderr();
+  EXPECT_EQ(Metrics(dir + "/run").size(), 3u);
 }
 
 // A CUDA build on a GPU (//tools:train_gpu_test, tagged gpu, runs only this): the NCCL backend

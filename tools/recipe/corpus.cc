@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "base/files.h"
 #include "base/status.h"
-#include "sampling/indexed_dataset.h"
+#include "sampling/indexed_dataset_writer.h"
 
 namespace keel::tools::recipe {
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "sampling/indexed_dataset.h"
+#include "sampling/indexed_dataset_writer.h"
 
 namespace keel::tools::recipe {
 

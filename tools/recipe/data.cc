@@ -9,6 +9,7 @@
 #include "base/status.h"
 #include "sampling/indexed_dataset.h"
 #include "tools/recipe/corpus.h"
+#include "tools/recipe/tokenizer_info.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -65,9 +66,21 @@ int64_t Splits::TrainIndex(int64_t j) const {
   return every_n_ == 0 ? j : (j / (every_n_ - 1)) * every_n_ + j % (every_n_ - 1);
 }
 
+// A dataset that tools:preprocess encoded with a SentencePiece model records its vocabulary:
+// the model's embedding must cover it.
+absl::Status CheckVocabulary(const TrainOptions& options, const std::string& prefix) {
+  KEEL_ASSIGN_OR_RETURN(std::optional<TokenizerInfo> info, ReadTokenizerInfo(prefix));
+  if (!info.has_value() || info->vocab_size <= options.model.vocab_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.vocab_size (", options.model.vocab_size, ") is smaller than the vocabulary of ",
+      prefix, " (", info->vocab_size, " pieces of ", info->tokenizer_model, ", recorded in ",
+      TokenizerInfoPath(prefix), "): set model.vocab_size to at least ", info->vocab_size));
+}
+
 absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const TrainRuntime& runtime) {
   KEEL_ASSIGN_OR_RETURN(std::string prefix, DataPrefix(options, runtime));
   KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, sampling::IndexedDataset::Open(prefix));
+  KEEL_RETURN_IF_ERROR(CheckVocabulary(options, prefix));
   KEEL_ASSIGN_OR_RETURN(sampling::GptDataset windows,
                         sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
   Splits splits(std::move(windows), options.data.validation_every_n_samples);

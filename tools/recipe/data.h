@@ -60,7 +60,9 @@ struct TrainData {
 // Opens the run's data; rank 0 prepares the default corpus first when data.prefix is empty and
 // <run_dir>/data holds none, while the other ranks wait for its status.
 // Collective: over runtime.control_group. Errors: kNotFound for a missing dataset or default
-// corpus; kDataLoss for a corrupt one; the sampler's kInvalidArgument (too few windows).
+// corpus; kDataLoss for a corrupt one (or its .tokenizer.json); kInvalidArgument when
+// model.vocab_size is smaller than the vocabulary recorded beside the dataset (TokenizerInfo),
+// and the sampler's (too few windows).
 [[nodiscard]] absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options,
                                                       const TrainRuntime& runtime);
 

@@ -13,6 +13,7 @@
 #include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "tools/recipe/corpus.h"
+#include "tools/recipe/tokenizer_info.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -159,6 +160,28 @@ TEST(DryRunTest, RefusesAGeometryThatCannotWork) {
   std::ostringstream out;
   EXPECT_THAT(DryRun(SmallOptions(dir), 3, out),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("global_batch_size")));
+}
+
+// A dataset that records its tokenizer's vocabulary (tools:preprocess --tokenizer_model) needs
+// a model that covers it; a corrupt record is named.
+TEST(DryRunTest, RefusesAModelSmallerThanTheRecordedVocabulary) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_vocab");
+  TrainOptions options = SmallOptions(dir);
+  KEEL_ASSERT_OK(WriteTokenizerInfo(options.data.prefix, {"/m/spm.model", 300, 2, true}));
+  std::ostringstream out;
+  EXPECT_THAT(
+      DryRun(options, 1, out),
+      StatusIs(StatusCode::kInvalidArgument,
+               HasSubstr("model.vocab_size (256) is smaller than the vocabulary of " +
+                         options.data.prefix + " (300 pieces of /m/spm.model, recorded in " +
+                         options.data.prefix +
+                         ".tokenizer.json): set model.vocab_size to at least 300")));
+  options.model.vocab_size = 300;
+  KEEL_EXPECT_OK(DryRun(options, 1, out));
+  keel::testing::WriteFileOrFail(options.data.prefix + ".tokenizer.json", "{\"vocab_size\": 1}");
+  EXPECT_THAT(
+      DryRun(options, 1, out),
+      StatusIs(StatusCode::kDataLoss, HasSubstr(".tokenizer.json: not a tokenizer record")));
 }
 
 }  // namespace

@@ -1,0 +1,246 @@
+#include "tools/recipe/tokenized_corpus.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/files.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+#include "tools/recipe/tokenizer_info.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+using ::absl::StatusCode;
+using ::keel::testing::NewTempDir;
+using ::keel::testing::ReadFileOrFail;
+using ::keel::testing::StatusIs;
+using ::keel::testing::WriteFileOrFail;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+void Run(const std::string& command) { ASSERT_EQ(std::system(command.c_str()), 0) << command; }
+
+// A unigram model of a few hundred pieces trained by spm_train (Debian's sentencepiece) on
+// varied English and accented text, once.
+const std::string& Model() {
+  static const std::string* const model = [] {
+    const std::string dir = NewTempDir("spm");
+    std::string text;
+    for (int i = 0; i < 400; ++i) {
+      absl::StrAppend(&text, "Line ", i, ": the quick brown fox jumps over ", i % 7,
+                      " lazy dogs; café naïve résumé — déjà vu.\n");
+    }
+    WriteFileOrFail(dir + "/train.txt", text);
+    Run(absl::StrCat("spm_train --input=", dir, "/train.txt --model_prefix=", dir,
+                     "/m --vocab_size=200 --hard_vocab_limit=false --minloglevel=2 "
+                     ">/dev/null 2>&1"));
+    return new std::string(dir + "/m.model");
+  }();
+  return *model;
+}
+
+// spm_encode's ids for each line of `file`.
+std::vector<std::vector<int64_t>> SpmEncode(const std::string& file) {
+  const std::string out = file + ".ids";
+  Run(absl::StrCat("spm_encode --model=", Model(), " --output_format=id < ", file, " > ", out));
+  std::vector<std::vector<int64_t>> lines;
+  for (absl::string_view line : absl::StrSplit(ReadFileOrFail(out), '\n')) {
+    std::vector<int64_t> ids;
+    for (absl::string_view id : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      int64_t value;
+      EXPECT_TRUE(absl::SimpleAtoi(id, &value)) << id;
+      ids.push_back(value);
+    }
+    lines.push_back(ids);
+  }
+  lines.pop_back();  // after the last newline
+  return lines;
+}
+
+// Each document's sequences of the uint16 dataset at `prefix`, decoded here from Megatron's
+// format (the reader that would do it links LibTorch, whose protobuf clashes with the one
+// libsentencepiece embeds): the .idx is "MMIDIDX\0\0", version (u64), dtype code (u8),
+// sequence count N (u64), document count D (u64), N int32 lengths, N int64 byte pointers and
+// D int64 document indices; the .bin holds the tokens.
+std::vector<std::vector<std::vector<int64_t>>> Documents(const std::string& prefix) {
+  const std::string idx = ReadFileOrFail(prefix + ".idx");
+  const std::string bin = ReadFileOrFail(prefix + ".bin");
+  auto read = [&idx](size_t offset, auto value) {
+    std::memcpy(&value, idx.data() + offset, sizeof(value));
+    return value;
+  };
+  EXPECT_EQ(idx.substr(0, 9), std::string("MMIDIDX\0\0", 9));
+  EXPECT_EQ(read(17, uint8_t{}), 8);  // uint16
+  const uint64_t n = read(18, uint64_t{});
+  const uint64_t d = read(26, uint64_t{});
+  EXPECT_EQ(idx.size(), 34 + 12 * n + 8 * d);
+  std::vector<std::vector<std::vector<int64_t>>> documents;
+  for (uint64_t j = 0; j + 1 < d; ++j) {
+    documents.emplace_back();
+    const int64_t first = read(34 + 12 * n + 8 * j, int64_t{});
+    const int64_t last = read(34 + 12 * n + 8 * (j + 1), int64_t{});
+    for (int64_t i = first; i < last; ++i) {
+      const int32_t length = read(34 + 4 * i, int32_t{});
+      const int64_t pointer = read(34 + 4 * n + 8 * i, int64_t{});
+      std::vector<int64_t> tokens;
+      for (int32_t t = 0; t < length; ++t) {
+        uint16_t token;
+        std::memcpy(&token, bin.data() + pointer + 2 * t, 2);
+        tokens.push_back(token);
+      }
+      documents.back().push_back(tokens);
+    }
+  }
+  return documents;
+}
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(TokenizedCorpusTest, TextFilesGetSpmEncodesIdsALineASequence) {
+  const std::string dir = NewTempDir("text");
+  WriteFileOrFail(dir + "/a.txt", "The quick fox.\n\nCafé déjà vu, 42 dogs!\n");
+  WriteFileOrFail(dir + "/b.txt", "unseen wörds: ÆØÅ 漢字\nlast line without newline");
+  TokenizeOptions options;
+  options.tokenizer_model = Model();
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      TokenizedCorpus corpus,
+      BuildTokenizedCorpus({dir + "/a.txt", dir + "/b.txt"}, dir + "/out/corpus", options));
+  const auto documents = Documents(dir + "/out/corpus");
+  ASSERT_EQ(documents.size(), 2u);
+  for (int d = 0; d < 2; ++d) {
+    std::vector<std::vector<int64_t>> expected;
+    for (const auto& line : SpmEncode(dir + (d == 0 ? "/a.txt" : "/b.txt"))) {
+      if (!line.empty()) expected.push_back(line);  // a blank line adds no sequence
+    }
+    EXPECT_EQ(documents[d], expected) << "document " << d;
+  }
+  EXPECT_EQ(corpus.dtype, sampling::TokenDtype::kUint16);
+  ASSERT_EQ(corpus.datasets.size(), 1u);
+  EXPECT_EQ(corpus.datasets[0].documents, 2);
+  EXPECT_EQ(corpus.datasets[0].sequences, 4);
+  // The vocabulary as spm_train listed it, one piece a line.
+  const std::string vocab = ReadFileOrFail(Model().substr(0, Model().size() - 6) + ".vocab");
+  KEEL_ASSERT_OK_AND_ASSIGN(std::optional<TokenizerInfo> info,
+                            ReadTokenizerInfo(dir + "/out/corpus"));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->vocab_size, std::count(vocab.begin(), vocab.end(), '\n'));
+  EXPECT_EQ(info->eos_id, 2);  // spm_train's default
+  EXPECT_EQ(Entries(dir + "/out"),
+            (std::vector<std::string>{"corpus.bin", "corpus.idx", "corpus.tokenizer.json"}));
+}
+
+TEST(TokenizedCorpusTest, JsonlKeysMakeOneDatasetEachWithEodAppended) {
+  const std::string dir = NewTempDir("jsonl");
+  WriteFileOrFail(dir + "/docs.jsonl",
+                  "{\"text\": \"The quick fox jumps.\", \"title\": \"Fox\"}\n"
+                  "\n"
+                  "{\"title\": \"Lists\", \"text\": [\"First sentence.\", \"Second one.\"]}\n"
+                  "{\"text\": \"\", \"title\": \"Empty text\"}\n");
+  WriteFileOrFail(dir + "/texts.txt",
+                  "The quick fox jumps.\nFirst sentence.\nSecond one.\nFox\nLists\nEmpty text\n");
+  const std::vector<std::vector<int64_t>> ids = SpmEncode(dir + "/texts.txt");
+  auto with_eod = [](std::vector<int64_t> sequence) {
+    sequence.push_back(2);
+    return sequence;
+  };
+  TokenizeOptions options;
+  options.tokenizer_model = Model();
+  options.json_keys = {"text", "title"};
+  options.append_eod = true;
+  KEEL_ASSERT_OK_AND_ASSIGN(TokenizedCorpus corpus,
+                            BuildTokenizedCorpus({dir + "/docs.jsonl"}, dir + "/web", options));
+  ASSERT_EQ(corpus.datasets.size(), 2u);
+  EXPECT_EQ(corpus.datasets[0].prefix, dir + "/web_text_document");
+  const auto text = Documents(dir + "/web_text_document");
+  ASSERT_EQ(text.size(), 3u);  // the blank line is not a document
+  EXPECT_THAT(text[0], ElementsAre(with_eod(ids[0])));
+  EXPECT_THAT(text[1], ElementsAre(ids[1], with_eod(ids[2])));  // EOD ends the last sentence
+  EXPECT_THAT(text[2], IsEmpty());                              // no ids, so no EOD
+  const auto title = Documents(dir + "/web_title_document");
+  ASSERT_EQ(title.size(), 3u);
+  EXPECT_THAT(title[2], ElementsAre(with_eod(ids[5])));
+}
+
+TEST(TokenizedCorpusTest, TheSameBytesOnOneThreadOrTwo) {
+  const std::string dir = NewTempDir("threads");
+  std::string jsonl;
+  for (int i = 0; i < 5000; ++i) {
+    absl::StrAppend(&jsonl, "{\"text\": \"document ", i, " about ", i % 13, " foxes\"}\n");
+  }
+  WriteFileOrFail(dir + "/docs.jsonl", jsonl);
+  TokenizeOptions options;
+  options.tokenizer_model = Model();
+  options.json_keys = {"text"};
+  for (int threads : {1, 2}) {
+    options.threads = threads;
+    KEEL_ASSERT_OK(
+        BuildTokenizedCorpus({dir + "/docs.jsonl"}, absl::StrCat(dir + "/t", threads), options)
+            .status());
+  }
+  EXPECT_EQ(ReadFileOrFail(dir + "/t1_text_document.bin"),
+            ReadFileOrFail(dir + "/t2_text_document.bin"));
+  EXPECT_EQ(ReadFileOrFail(dir + "/t1_text_document.idx"),
+            ReadFileOrFail(dir + "/t2_text_document.idx"));
+}
+
+// Every bad input is an error naming the file (and line), and leaves nothing under the prefix.
+TEST(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
+  const std::string dir = NewTempDir("bad");
+  WriteFileOrFail(dir + "/good.jsonl", "{\"text\": \"fine\"}\n");
+  WriteFileOrFail(dir + "/not_json.jsonl", "{\"text\": \"fine\"}\n{\"text\": oops}\n");
+  WriteFileOrFail(dir + "/no_key.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"body\": 1}\n");
+  WriteFileOrFail(dir + "/number.jsonl", "{\"text\": 7}\n");
+  WriteFileOrFail(dir + "/latin1.txt", "fine\ncaf\xe9\n");
+  const struct {
+    std::vector<std::string> inputs;
+    std::vector<std::string> keys;
+    std::string model;
+    std::string message;
+    StatusCode code = StatusCode::kInvalidArgument;
+  } cases[] = {
+      {{"good.jsonl", "not_json.jsonl"}, {"text"}, Model(), "not_json.jsonl:2: not a JSON object"},
+      {{"no_key.jsonl"}, {"text"}, Model(), "no_key.jsonl:3: no key \"text\""},
+      {{"number.jsonl"},
+       {"text"},
+       Model(),
+       "number.jsonl:1: \"text\" is neither a string nor a list of strings"},
+      {{"latin1.txt"}, {}, Model(), "latin1.txt:2: invalid UTF-8 at byte 4 of the line"},
+      {{"good.jsonl"}, {"text"}, dir + "/good.jsonl", "good.jsonl: not a SentencePiece model"},
+      {{"absent.txt"}, {}, Model(), "absent.txt: no such input file", StatusCode::kNotFound},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    TokenizeOptions options;
+    options.tokenizer_model = c.model;
+    options.json_keys = c.keys;
+    std::vector<std::string> inputs;
+    for (const std::string& input : c.inputs) inputs.push_back(dir + "/" + input);
+    std::filesystem::create_directories(dir + "/out");
+    EXPECT_THAT(BuildTokenizedCorpus(inputs, dir + "/out/data", options).status(),
+                StatusIs(c.code, HasSubstr(c.message)));
+    EXPECT_THAT(Entries(dir + "/out"), IsEmpty());
+  }
+}
+
+}  // namespace
+}  // namespace keel::tools::recipe
