@@ -6,8 +6,8 @@
 //
 //   bazel run //tools:preprocess -- --output_prefix=data/mytext a.txt b.txt
 //   bazel run //tools:preprocess -- --output_prefix=data/licenses   # the default corpus
-//   bazel run //tools:preprocess -- --tokenizer_model=spm.model --json_keys=text \
-//       --append_eod --output_prefix=data/web docs.jsonl            # data/web_text_document
+//   bazel run //tools:preprocess -- --tokenizer_model=spm.model --json_keys=text
+//       --append_eod --output_prefix=data/web docs.jsonl    # one line: data/web_text_document
 //
 // Exit status (tools/cli/exit_code.h): 0 when written, 1 for errors, 2 for bad usage.
 #include <algorithm>
