@@ -21,6 +21,7 @@ readonly PACKAGES=(
   libxxhash-dev       # XXH3 checksums of checkpoint shards and manifests
   libsentencepiece-dev  # SentencePiece tokenization in tools:preprocess --tokenizer_model
   sentencepiece       # spm_encode: the reference ids in tests, the baseline of preprocess_benchmark.sh
+  python3-sentencepiece  # the Python baseline of tools/scripts/preprocess_benchmark.sh
   clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
   python3-torch       # torchrun (tools:train_test) and the Python baseline of tools/scripts/train_benchmark.sh

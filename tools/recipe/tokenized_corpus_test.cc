@@ -33,29 +33,33 @@ using ::testing::IsEmpty;
 
 void Run(const std::string& command) { ASSERT_EQ(std::system(command.c_str()), 0) << command; }
 
-// A unigram model of a few hundred pieces trained by spm_train (Debian's sentencepiece) on
-// varied English and accented text, once.
+// The .model spm_train (Debian's sentencepiece) learns from `text` with `flags`.
+std::string TrainModel(const std::string& text, const std::string& flags) {
+  const std::string dir = NewTempDir("spm");
+  WriteFileOrFail(dir + "/train.txt", text);
+  Run(absl::StrCat("spm_train --input=", dir, "/train.txt --model_prefix=", dir, "/m ", flags,
+                   " --minloglevel=2 >/dev/null 2>&1"));
+  return dir + "/m.model";
+}
+
+// A unigram model of a few hundred pieces learnt from varied English and accented text, once.
 const std::string& Model() {
   static const std::string* const model = [] {
-    const std::string dir = NewTempDir("spm");
     std::string text;
     for (int i = 0; i < 400; ++i) {
       absl::StrAppend(&text, "Line ", i, ": the quick brown fox jumps over ", i % 7,
                       " lazy dogs; café naïve résumé — déjà vu.\n");
     }
-    WriteFileOrFail(dir + "/train.txt", text);
-    Run(absl::StrCat("spm_train --input=", dir, "/train.txt --model_prefix=", dir,
-                     "/m --vocab_size=200 --hard_vocab_limit=false --minloglevel=2 "
-                     ">/dev/null 2>&1"));
-    return new std::string(dir + "/m.model");
+    return new std::string(TrainModel(text, "--vocab_size=200 --hard_vocab_limit=false"));
   }();
   return *model;
 }
 
 // spm_encode's ids for each line of `file`.
-std::vector<std::vector<int64_t>> SpmEncode(const std::string& file) {
+std::vector<std::vector<int64_t>> SpmEncode(const std::string& file,
+                                            const std::string& model = Model()) {
   const std::string out = file + ".ids";
-  Run(absl::StrCat("spm_encode --model=", Model(), " --output_format=id < ", file, " > ", out));
+  Run(absl::StrCat("spm_encode --model=", model, " --output_format=id < ", file, " > ", out));
   std::vector<std::vector<int64_t>> lines;
   for (absl::string_view line : absl::StrSplit(ReadFileOrFail(out), '\n')) {
     std::vector<int64_t> ids;
@@ -70,36 +74,38 @@ std::vector<std::vector<int64_t>> SpmEncode(const std::string& file) {
   return lines;
 }
 
-// Each document's sequences of the uint16 dataset at `prefix`, decoded here from Megatron's
-// format (the reader that would do it links LibTorch, whose protobuf clashes with the one
-// libsentencepiece embeds): the .idx is "MMIDIDX\0\0", version (u64), dtype code (u8),
-// sequence count N (u64), document count D (u64), N int32 lengths, N int64 byte pointers and
-// D int64 document indices; the .bin holds the tokens.
-std::vector<std::vector<std::vector<int64_t>>> Documents(const std::string& prefix) {
+// Each document's sequences of the dataset at `prefix`, whose tokens are `dtype` (uint16 or
+// int32), decoded here from Megatron's format (the reader that would do it links LibTorch,
+// whose protobuf clashes with the one libsentencepiece embeds): the .idx is "MMIDIDX\0\0",
+// version (u64), dtype code (u8: 8 uint16, 4 int32), sequence count N (u64), document count D
+// (u64), N int32 lengths, N int64 byte pointers and D int64 document indices; the .bin holds
+// the tokens.
+std::vector<std::vector<std::vector<int64_t>>> Documents(
+    const std::string& prefix, sampling::TokenDtype dtype = sampling::TokenDtype::kUint16) {
   const std::string idx = ReadFileOrFail(prefix + ".idx");
   const std::string bin = ReadFileOrFail(prefix + ".bin");
-  auto read = [&idx](size_t offset, auto value) {
-    std::memcpy(&value, idx.data() + offset, sizeof(value));
+  auto read = [](const std::string& bytes, size_t offset, auto value) {
+    std::memcpy(&value, bytes.data() + offset, sizeof(value));
     return value;
   };
+  const bool uint16 = dtype == sampling::TokenDtype::kUint16;
   EXPECT_EQ(idx.substr(0, 9), std::string("MMIDIDX\0\0", 9));
-  EXPECT_EQ(read(17, uint8_t{}), 8);  // uint16
-  const uint64_t n = read(18, uint64_t{});
-  const uint64_t d = read(26, uint64_t{});
+  EXPECT_EQ(read(idx, 17, uint8_t{}), uint16 ? 8 : 4);
+  const uint64_t n = read(idx, 18, uint64_t{});
+  const uint64_t d = read(idx, 26, uint64_t{});
   EXPECT_EQ(idx.size(), 34 + 12 * n + 8 * d);
   std::vector<std::vector<std::vector<int64_t>>> documents;
   for (uint64_t j = 0; j + 1 < d; ++j) {
     documents.emplace_back();
-    const int64_t first = read(34 + 12 * n + 8 * j, int64_t{});
-    const int64_t last = read(34 + 12 * n + 8 * (j + 1), int64_t{});
+    const int64_t first = read(idx, 34 + 12 * n + 8 * j, int64_t{});
+    const int64_t last = read(idx, 34 + 12 * n + 8 * (j + 1), int64_t{});
     for (int64_t i = first; i < last; ++i) {
-      const int32_t length = read(34 + 4 * i, int32_t{});
-      const int64_t pointer = read(34 + 4 * n + 8 * i, int64_t{});
+      const int32_t length = read(idx, 34 + 4 * i, int32_t{});
+      const int64_t pointer = read(idx, 34 + 4 * n + 8 * i, int64_t{});
       std::vector<int64_t> tokens;
       for (int32_t t = 0; t < length; ++t) {
-        uint16_t token;
-        std::memcpy(&token, bin.data() + pointer + 2 * t, 2);
-        tokens.push_back(token);
+        tokens.push_back(uint16 ? read(bin, pointer + 2 * t, uint16_t{})
+                                : read(bin, pointer + 4 * t, int32_t{}));
       }
       documents.back().push_back(tokens);
     }
@@ -203,6 +209,27 @@ TEST(TokenizedCorpusTest, TheSameBytesOnOneThreadOrTwo) {
             ReadFileOrFail(dir + "/t2_text_document.idx"));
 }
 
+// DType.optimal_dtype: a vocabulary of 65500 pieces or more takes int32 tokens. A word model
+// learns one piece per distinct word, so 70000 distinct words give it 66000 pieces.
+TEST(TokenizedCorpusTest, AVocabularyOf65500PiecesOrMoreTakesInt32Tokens) {
+  std::string words;
+  for (int i = 0; i < 70000; ++i) absl::StrAppend(&words, "w", i, i % 10 == 9 ? "\n" : " ");
+  const std::string model = TrainModel(words, "--model_type=word --vocab_size=66000");
+  const std::string dir = NewTempDir("int32");
+  WriteFileOrFail(dir + "/a.txt", "w1 w65535 w69999\nw3 unseen w40000\n");
+  TokenizeOptions options;
+  options.tokenizer_model = model;
+  options.append_eod = true;
+  KEEL_ASSERT_OK_AND_ASSIGN(TokenizedCorpus corpus,
+                            BuildTokenizedCorpus({dir + "/a.txt"}, dir + "/big", options));
+  EXPECT_EQ(corpus.dtype, sampling::TokenDtype::kInt32);
+  EXPECT_EQ(corpus.info.vocab_size, 66000);
+  std::vector<std::vector<int64_t>> expected = SpmEncode(dir + "/a.txt", model);
+  ASSERT_EQ(expected.size(), 2u);
+  expected[1].push_back(2);  // spm_train's EOS id ends the document
+  EXPECT_THAT(Documents(dir + "/big", sampling::TokenDtype::kInt32), ElementsAre(expected));
+}
+
 // Every bad input is an error naming the file (and line), and leaves nothing under the prefix.
 TEST(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
   const std::string dir = NewTempDir("bad");
@@ -211,12 +238,15 @@ TEST(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
   WriteFileOrFail(dir + "/no_key.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"body\": 1}\n");
   WriteFileOrFail(dir + "/number.jsonl", "{\"text\": 7}\n");
   WriteFileOrFail(dir + "/latin1.txt", "fine\ncaf\xe9\n");
+  const std::string no_eos = TrainModel("fine words\nmore words\n",
+                                        "--vocab_size=20 --hard_vocab_limit=false --eos_id=-1");
   const struct {
     std::vector<std::string> inputs;
     std::vector<std::string> keys;
     std::string model;
     std::string message;
     StatusCode code = StatusCode::kInvalidArgument;
+    bool append_eod = false;
   } cases[] = {
       {{"good.jsonl", "not_json.jsonl"}, {"text"}, Model(), "not_json.jsonl:2: not a JSON object"},
       {{"no_key.jsonl"}, {"text"}, Model(), "no_key.jsonl:3: no key \"text\""},
@@ -227,12 +257,21 @@ TEST(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
       {{"latin1.txt"}, {}, Model(), "latin1.txt:2: invalid UTF-8 at byte 4 of the line"},
       {{"good.jsonl"}, {"text"}, dir + "/good.jsonl", "good.jsonl: not a SentencePiece model"},
       {{"absent.txt"}, {}, Model(), "absent.txt: no such input file", StatusCode::kNotFound},
+      {{}, {}, Model(), "no input file given"},
+      {{"good.jsonl"}, {"text", ""}, Model(), "--json_keys holds an empty key"},
+      {{"good.jsonl"},
+       {"text"},
+       no_eos,
+       "--append_eod: the SentencePiece model " + no_eos + " has no EOS piece (eos_id -1)",
+       StatusCode::kInvalidArgument,
+       /*append_eod=*/true},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.message);
     TokenizeOptions options;
     options.tokenizer_model = c.model;
     options.json_keys = c.keys;
+    options.append_eod = c.append_eod;
     std::vector<std::string> inputs;
     for (const std::string& input : c.inputs) inputs.push_back(dir + "/" + input);
     std::filesystem::create_directories(dir + "/out");
