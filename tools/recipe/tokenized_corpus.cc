@@ -21,7 +21,7 @@ namespace {
 
 using internal::SpmTokenizer;
 
-// Lines read, then parsed and encoded on all threads, at a time (text files: whole files).
+// Lines read, then parsed and encoded on all threads, at a time.
 constexpr size_t kBatchLines = 16384;
 
 using Sentences = std::vector<std::string>;
@@ -33,12 +33,13 @@ struct Line {
   int64_t number = 0;
 };
 
-// A batch of lines. Text files come whole, each one document whose lines are its sentences;
-// each JSONL line is one document (blank lines are skipped).
+// A batch of lines. Each JSONL line is one document (blank lines are skipped); a text file is
+// one document whose lines are its sentences, and may span batches.
 struct Batch {
   std::vector<Line> lines;
-  // Text files: those whose lines are in `lines`, in order (an empty file has none).
-  std::vector<size_t> files;
+  // Where input files ended: after lines[0, end) for each `end`, in order (an empty file
+  // adds an end too).
+  std::vector<size_t> ends;
 };
 
 std::string Where(const std::string& file, int64_t line) { return absl::StrCat(file, ":", line); }
@@ -104,25 +105,26 @@ absl::StatusOr<std::vector<Sentences>> ParseRecord(const std::string& line,
 // Reads the inputs a batch at a time.
 class LineReader {
  public:
-  LineReader(const std::vector<std::string>& files, bool whole_files)
-      : files_(files), whole_files_(whole_files) {}
+  LineReader(const std::vector<std::string>& files, bool skip_blank_lines)
+      : files_(files), skip_blank_lines_(skip_blank_lines) {}
 
-  // About kBatchLines lines (whole files with whole_files); none at the end.
+  // Up to kBatchLines lines; no lines and no ends at the end.
   absl::StatusOr<Batch> Next() {
     Batch batch;
-    while (batch.lines.size() < kBatchLines || (whole_files_ && in_.is_open())) {
-      if (!in_.is_open() || in_.peek() == std::char_traits<char>::eof()) {
-        if (in_.is_open()) in_.close();
-        if (next_file_ == files_.size() || (whole_files_ && batch.lines.size() >= kBatchLines)) {
-          break;
-        }
+    while (batch.lines.size() < kBatchLines) {
+      if (!in_.is_open()) {
+        if (next_file_ == files_.size()) break;
         KEEL_RETURN_IF_ERROR(Open(next_file_++));
-        if (whole_files_) batch.files.push_back(file_);
+      }
+      if (in_.peek() == std::char_traits<char>::eof()) {
+        if (in_.bad()) return base::ErrnoError("reading", files_[file_]);
+        in_.close();
+        batch.ends.push_back(batch.lines.size());
         continue;
       }
       Line line{"", file_, ++number_};
       std::getline(in_, line.text);
-      if (whole_files_ || line.text.find_first_not_of(" \t\r") != std::string::npos) {
+      if (!skip_blank_lines_ || line.text.find_first_not_of(" \t\r") != std::string::npos) {
         batch.lines.push_back(std::move(line));
       }
     }
@@ -139,18 +141,25 @@ class LineReader {
   }
 
   const std::vector<std::string>& files_;
-  const bool whole_files_;
+  const bool skip_blank_lines_;
   size_t next_file_ = 0;
   std::ifstream in_;
   size_t file_ = 0;
   int64_t number_ = 0;
 };
 
-// A batch split into documents, each dataset's part of a document a range of `sentences`.
+// Consecutive sentences of one document (a whole document, or a text file's lines in a batch).
+struct Part {
+  // ranges[k]: the sentences [first, second) of dataset k.
+  std::vector<std::pair<size_t, size_t>> ranges;
+  // Whether the document ends with this part.
+  bool ends_document = true;
+};
+
+// A batch split into parts of documents.
 struct Parsed {
   std::vector<std::string_view> sentences;
-  // documents[d][k]: the sentences [first, second) of dataset k in document d.
-  std::vector<std::vector<std::pair<size_t, size_t>>> documents;
+  std::vector<Part> parts;
   // JSONL: the parsed records the sentences point into.
   std::vector<std::vector<Sentences>> records;
 };
@@ -172,22 +181,23 @@ absl::StatusOr<Parsed> ParseBatch(const Batch& batch, const std::vector<std::str
     return absl::OkStatus();
   }));
   if (keys.empty()) {
-    size_t i = 0;
-    for (size_t file : batch.files) {
-      const size_t first = i;
-      for (; i < batch.lines.size() && batch.lines[i].file == file; ++i) {
-        parsed.sentences.push_back(batch.lines[i].text);
-      }
-      parsed.documents.push_back({{first, i}});
+    for (const Line& line : batch.lines) parsed.sentences.push_back(line.text);
+    size_t first = 0;
+    for (size_t end : batch.ends) {
+      parsed.parts.push_back({{{first, end}}, /*ends_document=*/true});
+      first = end;
+    }
+    if (first < batch.lines.size()) {
+      parsed.parts.push_back({{{first, batch.lines.size()}}, /*ends_document=*/false});
     }
     return parsed;
   }
   for (const std::vector<Sentences>& record : parsed.records) {
-    parsed.documents.emplace_back();
+    Part& part = parsed.parts.emplace_back();
     for (const Sentences& sentences : record) {
       const size_t first = parsed.sentences.size();
       parsed.sentences.insert(parsed.sentences.end(), sentences.begin(), sentences.end());
-      parsed.documents.back().emplace_back(first, parsed.sentences.size());
+      part.ranges.emplace_back(first, parsed.sentences.size());
     }
   }
   return parsed;
@@ -212,6 +222,9 @@ struct Output {
   TokenizedDataset stats;
   std::string temp;
   std::optional<sampling::IndexedDatasetWriter> writer;
+  // The open document's last sequence with ids, held back until it is known whether the
+  // document ends with it (and takes the EOD).
+  std::vector<int64_t> last;
   // The final names Commit has put in place so far.
   std::vector<std::string> placed;
 };
@@ -274,26 +287,29 @@ absl::StatusOr<std::unique_ptr<SpmTokenizer>> LoadTokenizer(const TokenizeOption
   return tokenizer;
 }
 
-// Megatron's Encoder.encode for dataset k of a document: a sequence per sentence with ids, the
-// EOS id after the last (append_eod); then written to output k.
-absl::Status WriteDocument(const std::vector<std::vector<int64_t>>& ids,
-                           std::pair<size_t, size_t> range, std::optional<int64_t> eod,
-                           Output& output) {
-  std::vector<int64_t> tokens;
-  std::vector<int64_t> lengths;
+// Holds `ids` back as the open document's last sequence (empty: none, at the document's end)
+// and writes the sequence it replaces, if any.
+absl::Status HoldBack(std::vector<int64_t> ids, Output& output) {
+  output.last.swap(ids);
+  if (ids.empty()) return absl::OkStatus();
+  ++output.stats.sequences;
+  output.stats.tokens += static_cast<int64_t>(ids.size());
+  return output.writer->AddItem(ids);
+}
+
+// Megatron's Encoder.encode, for one dataset: a sequence per sentence with ids, the EOS id after
+// the last (append_eod); `ids[range]` are the sentences of the open document in this part.
+absl::Status WritePart(const std::vector<std::vector<int64_t>>& ids,
+                       std::pair<size_t, size_t> range, bool ends_document,
+                       std::optional<int64_t> eod, Output& output) {
   for (size_t i = range.first; i < range.second; ++i) {
-    if (ids[i].empty()) continue;
-    tokens.insert(tokens.end(), ids[i].begin(), ids[i].end());
-    lengths.push_back(static_cast<int64_t>(ids[i].size()));
+    if (!ids[i].empty()) KEEL_RETURN_IF_ERROR(HoldBack(ids[i], output));
   }
-  if (eod.has_value() && !tokens.empty()) {
-    tokens.push_back(*eod);
-    ++lengths.back();
-  }
-  KEEL_RETURN_IF_ERROR(output.writer->AddDocument(tokens, lengths));
+  if (!ends_document) return absl::OkStatus();
+  if (eod.has_value() && !output.last.empty()) output.last.push_back(*eod);
+  KEEL_RETURN_IF_ERROR(HoldBack({}, output));
+  output.writer->EndDocument();
   ++output.stats.documents;
-  output.stats.sequences += static_cast<int64_t>(lengths.size());
-  output.stats.tokens += static_cast<int64_t>(tokens.size());
   return absl::OkStatus();
 }
 
@@ -305,16 +321,16 @@ absl::Status Write(const SpmTokenizer& tokenizer, const std::vector<std::string>
   const int threads = options.threads > 0
                           ? options.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  LineReader reader(inputs, /*whole_files=*/options.json_keys.empty());
+  LineReader reader(inputs, /*skip_blank_lines=*/!options.json_keys.empty());
   while (true) {
     KEEL_ASSIGN_OR_RETURN(const Batch batch, reader.Next());
-    if (batch.lines.empty() && batch.files.empty()) return absl::OkStatus();
+    if (batch.lines.empty() && batch.ends.empty()) return absl::OkStatus();
     KEEL_ASSIGN_OR_RETURN(const Parsed parsed,
                           ParseBatch(batch, inputs, options.json_keys, threads));
     KEEL_ASSIGN_OR_RETURN(const auto ids, EncodeSentences(tokenizer, parsed.sentences, threads));
-    for (const auto& document : parsed.documents) {
+    for (const Part& part : parsed.parts) {
       for (size_t k = 0; k < outputs.size(); ++k) {
-        KEEL_RETURN_IF_ERROR(WriteDocument(ids, document[k], eod, outputs[k]));
+        KEEL_RETURN_IF_ERROR(WritePart(ids, part.ranges[k], part.ends_document, eod, outputs[k]));
       }
     }
   }

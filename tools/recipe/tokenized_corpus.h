@@ -52,7 +52,8 @@ struct TokenizedCorpus {
 };
 
 // Encodes `inputs` in order, each sentence exactly as SentencePiece's Encode (and spm_encode,
-// line by line) gives it; a sentence with no ids adds no sequence, as in Megatron. Writes each
+// line by line) gives it; a sentence with no ids adds no sequence, as in Megatron. Lines are
+// read, checked and encoded 16384 at a time, so memory does not grow with a file. Writes each
 // dataset's .bin, .idx and .tokenizer.json (creating the prefix's directory) under temporary
 // names and renames them at the end;
 // on an error nothing is left under the output names.

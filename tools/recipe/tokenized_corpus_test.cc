@@ -187,6 +187,33 @@ TEST(TokenizedCorpusTest, JsonlKeysMakeOneDatasetEachWithEodAppended) {
   EXPECT_THAT(title[2], ElementsAre(with_eod(ids[5])));
 }
 
+// A text file is read a batch of 16384 lines at a time: one longer than that is still one
+// document, and the EOD still ends its last sequence when the next batch holds only blank lines.
+TEST(TokenizedCorpusTest, ATextFileLongerThanABatchIsOneDocument) {
+  const std::string dir = NewTempDir("long");
+  std::string text;
+  for (int i = 0; i < 16384; ++i) absl::StrAppend(&text, "Line ", i, " of a long fox.\n");
+  WriteFileOrFail(dir + "/long.txt", text + "\n \n\n");
+  WriteFileOrFail(dir + "/short.txt", "A short dog.\n");
+  TokenizeOptions options;
+  options.tokenizer_model = Model();
+  options.append_eod = true;
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      TokenizedCorpus corpus,
+      BuildTokenizedCorpus({dir + "/long.txt", dir + "/short.txt"}, dir + "/out", options));
+  std::vector<std::vector<int64_t>> long_ids = SpmEncode(dir + "/long.txt");
+  ASSERT_EQ(long_ids.size(), 16387u);
+  for (int blank = 0; blank < 3; ++blank) {
+    ASSERT_THAT(long_ids.back(), IsEmpty());
+    long_ids.pop_back();
+  }
+  long_ids.back().push_back(2);
+  std::vector<std::vector<int64_t>> short_ids = SpmEncode(dir + "/short.txt");
+  short_ids.back().push_back(2);
+  EXPECT_THAT(Documents(dir + "/out"), ElementsAre(long_ids, short_ids));
+  EXPECT_EQ(corpus.datasets[0].sequences, 16385);
+}
+
 TEST(TokenizedCorpusTest, TheSameBytesOnOneThreadOrTwo) {
   const std::string dir = NewTempDir("threads");
   std::string jsonl;
