@@ -9,7 +9,8 @@
 #   tools/scripts/preprocess_benchmark.sh                     # from the repository root
 #   tools/scripts/preprocess_benchmark.sh --megabytes=64 --vocab_size=1000 --rounds=5
 #
-# Prints a markdown table: seconds and tokens/s of each, best of --rounds.
+# Checks that every Keel dataset holds spm_encode's ids exactly, then prints a markdown table:
+# seconds and tokens/s of each, best of --rounds.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -83,6 +84,24 @@ for threads in 1 2; do
     --workers="${threads}" --json_keys=text --output_prefix="${work}/jsonl_${threads}" \
     "${work}/text.jsonl"
 done
+
+# Every Keel dataset holds spm_encode's ids exactly, a sequence per line (no line is blank).
+/usr/bin/python3 - "${work}" <<'PY'
+import struct, sys
+import numpy as np
+work = sys.argv[1]
+ids = [np.array(line.split(), dtype=np.int64) for line in open(f"{work}/ids.txt")]
+for prefix in ["text_1", "text_2", "jsonl_1_text_document", "jsonl_2_text_document"]:
+    index = open(f"{work}/{prefix}.idx", "rb").read()
+    count = struct.unpack("<Q", index[18:26])[0]
+    dtype = {8: np.uint16, 4: np.int32}[index[17]]
+    tokens = np.fromfile(f"{work}/{prefix}.bin", dtype=dtype).astype(np.int64)
+    lengths = np.frombuffer(index, np.int32, count, 34)
+    if not (np.array_equal(lengths, [len(i) for i in ids])
+            and np.array_equal(tokens, np.concatenate(ids))):
+        sys.exit(f"preprocess_benchmark: {prefix} differs from spm_encode's ids")
+print(f"preprocess_benchmark: every dataset equals spm_encode's {len(ids)} lines", file=sys.stderr)
+PY
 
 row() {
   local name=$1 seconds
