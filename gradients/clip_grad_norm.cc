@@ -1,15 +1,18 @@
 #include "gradients/clip_grad_norm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
-#include <regex>
 #include <tuple>
 #include <unordered_set>
 #include <utility>
 
 #include "ATen/ATen.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
@@ -152,6 +155,131 @@ void ScaleGrads(const std::vector<at::Tensor>& grads, double max_norm, const at:
   if (!batched.empty()) base::ForeachMulInPlace(batched, coef);
 }
 
+// The p-norm over the pipeline stages of each stage's total (every stage joins, whatever
+// its gradients).
+absl::StatusOr<at::Tensor> CombineOverStages(at::Tensor total, double p,
+                                             c10d::ProcessGroup& pp_group) {
+  if (std::isinf(p)) {
+    KEEL_RETURN_IF_ERROR(base::AllReduce(total, base::Reduce::kMax, pp_group, "a gradient norm"));
+    return total;
+  }
+  at::Tensor pp_max = total.abs().clone();
+  KEEL_RETURN_IF_ERROR(base::AllReduce(pp_max, base::Reduce::kMax, pp_group, "a gradient norm"));
+  total = total.div(SafeScale(pp_max)).pow(p);
+  KEEL_RETURN_IF_ERROR(base::AllReduce(total, base::Reduce::kSum, pp_group, "a gradient norm"));
+  return pp_max * total.pow(1.0 / p);
+}
+
+// A parameter and its layout's key before Partial dimensions are resolved.
+struct LaidOut {
+  at::Tensor param;
+  GroupKey key;
+};
+
+GroupKey KeyOf(const GradLayout& layout) {
+  GroupKey key;
+  for (const MeshDim& dim : layout.dims) key.emplace_back(dim.group, dim.placement);
+  return key;
+}
+
+at::Device FirstDevice(const std::vector<NamedParameter>& parameters) {
+  return parameters.front().param.device();
+}
+
+// Gradients summed together over one group, as one flat buffer.
+struct PartialBucket {
+  c10d::ProcessGroup* group = nullptr;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  std::vector<at::Tensor> params;
+  int64_t bytes = 0;
+};
+
+// Buckets stay below this size; a larger gradient has one of its own.
+constexpr int64_t kPartialBucketBytes = 32 << 20;
+
+// Sums the bucket's gradients over its group in one all-reduce; a parameter without a gradient
+// contributes zeros and receives the sum as its gradient.
+absl::Status AllReducePartialBucket(const PartialBucket& bucket) {
+  std::vector<at::Tensor> flat_parts;
+  for (const at::Tensor& param : bucket.params) {
+    const at::Tensor grad = param.grad();
+    flat_parts.push_back(grad.defined() ? grad.reshape({-1})
+                                        : at::zeros({param.numel()}, param.options()));
+  }
+  at::Tensor flat = at::cat(flat_parts);
+  KEEL_RETURN_IF_ERROR(
+      base::AllReduce(flat, base::Reduce::kSum, *bucket.group, "Partial gradients"));
+  int64_t offset = 0;
+  for (const at::Tensor& param : bucket.params) {
+    const at::Tensor summed = flat.narrow(0, offset, param.numel()).view(param.sizes());
+    offset += param.numel();
+    at::Tensor grad = param.grad();
+    if (grad.defined()) {
+      grad.copy_(summed);
+    } else {
+      at::Tensor owner = param;
+      owner.mutable_grad() = summed.clone();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Resolves every Partial dimension into Replicate: round k sums each parameter's k-th Partial
+// dimension (so a parameter's dimensions are summed in layout order), bucketed by group, dtype
+// and device in parameter order, the same buckets on every rank whatever its gradients.
+absl::Status ResolvePartials(std::vector<LaidOut>& laid_out) {
+  for (size_t round = 0;; ++round) {
+    std::vector<PartialBucket> buckets;
+    for (LaidOut& entry : laid_out) {
+      size_t seen = 0;
+      for (auto& [group, placement] : entry.key) {
+        if (placement.kind != Placement::Kind::kPartial || seen++ != round) continue;
+        const int64_t bytes = entry.param.numel() * entry.param.element_size();
+        auto it = std::find_if(buckets.begin(), buckets.end(), [&](const PartialBucket& b) {
+          return b.group == group && b.dtype == entry.param.scalar_type() &&
+                 b.device == entry.param.device() && b.bytes + bytes <= kPartialBucketBytes;
+        });
+        if (it == buckets.end()) {
+          it = buckets.insert(
+              buckets.end(),
+              PartialBucket{group, entry.param.scalar_type(), entry.param.device(), {}, 0});
+        }
+        it->params.push_back(entry.param);
+        it->bytes += bytes;
+      }
+    }
+    if (buckets.empty()) break;
+    for (const PartialBucket& bucket : buckets) {
+      KEEL_RETURN_IF_ERROR(AllReducePartialBucket(bucket));
+    }
+  }
+  for (LaidOut& entry : laid_out) {
+    for (auto& [group, placement] : entry.key) {
+      if (placement.kind == Placement::Kind::kPartial) placement = Placement::Replicate();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether `name` contains NeMo's TE grouped-experts pattern
+// (^|\.)mlp\.experts\.(gate_up_linear|down_linear)\.(weight|bias)\d+, without a regex.
+bool IsTeExpertParam(absl::string_view name) {
+  static constexpr absl::string_view kExperts = "mlp.experts.";
+  for (size_t at = name.find(kExperts); at != absl::string_view::npos;
+       at = name.find(kExperts, at + 1)) {
+    if (at != 0 && name[at - 1] != '.') continue;
+    absl::string_view rest = name.substr(at + kExperts.size());
+    if (!absl::ConsumePrefix(&rest, "gate_up_linear.") &&
+        !absl::ConsumePrefix(&rest, "down_linear.")) {
+      continue;
+    }
+    if (!absl::ConsumePrefix(&rest, "weight") && !absl::ConsumePrefix(&rest, "bias")) continue;
+    if (!rest.empty() && absl::ascii_isdigit(static_cast<unsigned char>(rest[0]))) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::vector<NamedParameter> TrainableParameters(
@@ -178,59 +306,44 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
     return absl::InvalidArgumentError(
         absl::StrCat("norm_type (", p, ") must be non-zero and not NaN"));
   }
+  // Layouts come from the parameters, never from which gradients exist, so every rank of a
+  // group forms the same groups and runs the same collectives.
+  std::vector<LaidOut> laid_out;
+  for (const NamedParameter& parameter : parameters) {
+    const GradLayout* layout = sharding.Find(parameter.name);
+    laid_out.push_back({parameter.param, layout == nullptr ? GroupKey() : KeyOf(*layout)});
+  }
+  KEEL_RETURN_IF_ERROR(ResolvePartials(laid_out));
+  const at::Device target = parameters.empty() ? at::Device(at::kCPU) : FirstDevice(parameters);
 
-  // Resolve Partial gradients into replicated ones, then group by layout (insertion order).
+  // Group by the resolved layout, in order of first appearance.
   std::vector<GroupKey> keys;
   std::map<GroupKey, std::vector<at::Tensor>> groups;
-  std::optional<at::Device> device;
-  for (const NamedParameter& parameter : parameters) {
-    at::Tensor grad = parameter.param.grad();
-    if (!grad.defined()) continue;
-    if (!device.has_value()) device = grad.device();
-    GroupKey key;
-    if (const GradLayout* layout = sharding.Find(parameter.name)) {
-      for (const MeshDim& dim : layout->dims) {
-        Placement placement = dim.placement;
-        if (placement.kind == Placement::Kind::kPartial) {
-          KEEL_RETURN_IF_ERROR(
-              base::AllReduce(grad, base::Reduce::kSum, *dim.group, "a Partial gradient"));
-          placement = Placement::Replicate();
-        }
-        key.emplace_back(dim.group, placement);
-      }
-    }
-    auto [it, inserted] = groups.try_emplace(key);
-    if (inserted) keys.push_back(key);
-    it->second.push_back(grad);
+  for (const LaidOut& entry : laid_out) {
+    auto [it, inserted] = groups.try_emplace(entry.key);
+    if (inserted) keys.push_back(entry.key);
+    if (at::Tensor grad = entry.param.grad(); grad.defined()) it->second.push_back(grad);
   }
-  const at::Device target = device.value_or(at::Device(at::kCPU));
 
   std::vector<at::Tensor> norms;
   for (const GroupKey& key : keys) {
-    if (options.fused && p == 2.0 && ShardedGroups(key).empty()) {
-      if (std::optional<at::Tensor> norm = FusedTwoNorm(groups[key], target)) {
+    const std::vector<at::Tensor>& grads = groups[key];
+    const bool sharded = !ShardedGroups(key).empty();
+    // A local group without gradients adds nothing (NeMo never sees it); a sharded one still
+    // joins its collectives, contributing zeros.
+    if (grads.empty() && !sharded) continue;
+    if (options.fused && p == 2.0 && !sharded) {
+      if (std::optional<at::Tensor> norm = FusedTwoNorm(grads, target)) {
         norms.push_back(*norm);
         continue;
       }
     }
-    KEEL_ASSIGN_OR_RETURN(at::Tensor norm, GroupNorm(groups[key], key, p, target));
+    KEEL_ASSIGN_OR_RETURN(at::Tensor norm, GroupNorm(grads, key, p, target));
     norms.push_back(norm);
   }
   at::Tensor total = CombineNorms(norms, p, target);
-
   if (options.pp_group != nullptr) {
-    if (std::isinf(p)) {
-      KEEL_RETURN_IF_ERROR(
-          base::AllReduce(total, base::Reduce::kMax, *options.pp_group, "a gradient norm"));
-    } else {
-      at::Tensor pp_max = total.abs().clone();
-      KEEL_RETURN_IF_ERROR(
-          base::AllReduce(pp_max, base::Reduce::kMax, *options.pp_group, "a gradient norm"));
-      total = total.div(SafeScale(pp_max)).pow(p);
-      KEEL_RETURN_IF_ERROR(
-          base::AllReduce(total, base::Reduce::kSum, *options.pp_group, "a gradient norm"));
-      total = pp_max * total.pow(1.0 / p);
-    }
+    KEEL_ASSIGN_OR_RETURN(total, CombineOverStages(total, p, *options.pp_group));
   }
 
   if (options.error_if_nonfinite && !at::isfinite(total).item<bool>()) {
@@ -281,14 +394,12 @@ absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(std::optional<double> max_n
     *ep_ratio *= static_cast<double>(scaling.expert_tp_replication_factor);
   }
   if (pp_divisor.has_value() || ep_ratio.has_value()) {
-    static const std::regex kTeExpertParam(
-        R"((^|\.)mlp\.experts\.(gate_up_linear|down_linear)\.(weight|bias)\d+)");
     for (const NamedParameter& parameter : parameters) {
       at::Tensor grad = parameter.param.grad();
       if (!grad.defined()) continue;
       if (pp_divisor.has_value()) grad.div_(*pp_divisor);
       if (!ep_ratio.has_value()) continue;
-      bool is_expert = std::regex_search(parameter.name, kTeExpertParam);
+      bool is_expert = IsTeExpertParam(parameter.name);
       if (const GradLayout* layout = sharding.Find(parameter.name);
           layout != nullptr && !scaling.ep_axis_name.empty()) {
         for (const MeshDim& dim : layout->dims) is_expert |= dim.name == scaling.ep_axis_name;

@@ -53,12 +53,17 @@ struct ClipGradNormOptions {
 // NeMo's clip_grad_norm: clips the gradients of `parameters` by their total p-norm.
 // - Computed: the p-norm of every gradient together, each element counted once however
 //   `sharding` lays it out, accumulated in float64 with NeMo's max-scaled sums (bit-identical
-//   to NeMo; options.fused trades that for speed). Parameters without a gradient are skipped.
+//   to NeMo; options.fused trades that for speed). A gradient that does not exist counts as
+//   zeros (on every rank the norm is the one with missing gradients taken as zeros), and the
+//   collectives depend only on the parameters and their layouts, never on which gradients
+//   exist, so a rank whose expert received no tokens runs the same ones as its peers.
 //   For contiguous float32 CPU gradients and p = 2 the exact path writes each element's
 //   float64 term into a buffer kept per calling thread, as large as the largest such gradient
 //   (8 bytes per element), and reduces it with ATen's own sum, so it allocates nothing per call.
-// - Reduced: Partial gradients are first summed in place over their group; each layout's max
-//   and sum are reduced (MAX, SUM) over the groups of its sharded dimensions, then over pp_group.
+// - Reduced: Partial gradients are first summed in place over their group, in buckets of up to
+//   32 MiB (one all-reduce each); a Partial parameter without a gradient receives the sum as
+//   its gradient. Each layout's max and sum are reduced (MAX, SUM) over the groups of its
+//   sharded dimensions, then over pp_group.
 // - Applied: every gradient is multiplied in place by min(1, max_norm / (norm + 1e-6)); a
 //   non-finite norm makes NaN gradients, as PyTorch does.
 // - max_norm = nullopt: nothing is computed, reduced or clipped, and the result is 0.

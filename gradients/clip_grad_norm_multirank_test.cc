@@ -115,6 +115,64 @@ TEST(ClipGradNormMultiRankTest, ShardedPartialAndReplicatedGradsMatchTheUnsharde
   }
 }
 
+// A rank whose gradients for some parameters were never produced (an expert that received no
+// tokens) runs the same collectives as its peers, contributing zeros: every rank returns the
+// norm of the gradients with the missing ones counted as zeros, and nothing waits.
+TEST(ClipGradNormMultiRankTest, MissingShardedAndPartialGradsCountAsZerosOnEveryRank) {
+  FullGrads();
+  constexpr int kLacking = 1;  // the rank without w_rows' and p_partial's gradients
+  for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+    for (int world : {2, 4}) {
+      SCOPED_TRACE(absl::StrCat("norm_type=", norm_type, " world=", world));
+      // The unsharded reference: the lacking rank's rows of w_rows and its elements of
+      // p_partial are zeros.
+      std::vector<NamedParameter> full;
+      for (const auto& [name, grad] : FullGrads()) {
+        at::Tensor g = grad.clone();
+        if (name == "w_rows") g.chunk(world, 0)[kLacking].zero_();
+        if (name == "p_partial") g -= LocalGrad(name, grad, kLacking, world);
+        full.push_back(Param(name, g));
+      }
+      ClipGradNormOptions options;
+      options.norm_type = norm_type;
+      KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor reference, ClipGradNorm(kMaxNorm, full, options));
+      at::Tensor reference_partial;
+      for (const NamedParameter& p : full) {
+        if (p.name == "p_partial") reference_partial = p.param.grad();
+      }
+
+      std::vector<double> norms(world);
+      std::vector<at::Tensor> partial(world), rows(world);
+      KEEL_ASSERT_OK(RunOnRanks(world, [&](Rank& r) -> absl::Status {
+        std::vector<NamedParameter> local;
+        for (const auto& [name, grad] : FullGrads()) {
+          local.push_back(Param(name, LocalGrad(name, grad, r.rank, world)));
+          const bool missing = name == "w_rows" || name == "p_partial";
+          if (missing && r.rank == kLacking) local.back().param.mutable_grad().reset();
+        }
+        KEEL_ASSIGN_OR_RETURN(at::Tensor norm,
+                              ClipGradNorm(kMaxNorm, local, options, Spec(r.group.get())));
+        norms[r.rank] = norm.item<double>();
+        for (const NamedParameter& p : local) {
+          if (p.name == "p_partial") partial[r.rank] = p.param.grad();
+          if (p.name == "w_rows") rows[r.rank] = p.param.grad();
+        }
+        return absl::OkStatus();
+      }));
+      for (int rank = 0; rank < world; ++rank) {
+        SCOPED_TRACE(absl::StrCat("rank ", rank));
+        EXPECT_EQ(norms[rank], norms[0]);
+        EXPECT_NEAR(norms[rank], reference.item<double>(), 1e-12 * reference.item<double>());
+        // The summed Partial gradient reaches every rank, the lacking one too, clipped alike.
+        ASSERT_TRUE(partial[rank].defined());
+        EXPECT_TRUE(at::allclose(partial[rank], reference_partial, /*rtol=*/1e-6, /*atol=*/0));
+        // A missing sharded gradient stays missing.
+        EXPECT_EQ(rows[rank].defined(), rank != kLacking);
+      }
+    }
+  }
+}
+
 TEST(ClipGradNormMultiRankTest, TwoPipelineStagesCombineIntoTheUnshardedNorm) {
   for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
     SCOPED_TRACE(norm_type);

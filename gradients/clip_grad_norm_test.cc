@@ -278,6 +278,30 @@ TEST(ScaleGradsAndClipGradNormTest, ExpertScalingSelectsByNamePatternOrLayoutAxi
   EXPECT_EQ(Grad(params[2])[0], 12.0);  // not an expert
 }
 
+// NeMo's pattern (^|\.)mlp\.experts\.(gate_up_linear|down_linear)\.(weight|bias)\d+, searched
+// anywhere in the name.
+TEST(ScaleGradsAndClipGradNormTest, TeExpertPatternMatchesAsNeMosRegexSearch) {
+  const std::vector<std::pair<std::string, bool>> names = {
+      {"mlp.experts.gate_up_linear.weight0", true},
+      {"model.layers.3.mlp.experts.down_linear.bias12", true},
+      {"a.mlp.experts.down_linear.weight7.extra", true},
+      {"xmlp.experts.down_linear.bias3", false},      // not at a name boundary
+      {"mlp.experts.down_linear.bias", false},        // no expert index
+      {"mlp.experts.gate_up_linear.weightX", false},  // not a digit
+      {"mlp.experts.up_linear.weight0", false},
+      {"xmlp.experts.a.mlp.experts.down_linear.weight1", true},  // a later occurrence
+  };
+  for (const auto& [name, expert] : names) {
+    SCOPED_TRACE(name);
+    std::vector<NamedParameter> params = {WithGrad(name.c_str(), {4.0})};
+    GradScalingOptions scaling;
+    scaling.dp_group_size = 4;
+    scaling.ep_shard_size = 1;  // divide experts by 4 / 1
+    KEEL_ASSERT_OK(ScaleGradsAndClipGradNorm(std::nullopt, params, scaling).status());
+    EXPECT_EQ(Grad(params[0])[0], expert ? 1.0 : 4.0);
+  }
+}
+
 // Zero counts and sizes: a pipeline divisor of 0 (no tokens, or dp 0) skips the PP scaling, as
 // NeMo's guards do; an expert scaling by dp 0 / ep would divide by 0 (infinite gradients in NeMo)
 // and is an error, as are negative values.
