@@ -100,4 +100,17 @@ absl::Status AgreeOnStatus(const absl::Status& status, c10d::ProcessGroup* group
   return ExchangeWithStatus(status, "", group, context).status();
 }
 
+absl::Status AgreeOnFailure(const absl::Status& status, c10d::ProcessGroup& group,
+                            const at::Device& device, absl::string_view context) {
+  const int64_t world = group.getSize();
+  at::Tensor lowest = at::full({1}, status.ok() ? world : group.getRank(),
+                               at::TensorOptions().dtype(at::kLong).device(device));
+  absl::Status reduced = AllReduce(lowest, Reduce::kMin, group, context);
+  if (!status.ok()) return status;
+  KEEL_RETURN_IF_ERROR(reduced);
+  const int64_t failed = lowest.item<int64_t>();
+  if (failed == world) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("rank ", failed, " failed ", context, "; see its error"));
+}
+
 }  // namespace keel::base

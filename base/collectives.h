@@ -51,6 +51,15 @@ enum class Reduce { kSum, kMax, kMin };
 [[nodiscard]] absl::Status AgreeOnStatus(const absl::Status& status, c10d::ProcessGroup* group,
                                          absl::string_view context);
 
+// Every rank learns whether any rank failed, with one all-reduce (MIN) of one integer on
+// `device`, so it works over a group of any backend (NCCL: the rank's GPU) and costs one small
+// collective when all succeed: a failing rank returns its own status; the others return
+// kAborted, "rank <r> failed <context>; see its error", naming the lowest failing rank. For the
+// paths that must stay paired whatever happens locally (a step that throws on one rank).
+// Collective: over `group`. Errors: as described; kUnavailable when the all-reduce fails.
+[[nodiscard]] absl::Status AgreeOnFailure(const absl::Status& status, c10d::ProcessGroup& group,
+                                          const at::Device& device, absl::string_view context);
+
 }  // namespace keel::base
 
 #endif  // KEEL_BASE_COLLECTIVES_H_

@@ -59,6 +59,30 @@ TEST(AgreeOnStatusTest, EveryRankReturnsTheFailingRanksStatus) {
   }
 }
 
+// A failing rank keeps its status; its peers learn of the lowest failing rank in one
+// all-reduce; with no failure every rank gets OK.
+TEST(AgreeOnFailureTest, PeersLearnTheLowestFailingRank) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world_size=", world));
+    std::vector<absl::Status> failed(world), fine(world);
+    KEEL_ASSERT_OK(RunOnRanks(world, [&](Rank& r) -> absl::Status {
+      const absl::Status mine = r.rank >= 1
+                                    ? absl::InternalError(absl::StrCat("step threw on ", r.rank))
+                                    : absl::OkStatus();
+      failed[r.rank] = AgreeOnFailure(mine, *r.group, at::kCPU, "stepping the shards");
+      fine[r.rank] = AgreeOnFailure(absl::OkStatus(), *r.group, at::kCPU, "stepping the shards");
+      return absl::OkStatus();
+    }));
+    EXPECT_THAT(failed[0], StatusIs(absl::StatusCode::kAborted,
+                                    "rank 1 failed stepping the shards; see its error"));
+    for (int rank = 1; rank < world; ++rank) {
+      EXPECT_THAT(failed[rank],
+                  StatusIs(absl::StatusCode::kInternal, absl::StrCat("step threw on ", rank)));
+    }
+    for (const absl::Status& status : fine) KEEL_EXPECT_OK(status);
+  }
+}
+
 TEST(ExchangeWithStatusTest, PayloadsWhenAllSucceedAndAloneWithoutAGroup) {
   std::vector<std::vector<std::string>> payloads(2);
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {

@@ -368,6 +368,26 @@ TEST(DataParallelGradSyncTest, UnusedParameterIsAnErrorAndRanksStayInStep) {
   ExpectIdentical(grads[1], grads[0]);
 }
 
+// Only rank 1 leaves a parameter without gradient: its peers learn of it in the same Wait
+// (not at their next collective, after a timeout).
+TEST(DataParallelGradSyncTest, AnErrorOnOneRankReachesItsPeersInTheSameWait) {
+  std::vector<absl::Status> statuses(3);
+  KEEL_ASSERT_OK(RunOnRanks(3, [&](Rank& r) -> absl::Status {
+    Mlp model(/*phase=*/0, at::kFloat, /*with_extra=*/true);
+    KEEL_ASSIGN_OR_RETURN(auto sync, DataParallelGradSync::Create(model, *r.group));
+    model.use_extra = r.rank != 1;
+    Loss(model, r.rank * 2, 2, 1.0, at::kFloat).backward();
+    statuses[r.rank] = sync->Wait();
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(statuses[1], StatusIs(StatusCode::kFailedPrecondition,
+                                    HasSubstr("parameter 'extra' received no gradient")));
+  for (int rank : {0, 2}) {
+    EXPECT_THAT(statuses[rank], StatusIs(StatusCode::kAborted,
+                                         "rank 1 failed the gradient all-reduce; see its error"));
+  }
+}
+
 TEST(DataParallelGradSyncTest, SecondBackwardBeforeWaitIsAnError) {
   std::vector<absl::Status> statuses(2);
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {

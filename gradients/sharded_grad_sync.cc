@@ -5,6 +5,7 @@
 #include "ATen/core/grad_mode.h"
 #include "ATen/ops/div.h"
 #include "absl/strings/str_cat.h"
+#include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "gradients/internal/grad_buckets.h"
@@ -160,26 +161,34 @@ absl::Status ShardedGradSync::Wait() {
   });
 }
 
-absl::Status ShardedGradSync::AllGather() {
+absl::Status ShardedGradSync::AllGather(const absl::Status& before) {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor>& params = buckets_->params();
   std::vector<Bucket>& buckets = buckets_->buckets();
+  // Every bucket's all-gather is launched and awaited whatever failed before it, so that the
+  // ranks' collectives stay paired; the first failure is kept and agreed on at the end.
+  absl::Status status = before;
+  auto keep_first = [&status](absl::Status s) {
+    if (status.ok()) status = std::move(s);
+  };
   std::vector<std::vector<c10::intrusive_ptr<c10d::Work>>> work(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
-    KEEL_RETURN_IF_ERROR(base::CallTorch(
-        absl::StatusCode::kUnavailable, absl::StrCat("all-gather of parameter bucket ", b), [&] {
+    keep_first(base::CallTorch(
+        absl::StatusCode::kInternal,
+        absl::StrCat("copying this rank's rows into parameter bucket ", b), [&] {
           for (const Piece& piece : bucket.pieces) {
-            if (piece.portion == rank_) {
-              buckets_->BucketRows(piece).copy_(GradBuckets::Rows(params[piece.param], piece));
-            }
+            if (piece.portion != rank_) continue;
+            buckets_->BucketRows(piece).copy_(GradBuckets::Rows(params[piece.param], piece));
           }
-          work[b] = AllGatherParts(buckets_->group(), bucket, rank_, native_);
         }));
+    keep_first(base::CallTorch(
+        absl::StatusCode::kUnavailable, absl::StrCat("all-gather of parameter bucket ", b),
+        [&] { work[b] = AllGatherParts(buckets_->group(), bucket, rank_, native_); }));
   }
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
-    KEEL_RETURN_IF_ERROR(base::CallTorch(
+    keep_first(base::CallTorch(
         absl::StatusCode::kUnavailable,
         absl::StrCat("all-gather of parameter bucket ", b, " (", bucket.bytes, " bytes)"), [&] {
           for (const auto& part : work[b]) part->wait();
@@ -190,7 +199,8 @@ absl::Status ShardedGradSync::AllGather() {
           }
         }));
   }
-  return absl::OkStatus();
+  return base::AgreeOnFailure(status, buckets_->group(), params.front().device(),
+                              "the parameter all-gather");
 }
 
 }  // namespace keel::gradients

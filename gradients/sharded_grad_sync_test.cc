@@ -1,6 +1,7 @@
 #include "gradients/sharded_grad_sync.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -206,6 +207,41 @@ TEST(ShardedGradSyncTest, ShardsGetTheAverageAndAllGatherMakesTheStepWhole) {
       }
     }
   }
+}
+
+// A rank whose all-gather fails in the middle of its buckets (here copying its rows of a
+// parameter that was replaced by a smaller tensor) still launches every bucket's all-gather,
+// and every rank fails at once: the failing one with its error, the others naming it, instead
+// of waiting for the buckets it never sent.
+TEST(ShardedGradSyncTest, AFailureInTheMiddleOfTheAllGatherReachesEveryRank) {
+  constexpr int kWorld = 2;
+  std::vector<absl::Status> statuses(kWorld);
+  KEEL_ASSERT_OK(RunOnRanks(
+      kWorld,
+      [&](Rank& r) -> absl::Status {
+        Net net(/*phase=*/0);
+        DataParallelGradSyncOptions options;
+        options.bucket_cap_mb = 3e-4;
+        KEEL_ASSIGN_OR_RETURN(auto sync, ShardedGradSync::Create(net, *r.group, options));
+        EXPECT_EQ(sync->num_buckets(), 2u);
+        KEEL_RETURN_IF_ERROR(Backward(net, *sync, /*step=*/0, r.rank, kWorld, 1));
+        if (r.rank == 1) {
+          // "w" is in the first of the two buckets (buckets hold the parameters in reverse
+          // order), and rank 1 owns some of its rows.
+          const auto it = std::find_if(sync->shards().begin(), sync->shards().end(),
+                                       [](const ParamShard& s) { return s.name == "w"; });
+          EXPECT_GT(it->tensor.size(0), 0);
+          at::NoGradGuard no_grad;
+          net.named_parameters()["w"].set_data(at::zeros({1}));
+        }
+        statuses[r.rank] = sync->AllGather();
+        return absl::OkStatus();
+      },
+      /*timeout=*/std::chrono::seconds(30)));
+  EXPECT_THAT(statuses[1], StatusIs(StatusCode::kInternal,
+                                    HasSubstr("copying this rank's rows into parameter bucket")));
+  EXPECT_THAT(statuses[0], StatusIs(StatusCode::kAborted,
+                                    "rank 1 failed the parameter all-gather; see its error"));
 }
 
 // The averaged gradient, whole on every rank, from the shards: each rank writes its rows

@@ -71,9 +71,11 @@ DistributedOptimizer::DistributedOptimizer(std::unique_ptr<gradients::ShardedGra
     : sync_(std::move(sync)), optimizer_(std::move(optimizer)), params_(std::move(params)) {}
 
 absl::Status DistributedOptimizer::Step() {
-  KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "stepping the shards",
-                                       [&] { optimizer_->step(); }));
-  return sync_->AllGather();
+  // A step that throws on one rank still joins the all-gather, whose agreement then fails every
+  // rank: returning early would leave the peers waiting in it.
+  const absl::Status stepped = base::CallTorch(absl::StatusCode::kInternal, "stepping the shards",
+                                               [&] { optimizer_->step(); });
+  return sync_->AllGather(stepped);
 }
 
 void DistributedOptimizer::ZeroGrad() {

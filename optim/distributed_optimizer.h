@@ -69,8 +69,10 @@ class DistributedOptimizer {
   }
   const gradients::ShardingSpec& sharding() const { return sync_->sharding(); }
 
-  // Steps the shards with optimizer(), then all-gathers them into every rank's parameters.
-  // Collective. Errors: kInternal when the optimizer's step throws; ShardedGradSync::AllGather's.
+  // Steps the shards with optimizer(), then all-gathers them into every rank's parameters; a
+  // rank whose step throws still all-gathers, and every rank then fails. Collective.
+  // Errors: kInternal when the optimizer's step throws (its peers: kAborted naming the rank);
+  // ShardedGradSync::AllGather's.
   [[nodiscard]] absl::Status Step();
   // Clears the gradients of the module's parameters and of the shards (they become undefined).
   void ZeroGrad();

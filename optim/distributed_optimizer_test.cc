@@ -1,8 +1,10 @@
 #include "optim/distributed_optimizer.h"
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/core/grad_mode.h"
@@ -195,6 +197,54 @@ TEST(DistributedOptimizerTest, AdamWStateHasTheShardsShapes) {
     }
     return absl::OkStatus();
   }));
+}
+
+// SGD whose step throws, as a step that fails on one rank (out of memory, a bad state).
+class ThrowingSgd : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+  at::Tensor step(LossClosure closure) override {
+    TORCH_CHECK(false, "injected step failure");
+    return torch::optim::SGD::step(std::move(closure));
+  }
+};
+
+// A step that throws on one rank still joins the all-gather, and every rank fails at once:
+// the thrower with its error, its peers naming it (not a timeout in the next collective).
+TEST(DistributedOptimizerTest, AStepThatThrowsOnOneRankFailsEveryRankWithoutWaiting) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world=", world));
+    std::vector<absl::Status> statuses(world);
+    KEEL_ASSERT_OK(RunOnRanks(
+        world,
+        [&](Rank& r) -> absl::Status {
+          Net net;
+          const bool thrower = r.rank == 1;
+          KEEL_ASSIGN_OR_RETURN(
+              auto optimizer, DistributedOptimizer::Create(
+                                  net, *r.group, [thrower](const std::vector<ParamShard>& shards) {
+                                    std::unique_ptr<torch::optim::Optimizer> o;
+                                    if (thrower) {
+                                      o = std::make_unique<ThrowingSgd>(Tensors(shards), Sgd());
+                                    } else {
+                                      o = std::make_unique<torch::optim::SGD>(Tensors(shards),
+                                                                              Sgd());
+                                    }
+                                    return o;
+                                  }));
+          KEEL_RETURN_IF_ERROR(Backward(net, *optimizer, /*step=*/0, r.rank, world));
+          statuses[r.rank] = optimizer->Step();
+          return absl::OkStatus();
+        },
+        /*timeout=*/std::chrono::seconds(30)));
+    EXPECT_THAT(statuses[1], StatusIs(StatusCode::kInternal, HasSubstr("injected step failure")));
+    for (int rank = 0; rank < world; ++rank) {
+      if (rank == 1) continue;
+      EXPECT_THAT(
+          statuses[rank],
+          StatusIs(StatusCode::kAborted, "rank 1 failed the parameter all-gather; see its error"));
+    }
+  }
 }
 
 TEST(DistributedOptimizerTest, AFactoryThatDoesNotStepEachShardOnceIsRefused) {

@@ -379,7 +379,8 @@ absl::Status GradBuckets::Wait() {
   std::fill(ready_.begin(), ready_.end(), false);
   num_ready_ = 0;
   next_bucket_ = 0;
-  return status;
+  return base::AgreeOnFailure(status, *group_, params_.front().device(),
+                              absl::StrCat("the gradient ", collective_));
 }
 
 }  // namespace keel::gradients::internal

@@ -81,7 +81,8 @@ class GradBuckets {
   void EnableSync(bool enabled) { sync_enabled_.store(enabled); }
 
   // DataParallelGradSync::Wait up to the averaging: every bucket's collective is awaited (a
-  // parameter without gradient contributes zeros, and an error). Collective.
+  // parameter without gradient contributes zeros, and an error), then the ranks agree on
+  // failure (base::AgreeOnFailure), so a rank's error reaches its peers. Collective.
   [[nodiscard]] absl::Status Wait();
 
   const std::vector<std::string>& names() const { return names_; }
