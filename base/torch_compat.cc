@@ -1,5 +1,6 @@
 #include "base/torch_compat.h"
 
+#include <memory>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -8,8 +9,10 @@
 #include "torch/version.h"
 
 #ifdef KEEL_LIBTORCH_HAS_CUDA
+#include "ATen/cuda/CUDAEvent.h"
 #include "c10/cuda/CUDACachingAllocator.h"
 #include "c10/cuda/CUDAFunctions.h"
+#include "c10/cuda/CUDAStream.h"
 #endif
 #if defined(KEEL_LIBTORCH_HAS_CUDA) && defined(USE_C10D_NCCL)
 #include "torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
@@ -108,6 +111,17 @@ void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {
 void ReleaseCachedCudaMemory() {
 #ifdef KEEL_LIBTORCH_HAS_CUDA
   c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+std::function<void()> RecordCudaFence(const at::Device& device) {
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+  auto event = std::make_shared<at::cuda::CUDAEvent>();
+  event->record(c10::cuda::getCurrentCUDAStream(device.index()));
+  return [event] { event->synchronize(); };
+#else
+  TORCH_CHECK(false, "a CUDA fence on ", device.str(),
+              " requested from a LibTorch built without CUDA");
 #endif
 }
 

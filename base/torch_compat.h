@@ -11,6 +11,7 @@
 #define KEEL_BASE_TORCH_COMPAT_H_
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "ATen/core/Tensor.h"
@@ -51,6 +52,12 @@ c10::intrusive_ptr<c10d::Store> CreateTcpStore(const std::string& host, int port
 // multi-tensor kernel where LibTorch has the Tensor overload of _foreach_mul_ (2.x), one
 // mul_ per tensor otherwise (1.13).
 void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar);
+
+// Marks the work queued so far on the current CUDA stream of `device` (an event recorded on
+// it); the returned function blocks the thread that calls it, any thread, until that work has
+// run. For non_blocking device-to-host copies that another thread reads afterwards.
+// Throws c10::Error without a CUDA LibTorch.
+std::function<void()> RecordCudaFence(const at::Device& device);
 
 // Releases the CUDA caching allocator's unused blocks (torch.cuda.empty_cache()); nothing to
 // do with a LibTorch built without CUDA.

@@ -110,8 +110,10 @@ class Checkpointer {
   ~Checkpointer();
 
   // Saves `statefuls` as step `step`. Synchronous saves return once the checkpoint is
-  // committed; asynchronous ones once their tensors are copied to host memory (pinned for CUDA
-  // tensors). Either way a previous asynchronous save is finished first and its error returned.
+  // committed; asynchronous ones once their tensors are copied to host memory (CUDA tensors:
+  // copies queued on the device's current stream into pinned buffers, which the writer thread
+  // reads only after an event recorded behind them), so the tensors may change as soon as Save
+  // returns. Either way a previous asynchronous save is finished first and its error returned.
   // Collective: over the group (an asynchronous save goes on on a background thread).
   // Errors: kAlreadyExists if the step directory exists; kInvalidArgument if ranks disagree on
   // a tensor; kResourceExhausted for a full disk; kUnavailable for peers; what StateDict() returns.

@@ -20,8 +20,10 @@
 // after it leaves a complete checkpoint ("latest" may still name the one before). Every exchange
 // carries each rank's status (internal/agreement.h), so one rank's failure fails all of them
 // instead of leaving them waiting. An asynchronous save copies the blocks into host buffers,
-// returns, and runs 2-5 on a background thread.
+// returns, and runs 2-5 on a background thread; CUDA blocks are copied non_blocking into pinned
+// buffers, and the thread waits for an event recorded after the copies before reading a byte.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -33,6 +35,7 @@
 #include "base/collectives.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/internal/disk_state.h"
@@ -62,6 +65,9 @@ struct PendingSave {
   int world_size = 1;
   SerializationFormat format = SerializationFormat::kKeel;
   std::vector<internal::WriteItem> items;
+  // Asynchronous saves of CUDA tensors: one per device, done once the device-to-host copies
+  // into `items` have run (the writer calls them before reading a byte).
+  std::vector<std::function<void()>> copies_done;
   // Rank 0: the manifest, its tensors without chunks until step 3.
   Manifest manifest;
 };
@@ -78,8 +84,13 @@ absl::Status Commit(PendingSave& save, const std::vector<std::string>& written) 
 
 // Steps 2-5, run by every rank (inline or on the background thread). A rank whose staging
 // failed writes nothing and reports `staged`, which fails the save everywhere.
-absl::Status WriteAndCommit(PendingSave& save, const absl::Status& staged,
-                            c10d::ProcessGroup* group) {
+absl::Status WriteAndCommit(PendingSave& save, absl::Status staged, c10d::ProcessGroup* group) {
+  if (staged.ok() && !save.copies_done.empty()) {
+    staged =
+        base::CallTorch(absl::StatusCode::kInternal, "waiting for the device-to-host copies", [&] {
+          for (const auto& done : save.copies_done) done();
+        });
+  }
   absl::StatusOr<Manifest> written =
       staged.ok() ? internal::WriteShard(save.temporary_dir, save.rank, save.format, save.items)
                   : staged;
@@ -358,22 +369,24 @@ class Checkpointer::Impl {
     std::map<std::string, const TensorEntry*> entries;
     for (const TensorEntry& entry : local.tensors()) entries[entry.name()] = &entry;
     if (staging_.size() < names.size()) staging_.resize(names.size());
-    bool any_cuda = false;
-    KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "staging tensors", [&] {
+    // The CUDA devices whose copies are still running when Save returns (asynchronous only).
+    std::set<c10::DeviceIndex> devices;
+    return base::CallTorch(absl::StatusCode::kInternal, "staging tensors", [&] {
       for (size_t i = 0; i < names.size(); ++i) {
         const std::string& full = names[i];
         const size_t slash = full.find('/');
         const at::Tensor source =
             states.at(full.substr(0, slash)).tensors.at(full.substr(slash + 1)).tensor.detach();
         save.items.push_back({StagedBytes(source, staging_[i]), *entries.at(full)});
-        any_cuda = any_cuda || (options_.is_async && source.is_cuda());
+        if (options_.is_async && source.is_cuda()) devices.insert(source.device().index());
       }
-    }));
-    if (any_cuda) {
-      KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "synchronizing copies",
-                                           [&] { at::empty({0}, at::kCUDA).cpu(); }));
-    }
-    return absl::OkStatus();
+      // An event after the copies on each device's stream: the writer thread waits for it.
+      // (Later kernels on the stream run after the copies, so the weights may change as soon
+      // as Save returns.)
+      for (c10::DeviceIndex index : devices) {
+        save.copies_done.push_back(base::RecordCudaFence(at::Device(at::kCUDA, index)));
+      }
+    });
   }
 
   // The host bytes of `source` to write: itself, a contiguous CPU copy, or (async) a copy into
