@@ -7,7 +7,8 @@
 //   options.checkpoint_dir = "/runs/gpt/checkpoints";
 //   KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, ckpt_group));
 //   Statefuls statefuls = {{"model", &model_state}, {"optim", &optim_state}};
-//   KEEL_RETURN_IF_ERROR(checkpointer->Save(statefuls, scheduler.step(), scheduler.epoch()));
+//   const StepSchedulerState at = scheduler.StateDict();  // the step a resume continues at
+//   KEEL_RETURN_IF_ERROR(checkpointer->Save(statefuls, at.step, at.epoch));
 //   KEEL_ASSIGN_OR_RETURN(ResumeResult resumed, checkpointer->LoadLatest(statefuls));
 //
 // Layout: <checkpoint_dir>/step_<step, 10 digits>/{manifest.pb, __<rank>.keel | .safetensors},
@@ -73,9 +74,9 @@ struct ResumeOptions {
   // match). Default: none.
   std::function<absl::Status(const CheckpointInfo&)> before_load;
   // Called on every rank after a load failed part-way, before the next older checkpoint is
-  // tried: it must put the objects back as they were before the first load (loads need not
-  // overwrite everything: Megatron's scheduler adds the saved steps to its own). Without it,
-  // the search ends there with `partial`. Default: none.
+  // tried or the error returned: it must put the objects back as they were before the first
+  // load (loads need not overwrite everything: Megatron's scheduler adds the saved steps to its
+  // own). Without it, the search ends there with `partial`. Default: none.
   std::function<absl::Status()> reset;
 };
 
@@ -109,11 +110,13 @@ class Checkpointer {
   // Waits for an in-flight save; its error, if any, is lost: call Wait() first.
   ~Checkpointer();
 
-  // Saves `statefuls` as step `step`. Synchronous saves return once the checkpoint is
-  // committed; asynchronous ones once their tensors are copied to host memory (CUDA tensors:
-  // copies queued on the device's current stream into pinned buffers, which the writer thread
-  // reads only after an event recorded behind them), so the tensors may change as soon as Save
-  // returns. Either way a previous asynchronous save is finished first and its error returned.
+  // Saves `statefuls` as step `step`: the step a resume from it continues at, which with a
+  // scheduling::StepScheduler is its StateDict().step (after N optimizer steps, N), so that the
+  // directory's name and the saved scheduler state agree. Synchronous saves return once the
+  // checkpoint is committed; asynchronous ones once their tensors are copied to host memory (CUDA
+  // tensors: copies queued on the device's current stream into pinned buffers, which the writer
+  // thread reads only after an event recorded behind them), so the tensors may change as soon as
+  // Save returns. Either way a previous asynchronous save is finished first and its error returned.
   // Collective: over the group (an asynchronous save goes on on a background thread).
   // Errors: kAlreadyExists if the step directory exists; kInvalidArgument if ranks disagree on
   // a tensor; kResourceExhausted for a full disk; kUnavailable for peers; what StateDict() returns.

@@ -461,7 +461,8 @@ absl::Status Run::AfterStep(StepMetrics& metrics) {
   }
   if (runtime_.rank == 0) KEEL_RETURN_IF_ERROR(Record(metrics));
   if (!s.Bookkept([&] { return s.scheduler->IsCkptStep(); })) return absl::OkStatus();
-  return s.checkpointer->Save(s.statefuls, s.scheduler->StateDict().step, s.scheduler->epoch());
+  const scheduling::StepSchedulerState at = s.scheduler->StateDict();
+  return s.checkpointer->Save(s.statefuls, at.step, at.epoch);
 }
 
 absl::Status Run::Loop() {

@@ -136,6 +136,28 @@ TEST(RunTest, TrainsToMaxStepsThenResumesWhereItStopped) {
   EXPECT_TRUE(keel::testing::ReadFileOrFail(run_dir + "/loss.svg").find("<svg") == 0);
 }
 
+// A checkpoint's directory, its manifest and its saved step scheduler name the same step: the
+// one a resume continues at (after N optimizer steps, N).
+TEST(RunTest, ACheckpointsNameAndItsSavedSchedulerStateAgree) {
+  const std::string run_dir = keel::testing::NewTempDir("step_truth");
+  std::ostringstream log;
+  KEEL_ASSERT_OK(Train(SmallOptions(run_dir, 5), Runtime(log)).status());
+  int checked = 0;
+  for (const char* name : {"step_0000000002", "step_0000000004", "step_0000000005"}) {
+    SCOPED_TRACE(name);
+    const std::string path = run_dir + "/checkpoints/" + name;
+    KEEL_ASSERT_OK_AND_ASSIGN(auto reader, checkpoint::CheckpointReader::Open(path));
+    KEEL_ASSERT_OK_AND_ASSIGN(base::Json saved, reader->ReadValues("step_scheduler"));
+    KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::VerifyReport report,
+                              checkpoint::Verify(path, checkpoint::VerifyLevel::kStructure));
+    const int64_t step = std::stoll(std::string(name).substr(5));
+    EXPECT_EQ(saved["step"].get<int64_t>(), step);
+    EXPECT_EQ(report.checkpoint.step, step);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
+}
+
 // Too little data for one global batch is an error naming the data, not a crash: with
 // drop_last the sampler draws from whole global batches of the split, here none.
 TEST(RunTest, DataWithoutAGlobalBatchIsAnErrorNamingIt) {
