@@ -584,6 +584,38 @@ TEST_F(LoadLatestTest, ACheckpointThatDoesNotFitStopsTheSearch) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/quarantine"));
 }
 
+// Loads its tensors, then refuses its values (as a scheduler refuses a saved state) once it
+// is past the checking pass: the failure comes after the object changed.
+class RefusingState : public testing::TensorsState {
+ public:
+  absl::Status LoadStateDict(StateReader& reader) override {
+    KEEL_RETURN_IF_ERROR(TensorsState::LoadStateDict(reader));
+    if (reader.checking()) return absl::OkStatus();
+    return absl::InvalidArgumentError("the saved step is not one this object takes");
+  }
+};
+
+// An error after the objects began to change (not corruption: nothing is moved aside) is
+// returned after reset put them back as they were.
+TEST_F(LoadLatestTest, AFailureAfterTheObjectsChangedResetsThemBeforeReturning) {
+  RefusingState target;
+  static_cast<TensorsState&>(target) = StateAt(0);
+  int resets = 0;
+  ResumeOptions options;
+  options.reset = [&] {
+    ++resets;
+    static_cast<TensorsState&>(target) = StateAt(0);
+    return absl::OkStatus();
+  };
+  EXPECT_THAT(checkpointer_->LoadLatest({{"model", &target}}, options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the saved step is not one this object takes")));
+  EXPECT_EQ(resets, 1);
+  ExpectSameTensors(StateAt(0), target);
+  EXPECT_EQ(target.values["step"], 0);
+  EXPECT_TRUE(std::filesystem::exists(StepDir(30)));
+}
+
 TEST_F(LoadLatestTest, BeforeLoadSeesTheCandidateAndItsErrorStopsTheSearch) {
   TensorsState target = StateAt(0);
   std::vector<int64_t> seen;

@@ -29,7 +29,7 @@ class TensorsState : public Stateful {
   absl::Status LoadStateDict(StateReader& reader) override {
     for (const auto& [key, ref] : tensors) KEEL_RETURN_IF_ERROR(reader.ReadTensor(key, ref));
     // Empty when nothing was saved under this name (the reader reports it): keep ours.
-    if (!reader.Values().empty()) values = reader.Values();
+    if (!reader.Values().empty() && !reader.checking()) values = reader.Values();
     return absl::OkStatus();
   }
 

@@ -243,7 +243,15 @@ class Checkpointer::Impl {
         }
         status = report.status();
       }
-      if (!absl::IsDataLoss(status) && !absl::IsNotFound(status)) return status;
+      if (!absl::IsDataLoss(status) && !absl::IsNotFound(status)) {
+        // A load that failed after objects began to change (an object refusing a value, say)
+        // leaves them as reset makes them, as before the search.
+        if (info.ok() && options.reset) {
+          KEEL_RETURN_IF_ERROR(
+              base::AgreeOnStatus(options.reset(), group_, "resetting after a failed load"));
+        }
+        return status;
+      }
       KEEL_ASSIGN_OR_RETURN(const std::string moved, QuarantineAgreed(name));
       result.warnings.push_back(absl::StrCat("checkpoint ", path, " does not load (",
                                              status.message(), "); moved to ", moved));

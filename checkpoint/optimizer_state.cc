@@ -102,6 +102,12 @@ std::optional<ShardPlacement> PlacementOf(const Placements& placements, const st
   return it->second;
 }
 
+// A new state tensor for `param` to read into; while checking, the parameter itself stands
+// for it (same shape and dtype, never written).
+at::Tensor StateLike(const at::Tensor& param, const StateReader& reader) {
+  return reader.checking() ? param : at::zeros_like(param, at::MemoryFormat::Preserve);
+}
+
 // Reads the saved tensor `key` into `target`; clears `fits` unless the saved tensor exists
 // with the target's dtype and global shape (the reader reports those differences).
 absl::Status ReadInto(StateReader& reader, const std::string& key, const at::Tensor& target,
@@ -171,12 +177,12 @@ struct AdamTraits {
     auto s = std::make_unique<ParamState>();
     s->step(step);
     bool fits = true;
-    s->exp_avg(at::zeros_like(param, at::MemoryFormat::Preserve));
+    s->exp_avg(StateLike(param, reader));
     KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg", s->exp_avg(), placement, fits));
-    s->exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+    s->exp_avg_sq(StateLike(param, reader));
     KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg_sq", s->exp_avg_sq(), placement, fits));
     if (group.amsgrad || reader.FindTensor(prefix + "max_exp_avg_sq") != nullptr) {
-      s->max_exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+      s->max_exp_avg_sq(StateLike(param, reader));
       KEEL_RETURN_IF_ERROR(
           ReadInto(reader, prefix + "max_exp_avg_sq", s->max_exp_avg_sq(), placement, fits));
     }
@@ -224,7 +230,7 @@ struct SgdKind {
       const std::optional<ShardPlacement>& placement, StateReader& reader) {
     auto s = std::make_unique<ParamState>();
     bool fits = true;
-    s->momentum_buffer(at::zeros_like(param, at::MemoryFormat::Preserve));
+    s->momentum_buffer(StateLike(param, reader));
     KEEL_RETURN_IF_ERROR(
         ReadInto(reader, prefix + "momentum_buffer", s->momentum_buffer(), placement, fits));
     if (!fits) return nullptr;
@@ -387,6 +393,7 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
     }
   }
 
+  if (reader.checking()) return absl::OkStatus();
   for (size_t i = 0; i < groups.size(); ++i) {
     K::Apply(saved_options[i], *options[i]);
     for (const at::Tensor& param : groups[i].params()) optimizer.state().erase(StateKey(param));
@@ -525,7 +532,7 @@ absl::Status OptimizerState::LoadStateDict(StateReader& reader) {
   }
   optim::ParamSchedulerState sched;
   KEEL_ASSIGN_OR_RETURN(bool complete, ReadAllFields(values["sched"], "sched", reader, sched));
-  if (!complete) return absl::OkStatus();
+  if (!complete || reader.checking()) return absl::OkStatus();
   absl::Status status = scheduler_->LoadStateDict(sched);
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat("sched: ", status.message()));

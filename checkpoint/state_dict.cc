@@ -104,8 +104,9 @@ std::string LoadReport::ToString() const {
   return absl::StrJoin(parts, "\n");
 }
 
-StateReader::StateReader(const internal::SavedState& saved, std::string scope, LoadReport& report)
-    : saved_(saved), scope_(std::move(scope)), report_(report) {}
+StateReader::StateReader(const internal::SavedState& saved, std::string scope, LoadReport& report,
+                         bool checking)
+    : saved_(saved), scope_(std::move(scope)), report_(report), checking_(checking) {}
 
 std::vector<std::string> StateReader::TensorKeys() const {
   std::vector<std::string> keys;
@@ -160,7 +161,9 @@ absl::Status StateReader::ReadTensor(const std::string& key, const TensorRef& ta
     }
     if (!overlaps) continue;
     const bool exact = chunk.offsets == offsets && chunk.lengths == local;
-    if (exact && tensor.is_contiguous() && tensor.device().is_cpu()) {
+    if (checking_) {
+      // Only the coverage below.
+    } else if (exact && tensor.is_contiguous() && tensor.device().is_cpu()) {
       KEEL_RETURN_IF_ERROR(saved_.ReadChunk(full, chunk, tensor.data_ptr()));
     } else {
       const at::Tensor buffer = at::empty(chunk.lengths, at::TensorOptions().dtype(tensor.dtype()));
@@ -221,11 +224,15 @@ int64_t Volume(const std::vector<int64_t>& lengths) {
   return volume;
 }
 
-absl::StatusOr<LoadReport> LoadStatefuls(const Statefuls& statefuls, const SavedState& saved,
-                                         const LoadOptions& options) {
+namespace {
+
+// One pass of every object's LoadStateDict (checking or for real), then what no object read.
+absl::StatusOr<LoadReport> LoadPass(const Statefuls& statefuls, const SavedState& saved,
+                                    bool checking) {
   LoadReport report;
+  saved.ClearReads();
   for (const auto& [name, stateful] : statefuls) {
-    StateReader reader(saved, name, report);
+    StateReader reader(saved, name, report, checking);
     absl::Status status = stateful->LoadStateDict(reader);
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("loading ", name, ": ", status.message()));
@@ -239,10 +246,25 @@ absl::StatusOr<LoadReport> LoadStatefuls(const Statefuls& statefuls, const Saved
   }
   std::sort(report.missing_keys.begin(), report.missing_keys.end());
   std::sort(report.unexpected_keys.begin(), report.unexpected_keys.end());
-  if (options.strict && !report.clean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the checkpoint does not fit the state being loaded:\n", report.ToString()));
+  return report;
+}
+
+absl::Status DoesNotFit(const LoadReport& report) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the checkpoint does not fit the state being loaded:\n", report.ToString()));
+}
+
+}  // namespace
+
+absl::StatusOr<LoadReport> LoadStatefuls(const Statefuls& statefuls, const SavedState& saved,
+                                         const LoadOptions& options) {
+  if (options.strict) {
+    // Nothing changes unless everything fits.
+    KEEL_ASSIGN_OR_RETURN(LoadReport checked, LoadPass(statefuls, saved, /*checking=*/true));
+    if (!checked.clean()) return DoesNotFit(checked);
   }
+  KEEL_ASSIGN_OR_RETURN(LoadReport report, LoadPass(statefuls, saved, /*checking=*/false));
+  if (options.strict && !report.clean()) return DoesNotFit(report);
   return report;
 }
 

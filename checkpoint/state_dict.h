@@ -91,7 +91,14 @@ class SavedState;
 // (I/O, corrupt data) are errors.
 class StateReader {
  public:
-  StateReader(const internal::SavedState& saved, std::string scope, LoadReport& report);
+  // `checking`: the first pass of a strict load (see Stateful::LoadStateDict).
+  StateReader(const internal::SavedState& saved, std::string scope, LoadReport& report,
+              bool checking = false);
+
+  // The first pass of a strict load: ReadTensor checks the fit (and that the saved chunks
+  // cover the block) without reading a byte; the object must ask for everything it would read
+  // and change nothing.
+  bool checking() const { return checking_; }
 
   // Keys of the tensors saved under this object, sorted.
   std::vector<std::string> TensorKeys() const;
@@ -121,6 +128,7 @@ class StateReader {
   const internal::SavedState& saved_;
   std::string scope_;
   LoadReport& report_;
+  bool checking_;
 };
 
 // An object whose state goes into a checkpoint.
@@ -130,7 +138,10 @@ class Stateful {
   // The state to save. Tensors may alias live storage: a synchronous save writes them before
   // returning and an asynchronous one copies them first.
   [[nodiscard]] virtual absl::StatusOr<State> StateDict() const = 0;
-  // Restores the state from `reader`, in place.
+  // Restores the state from `reader`, in place. A strict load calls it twice: first with
+  // reader.checking() true, when it must read what it would read (ReadTensor, Values) and
+  // change nothing, so that a checkpoint that does not fit is refused before any object
+  // changes; then for real.
   [[nodiscard]] virtual absl::Status LoadStateDict(StateReader& reader) = 0;
 };
 
@@ -138,6 +149,12 @@ class Stateful {
 // Requires: the objects outlive the save or load they are passed to.
 using Statefuls = std::map<std::string, Stateful*>;
 
+// What a failed load leaves behind. A strict load checks every object's fit first (missing
+// and unexpected keys, shapes, dtypes, values an object rejects, saved chunks that do not cover
+// a block) and fails before any object changes. A failure while reading the bytes themselves
+// (kDataLoss: a checksum, a truncated file) can come after some objects loaded: those objects
+// are then partly loaded; Checkpointer::LoadLatest resets them through ResumeOptions::reset
+// before trying an older checkpoint or returning the error.
 struct LoadOptions {
   // Strict loads fail when the report is not clean; non-strict ones return it. Default: true.
   bool strict = true;

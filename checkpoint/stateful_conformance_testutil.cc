@@ -104,6 +104,35 @@ TEST_P(StatefulConformanceTest, StrictLoadFromNothingNamesTheObject) {
   EXPECT_TRUE(SameState(StateOf(*target), before)) << "a failed load changed the object";
 }
 
+// A checkpoint that fits but for one extra tensor: a strict load refuses it, and the object
+// keeps its state (the fitting parts are not loaded first).
+TEST_P(StatefulConformanceTest, AStrictLoadWithAnUnexpectedKeyChangesNothing) {
+  auto source = GetParam().make(1);
+  auto target = GetParam().make(2);
+  const State before = StateOf(*target);
+  State saved = StateOf(*source);
+  saved.tensors["not_a_key_of_this_object"] = TensorRef{at::ones({3})};
+  EXPECT_THAT(LoadInMemory({{kName, &target->stateful()}}, {{kName, saved}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unexpected keys: object/not_a_key_of_this_object")));
+  EXPECT_TRUE(SameState(StateOf(*target), before)) << "a failed load changed the object";
+}
+
+// As above, with one saved tensor of another shape.
+TEST_P(StatefulConformanceTest, AStrictLoadWithAMismatchedShapeChangesNothing) {
+  auto source = GetParam().make(1);
+  auto target = GetParam().make(2);
+  const State before = StateOf(*target);
+  State saved = StateOf(*source);
+  if (saved.tensors.empty()) GTEST_SKIP() << "no tensors";
+  TensorRef& last = saved.tensors.rbegin()->second;
+  last = TensorRef{at::cat({last.tensor.reshape({-1}), last.tensor.reshape({-1})}).reshape({-1, 1}),
+                   std::nullopt};
+  EXPECT_THAT(LoadInMemory({{kName, &target->stateful()}}, {{kName, saved}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("in the checkpoint")));
+  EXPECT_TRUE(SameState(StateOf(*target), before)) << "a failed load changed the object";
+}
+
 }  // namespace
 
 std::string StatefulCaseName(const ::testing::TestParamInfo<StatefulCase>& info) {

@@ -43,7 +43,7 @@ absl::Status RngState::LoadStateDict(StateReader& reader) {
   const SavedTensorInfo* info = reader.FindTensor(kCpuKey);
   const int64_t saved_ranks =
       info != nullptr && info->shape.size() == 2 ? info->shape[0] : world_size_;
-  if (info != nullptr) saved_world_size_ = saved_ranks;
+  if (info != nullptr && !reader.checking()) saved_world_size_ = saved_ranks;
   if (saved_ranks != world_size_) {
     if (options_.allow_world_size_change) {
       reader.Skip(kCpuKey);
@@ -57,8 +57,8 @@ absl::Status RngState::LoadStateDict(StateReader& reader) {
   const std::vector<int64_t> global = {saved_ranks, n};
   KEEL_RETURN_IF_ERROR(
       reader.ReadTensor(kCpuKey, TensorRef{row, ShardPlacement{global, {rank_, 0}}}));
-  if (info == nullptr || info->dtype != at::kByte || info->shape != global) {
-    return absl::OkStatus();  // reported by ReadTensor
+  if (info == nullptr || info->dtype != at::kByte || info->shape != global || reader.checking()) {
+    return absl::OkStatus();  // reported by ReadTensor, or only checking
   }
   return base::CallTorch(absl::StatusCode::kDataLoss, "restoring the CPU generator state", [&] {
     std::lock_guard<std::mutex> lock(generator.mutex());

@@ -61,6 +61,7 @@ class ValueState : public Stateful {
     });
     if (!complete) return absl::OkStatus();
     if (absl::Status status = base::ReadJsonFields(values, state); !status.ok()) return status;
+    if (reader.checking()) return absl::OkStatus();
     return set_(state);
   }
 

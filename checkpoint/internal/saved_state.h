@@ -54,6 +54,11 @@ class SavedState {
     std::lock_guard<std::mutex> lock(mutex_);
     return read_.count(key) > 0;
   }
+  // Forgets the marks (between a strict load's checking pass and the load itself).
+  void ClearReads() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    read_.clear();
+  }
 
  protected:
   std::map<std::string, SavedTensor> tensors_;
