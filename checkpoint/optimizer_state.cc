@@ -9,7 +9,6 @@
 #include <unordered_map>
 #include <utility>
 
-#include "ATen/ops/zeros_like.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -17,52 +16,15 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "c10/util/C++17.h"
-#include "torch/optim/adam.h"
-#include "torch/optim/adamw.h"
-#include "torch/optim/sgd.h"
+#include "checkpoint/internal/optimizer_traits.h"
 
 namespace keel::checkpoint {
 namespace {
 
+using internal::WithTraits;
 using ::keel::base::Json;
 using Names = std::vector<std::vector<std::string>>;
 using Placements = std::map<std::string, ShardPlacement>;
-
-// Param-group options of Adam and AdamW, by their PyTorch names.
-struct AdamGroupOptions {
-  double lr = 0.0;
-  std::vector<double> betas;
-  double eps = 0.0;
-  double weight_decay = 0.0;
-  bool amsgrad = false;
-};
-
-template <typename O, typename V, base::IsFieldsOf<O, AdamGroupOptions> = 0>
-void VisitFields(O& o, V&& v) {
-  v("lr", o.lr);
-  v("betas", o.betas);
-  v("eps", o.eps);
-  v("weight_decay", o.weight_decay);
-  v("amsgrad", o.amsgrad);
-}
-
-// Param-group options of SGD, by their PyTorch names.
-struct SgdGroupOptions {
-  double lr = 0.0;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-};
-
-template <typename O, typename V, base::IsFieldsOf<O, SgdGroupOptions> = 0>
-void VisitFields(O& o, V&& v) {
-  v("lr", o.lr);
-  v("momentum", o.momentum);
-  v("dampening", o.dampening);
-  v("weight_decay", o.weight_decay);
-  v("nesterov", o.nesterov);
-}
 
 template <typename T>
 struct IsOptional : std::false_type {};
@@ -102,150 +64,15 @@ std::optional<ShardPlacement> PlacementOf(const Placements& placements, const st
   return it->second;
 }
 
-// A new state tensor for `param` to read into; while checking, the parameter itself stands
-// for it (same shape and dtype, never written).
-at::Tensor StateLike(const at::Tensor& param, const StateReader& reader) {
-  return reader.checking() ? param : at::zeros_like(param, at::MemoryFormat::Preserve);
-}
-
-// Reads the saved tensor `key` into `target`; clears `fits` unless the saved tensor exists
-// with the target's dtype and global shape (the reader reports those differences).
-absl::Status ReadInto(StateReader& reader, const std::string& key, const at::Tensor& target,
-                      const std::optional<ShardPlacement>& placement, bool& fits) {
-  const SavedTensorInfo* info = reader.FindTensor(key);
-  const std::vector<int64_t> global = placement ? placement->global_shape : target.sizes().vec();
-  if (info == nullptr || info->dtype != target.scalar_type() || info->shape != global) {
-    fits = false;
-  }
-  return reader.ReadTensor(key, TensorRef{target, placement});
-}
-
-// Adam and AdamW, whose options and per-parameter state have the same fields.
-template <typename OptionsT, typename ParamStateT>
-struct AdamTraits {
-  using Options = OptionsT;
-  using ParamState = ParamStateT;
-  using Group = AdamGroupOptions;
-
-  static Group ToGroup(const Options& o) {
-    return Group{o.lr(),
-                 {std::get<0>(o.betas()), std::get<1>(o.betas())},
-                 o.eps(),
-                 o.weight_decay(),
-                 o.amsgrad()};
-  }
-
-  static absl::Status Check(const Group& g, const std::string& what) {
-    if (g.betas.size() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ".betas must hold 2 values, got ", g.betas.size()));
-    }
-    return absl::OkStatus();
-  }
-
-  static void Apply(const Group& g, Options& o) {
-    o.lr(g.lr);
-    o.betas(std::make_tuple(g.betas[0], g.betas[1]));
-    o.eps(g.eps);
-    o.weight_decay(g.weight_decay);
-    o.amsgrad(g.amsgrad);
-  }
-
-  static void Save(const ParamState& s, const std::string& prefix,
-                   const std::optional<ShardPlacement>& placement, State& state, Json& entry) {
-    entry["step"] = s.step();
-    state.tensors[prefix + "exp_avg"] = TensorRef{s.exp_avg(), placement};
-    state.tensors[prefix + "exp_avg_sq"] = TensorRef{s.exp_avg_sq(), placement};
-    if (s.max_exp_avg_sq().defined()) {
-      state.tensors[prefix + "max_exp_avg_sq"] = TensorRef{s.max_exp_avg_sq(), placement};
-    }
-  }
-
-  // The saved state of `param`, or nullptr if part of it is missing or does not fit.
-  static absl::StatusOr<std::unique_ptr<ParamState>> Load(
-      const at::Tensor& param, const Group& group, const Json& entry, const std::string& prefix,
-      const std::optional<ShardPlacement>& placement, StateReader& reader) {
-    if (!entry.is_object() || !entry.contains("step")) {
-      reader.ReportMissing(prefix + "step");
-      return nullptr;
-    }
-    int64_t step = 0;
-    KEEL_RETURN_IF_ERROR(base::FromJson(entry["step"], prefix + "step", step));
-    if (step < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, "step (", step, ") must be >= 0"));
-    }
-    auto s = std::make_unique<ParamState>();
-    s->step(step);
-    bool fits = true;
-    s->exp_avg(StateLike(param, reader));
-    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg", s->exp_avg(), placement, fits));
-    s->exp_avg_sq(StateLike(param, reader));
-    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg_sq", s->exp_avg_sq(), placement, fits));
-    if (group.amsgrad || reader.FindTensor(prefix + "max_exp_avg_sq") != nullptr) {
-      s->max_exp_avg_sq(StateLike(param, reader));
-      KEEL_RETURN_IF_ERROR(
-          ReadInto(reader, prefix + "max_exp_avg_sq", s->max_exp_avg_sq(), placement, fits));
-    }
-    if (!fits) return nullptr;
-    return s;
-  }
-};
-
-struct AdamKind : AdamTraits<torch::optim::AdamOptions, torch::optim::AdamParamState> {
-  static constexpr const char* kName = "Adam";
-};
-struct AdamWKind : AdamTraits<torch::optim::AdamWOptions, torch::optim::AdamWParamState> {
-  static constexpr const char* kName = "AdamW";
-};
-
-struct SgdKind {
-  using Options = torch::optim::SGDOptions;
-  using ParamState = torch::optim::SGDParamState;
-  using Group = SgdGroupOptions;
-  static constexpr const char* kName = "SGD";
-
-  static Group ToGroup(const Options& o) {
-    return Group{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()};
-  }
-
-  static absl::Status Check(const Group& g, const std::string& what) { return absl::OkStatus(); }
-
-  static void Apply(const Group& g, Options& o) {
-    o.lr(g.lr);
-    o.momentum(g.momentum);
-    o.dampening(g.dampening);
-    o.weight_decay(g.weight_decay);
-    o.nesterov(g.nesterov);
-  }
-
-  static void Save(const ParamState& s, const std::string& prefix,
-                   const std::optional<ShardPlacement>& placement, State& state, Json& entry) {
-    if (s.momentum_buffer().defined()) {
-      state.tensors[prefix + "momentum_buffer"] = TensorRef{s.momentum_buffer(), placement};
-    }
-  }
-
-  static absl::StatusOr<std::unique_ptr<ParamState>> Load(
-      const at::Tensor& param, const Group& group, const Json& entry, const std::string& prefix,
-      const std::optional<ShardPlacement>& placement, StateReader& reader) {
-    auto s = std::make_unique<ParamState>();
-    bool fits = true;
-    s->momentum_buffer(StateLike(param, reader));
-    KEEL_RETURN_IF_ERROR(
-        ReadInto(reader, prefix + "momentum_buffer", s->momentum_buffer(), placement, fits));
-    if (!fits) return nullptr;
-    return s;
-  }
-};
-
 // The options of param group `i`, checked to be K's.
 template <typename K>
 absl::StatusOr<typename K::Options*> GroupOptions(torch::optim::OptimizerParamGroup& group,
                                                   size_t i) {
   auto* options = dynamic_cast<typename K::Options*>(&group.options());
   if (options == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("param_groups[", i, "] has options of another type than ", K::kName));
+    return absl::InvalidArgumentError(absl::StrCat("param_groups[", i,
+                                                   "] has options of another type than ",
+                                                   optim::OptimizerKindName(K::kKind)));
   }
   return options;
 }
@@ -273,8 +100,9 @@ absl::StatusOr<State> SaveOptimizer(torch::optim::Optimizer& optimizer, const Na
       if (it == optimizer.state().end()) continue;
       const auto* param_state = dynamic_cast<const typename K::ParamState*>(it->second.get());
       if (param_state == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the state of parameter '", name, "' is not ", K::kName, "'s"));
+        return absl::InvalidArgumentError(absl::StrCat("the state of parameter '", name,
+                                                       "' is not ",
+                                                       optim::OptimizerKindName(K::kKind), "'s"));
       }
       Json entry = Json::object();
       K::Save(*param_state, absl::StrCat("state/", name, "/"), PlacementOf(placements, name), state,
@@ -282,7 +110,7 @@ absl::StatusOr<State> SaveOptimizer(torch::optim::Optimizer& optimizer, const Na
       states[name] = std::move(entry);
     }
   }
-  state.values["type"] = K::kName;
+  state.values["type"] = std::string(optim::OptimizerKindName(K::kKind));
   state.values["param_groups"] = std::move(groups);
   state.values["state"] = std::move(states);
   return state;
@@ -321,8 +149,9 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
   if (!fits) return absl::OkStatus();
   std::string type;
   KEEL_RETURN_IF_ERROR(base::FromJson(values["type"], "type", type));
-  if (type != K::kName) {
-    reader.ReportMismatch(absl::StrCat("type: ", type, " in the checkpoint, ", K::kName, " here"));
+  if (type != optim::OptimizerKindName(K::kKind)) {
+    reader.ReportMismatch(absl::StrCat("type: ", type, " in the checkpoint, ",
+                                       optim::OptimizerKindName(K::kKind), " here"));
     return absl::OkStatus();
   }
   const Json& saved_groups = values["param_groups"];
@@ -404,8 +233,9 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
 
 }  // namespace
 
-OptimizerState::OptimizerState(Kind kind, torch::nn::Module* model, NamedTensors named,
-                               torch::optim::Optimizer& optimizer, optim::ParamScheduler* scheduler,
+OptimizerState::OptimizerState(optim::OptimizerKind kind, torch::nn::Module* model,
+                               NamedTensors named, torch::optim::Optimizer& optimizer,
+                               optim::ParamScheduler* scheduler,
                                std::map<std::string, ShardPlacement> placements)
     : kind_(kind),
       model_(model),
@@ -443,18 +273,7 @@ absl::StatusOr<OptimizerState> OptimizerState::Create(optim::DistributedOptimize
 absl::StatusOr<OptimizerState> OptimizerState::Make(
     torch::nn::Module* model, NamedTensors named, torch::optim::Optimizer& optimizer,
     optim::ParamScheduler* scheduler, std::map<std::string, ShardPlacement> placements) {
-  Kind kind;
-  if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr) {
-    kind = Kind::kAdam;
-  } else if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
-    kind = Kind::kAdamW;
-  } else if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
-    kind = Kind::kSgd;
-  } else {
-    return absl::InvalidArgumentError(
-        "the optimizer must be a torch::optim::Adam, AdamW or SGD; other types are not "
-        "supported");
-  }
+  KEEL_ASSIGN_OR_RETURN(const optim::OptimizerKind kind, optim::KindOf(optimizer));
   OptimizerState state(kind, model, std::move(named), optimizer, scheduler, std::move(placements));
   KEEL_RETURN_IF_ERROR(state.GroupParamNames().status());
   return state;
@@ -489,18 +308,9 @@ absl::StatusOr<std::vector<std::vector<std::string>>> OptimizerState::GroupParam
 
 absl::StatusOr<State> OptimizerState::StateDict() const {
   KEEL_ASSIGN_OR_RETURN(Names names, GroupParamNames());
-  absl::StatusOr<State> state;
-  switch (kind_) {
-    case Kind::kAdam:
-      state = SaveOptimizer<AdamKind>(*optimizer_, names, placements_);
-      break;
-    case Kind::kAdamW:
-      state = SaveOptimizer<AdamWKind>(*optimizer_, names, placements_);
-      break;
-    case Kind::kSgd:
-      state = SaveOptimizer<SgdKind>(*optimizer_, names, placements_);
-      break;
-  }
+  absl::StatusOr<State> state = WithTraits(kind_, [&](auto traits) {
+    return SaveOptimizer<decltype(traits)>(*optimizer_, names, placements_);
+  });
   if (state.ok() && scheduler_ != nullptr) {
     state->values["sched"] = base::WriteJsonFields(scheduler_->StateDict());
   }
@@ -512,19 +322,9 @@ absl::Status OptimizerState::LoadStateDict(StateReader& reader) {
   const Json& values = reader.Values();
   // An empty object: nothing was saved under this name, which the reader has reported.
   if (values.empty()) return absl::OkStatus();
-  switch (kind_) {
-    case Kind::kAdam:
-      KEEL_RETURN_IF_ERROR(
-          LoadOptimizer<AdamKind>(values, reader, *optimizer_, names, placements_));
-      break;
-    case Kind::kAdamW:
-      KEEL_RETURN_IF_ERROR(
-          LoadOptimizer<AdamWKind>(values, reader, *optimizer_, names, placements_));
-      break;
-    case Kind::kSgd:
-      KEEL_RETURN_IF_ERROR(LoadOptimizer<SgdKind>(values, reader, *optimizer_, names, placements_));
-      break;
-  }
+  KEEL_RETURN_IF_ERROR(WithTraits(kind_, [&](auto traits) {
+    return LoadOptimizer<decltype(traits)>(values, reader, *optimizer_, names, placements_);
+  }));
   if (scheduler_ == nullptr) return absl::OkStatus();
   if (!values.contains("sched")) {
     reader.ReportMissing("sched");

@@ -1,8 +1,9 @@
 // An optimizer (and its learning-rate scheduler) as a Stateful, after NeMo AutoModel's
-// OptimizerState (nemo_automodel/components/checkpoint/stateful_wrappers.py): a LibTorch
-// Adam, AdamW or SGD's per-parameter state and param-group options, keyed by parameter name
-// rather than by tensor address, so a checkpoint loads into a fresh process whose optimizer
-// has no state yet; plus a keel::optim::ParamScheduler's state under "sched".
+// OptimizerState (nemo_automodel/components/checkpoint/stateful_wrappers.py): the per-parameter
+// state and param-group options of any optimizer of optim::OptimizerKind's table (LibTorch's
+// Adam, AdamW, SGD, RMSprop, Adagrad), keyed by parameter name rather than by tensor address, so
+// a checkpoint loads into a fresh process whose optimizer has no state yet; plus a
+// keel::optim::ParamScheduler's state under "sched".
 //
 //   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
 //   KEEL_ASSIGN_OR_RETURN(auto optim_state, OptimizerState::Create(*model, adamw, &scheduler));
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/state_dict.h"
 #include "optim/distributed_optimizer.h"
+#include "optim/optimizer_kind.h"
 #include "optim/param_scheduler.h"
 #include "torch/nn/module.h"
 #include "torch/optim/optimizer.h"
@@ -29,12 +31,17 @@ namespace keel::checkpoint {
 // (Module::named_parameters order):
 //   tensors  "state/<param>/exp_avg", ".../exp_avg_sq", ".../max_exp_avg_sq" (Adam, AdamW;
 //            the last one once amsgrad has created it), ".../momentum_buffer" (SGD with
-//            momentum), each with the parameter's placement when it is sharded;
-//   values   {"type": "Adam" | "AdamW" | "SGD",
+//            momentum), ".../square_avg", ".../momentum_buffer" (momentum > 0),
+//            ".../grad_avg" (centered) (RMSprop), ".../sum" (Adagrad), each with the
+//            parameter's placement when it is sharded;
+//   values   {"type": "Adam" | "AdamW" | "SGD" | "RMSprop" | "Adagrad",
 //             "param_groups": [{"params": [<param>, ...], "lr": ..., "betas": [b1, b2],
 //                               "eps": ..., "weight_decay": ..., "amsgrad": ...}],
-//                             (SGD: "lr", "momentum", "dampening", "weight_decay", "nesterov")
-//             "state": {<param>: {"step": n} (Adam, AdamW) or {} (SGD)},
+//                  (SGD: "lr", "momentum", "dampening", "weight_decay", "nesterov";
+//                   RMSprop: "lr", "alpha", "eps", "weight_decay", "momentum", "centered";
+//                   Adagrad: "lr", "lr_decay", "weight_decay", "initial_accumulator_value",
+//                   "eps")
+//             "state": {<param>: {"step": n} (all but SGD) or {} (SGD)},
 //             "sched": ParamSchedulerState fields (only with a scheduler)}.
 // Only parameters the optimizer has stepped have state, as in LibTorch and PyTorch.
 //
@@ -49,8 +56,8 @@ namespace keel::checkpoint {
 class OptimizerState : public Stateful {
  public:
   // `placements` gives the blocks of sharded parameters by name; their state tensors use the
-  // same placement. Errors: kInvalidArgument for an optimizer other than torch::optim::Adam,
-  // AdamW or SGD, a parameter of the optimizer that is not a parameter of `model` (naming its
+  // same placement. Errors: kInvalidArgument for an optimizer outside optim::OptimizerKind's
+  // table, a parameter of the optimizer that is not a parameter of `model` (naming its
   // group and position), or a placement that names no parameter of `model`.
   // Requires: `model`, `optimizer` and `scheduler` (may be null) outlive this object.
   [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
@@ -74,12 +81,10 @@ class OptimizerState : public Stateful {
   [[nodiscard]] absl::Status LoadStateDict(StateReader& reader) override;
 
  private:
-  enum class Kind { kAdam, kAdamW, kSgd };
-
   // The tensors the optimizer steps, by name.
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-  OptimizerState(Kind kind, torch::nn::Module* model, NamedTensors named,
+  OptimizerState(optim::OptimizerKind kind, torch::nn::Module* model, NamedTensors named,
                  torch::optim::Optimizer& optimizer, optim::ParamScheduler* scheduler,
                  std::map<std::string, ShardPlacement> placements);
   [[nodiscard]] static absl::StatusOr<OptimizerState> Make(
@@ -89,7 +94,7 @@ class OptimizerState : public Stateful {
   // The name of every parameter of every param group, by group.
   absl::StatusOr<std::vector<std::vector<std::string>>> GroupParamNames() const;
 
-  Kind kind_;
+  optim::OptimizerKind kind_;
   // The model whose parameters the optimizer steps, or (null) the named tensors it steps.
   torch::nn::Module* model_;
   NamedTensors named_;

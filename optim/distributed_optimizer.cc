@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"
-#include "torch/optim/lbfgs.h"
+#include "optim/optimizer_kind.h"
 
 namespace keel::optim {
 namespace {
@@ -52,10 +52,9 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
   if (optimizer == nullptr) {
     return absl::InvalidArgumentError("the optimizer factory returned no optimizer");
   }
-  if (dynamic_cast<torch::optim::LBFGS*>(optimizer.get()) != nullptr) {
-    return absl::InvalidArgumentError(
-        "LBFGS is not elementwise (its step depends on every element): it cannot step shards");
-  }
+  // The table's optimizers are elementwise (LBFGS's step depends on every element) and can
+  // be checkpointed.
+  KEEL_RETURN_IF_ERROR(KindOf(*optimizer).status());
   KEEL_RETURN_IF_ERROR(CheckHoldsEachShardOnce(*optimizer, sync->shards()));
   std::vector<at::Tensor> params;
   for (const gradients::NamedParameter& p : gradients::TrainableParameters({&module})) {

@@ -39,9 +39,10 @@ namespace keel::optim {
 using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     const std::vector<gradients::ParamShard>& shards)>;
 
-// A data-parallel optimizer whose state is sharded over the group. The optimizer must be
-// elementwise (each element's update depends only on its own gradient and state: Adam, AdamW,
-// SGD, RMSprop, Adagrad), so that stepping shards equals stepping the whole parameters; its
+// A data-parallel optimizer whose state is sharded over the group. The optimizer must be one of
+// optim::OptimizerKind's (Adam, AdamW, SGD, RMSprop, Adagrad): elementwise (each element's
+// update depends only on its own gradient and state), so that stepping shards equals stepping
+// the whole parameters, and known to checkpoint::OptimizerState; its
 // options (learning rate, weight decay) are set on optimizer() as usual, by a ParamScheduler
 // for instance. Every shard is in the optimizer even without rows, so every rank's optimizer
 // has the same param groups and step counts as the unsharded one.
@@ -52,7 +53,8 @@ class DistributedOptimizer {
   // Shards the module's trainable parameters over `group` and builds the optimizer over the
   // shards. Collective: every rank calls it.
   // Errors: ShardedGradSync::Create's; kInvalidArgument when the factory returns no optimizer,
-  // an LBFGS (not elementwise), or one whose param groups do not hold each shard exactly once.
+  // one outside OptimizerKind's table (LBFGS: not elementwise), or one whose param groups do
+  // not hold each shard exactly once.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
       torch::nn::Module& module, c10d::ProcessGroup& group, const ShardOptimizerFactory& factory,
       const gradients::DataParallelGradSyncOptions& options = {});

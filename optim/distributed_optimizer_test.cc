@@ -257,7 +257,7 @@ TEST(DistributedOptimizerTest, AFactoryThatDoesNotStepEachShardOnceIsRefused) {
       {[](const std::vector<ParamShard>& shards) {
          return std::make_unique<torch::optim::LBFGS>(Tensors(shards));
        },
-       "LBFGS is not elementwise"},
+       "LBFGS and other types are not supported"},
       {[](const std::vector<ParamShard>& shards) {
          std::vector<at::Tensor> tensors = Tensors(shards);
          tensors.pop_back();

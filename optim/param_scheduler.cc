@@ -7,11 +7,6 @@
 #include "base/enum.h"
 #include "base/json.h"
 #include "base/status.h"
-#include "torch/optim/adagrad.h"
-#include "torch/optim/adam.h"
-#include "torch/optim/adamw.h"
-#include "torch/optim/rmsprop.h"
-#include "torch/optim/sgd.h"
 
 namespace keel::optim {
 namespace {
@@ -41,21 +36,6 @@ constexpr base::EnumSpelling<LrWsdDecayStyle> kLrWsdDecayStyles[] = {
     {LrWsdDecayStyle::kExponential, "exponential"},
     {LrWsdDecayStyle::kMinusSqrt, "minus_sqrt"},
 };
-
-// Sets the weight decay of the optimizers whose options have one; others are left alone.
-void SetWeightDecay(torch::optim::OptimizerOptions& options, double weight_decay) {
-  if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
-    o->weight_decay(weight_decay);
-  } else if (auto* o = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
-    o->weight_decay(weight_decay);
-  } else if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
-    o->weight_decay(weight_decay);
-  } else if (auto* o = dynamic_cast<torch::optim::RMSpropOptions*>(&options)) {
-    o->weight_decay(weight_decay);
-  } else if (auto* o = dynamic_cast<torch::optim::AdagradOptions*>(&options)) {
-    o->weight_decay(weight_decay);
-  }
-}
 
 // Megatron's _check_and_set: the value LoadStateDict adopts for one field.
 template <typename T>
@@ -187,8 +167,16 @@ absl::StatusOr<ParamScheduler> ParamScheduler::Create(
 ParamScheduler::ParamScheduler(const ParamSchedulerOptions& options,
                                torch::optim::Optimizer& optimizer,
                                std::vector<ParamGroupOverrides> group_overrides)
-    : options_(options), optimizer_(&optimizer), group_overrides_(std::move(group_overrides)) {
-  Step(0);
+    : options_(options),
+      optimizer_(&optimizer),
+      // An optimizer outside optim::OptimizerKind's table gets learning rates only.
+      kind_([&]() -> std::optional<OptimizerKind> {
+        absl::StatusOr<OptimizerKind> kind = KindOf(optimizer);
+        if (!kind.ok()) return std::nullopt;
+        return *kind;
+      }()),
+      group_overrides_(std::move(group_overrides)) {
+  Advance(0);
 }
 
 double ParamScheduler::GetLr(const ParamGroupOverrides& group) const {
@@ -268,8 +256,16 @@ double ParamScheduler::GetWd(const ParamGroupOverrides& group) const {
   return start_wd + coeff * delta_wd;
 }
 
-void ParamScheduler::Step(int64_t increment) {
-  TORCH_CHECK(increment >= 0, "ParamScheduler::Step: increment must be >= 0, got ", increment);
+absl::Status ParamScheduler::Step(int64_t increment) {
+  if (increment < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ParamScheduler::Step: increment (", increment, ") must be >= 0"));
+  }
+  Advance(increment);
+  return absl::OkStatus();
+}
+
+void ParamScheduler::Advance(int64_t increment) {
   num_steps_ += increment;
   static const ParamGroupOverrides kNoOverrides;
   std::vector<torch::optim::OptimizerParamGroup>& groups = optimizer_->param_groups();
@@ -277,7 +273,7 @@ void ParamScheduler::Step(int64_t increment) {
     const ParamGroupOverrides& group =
         i < group_overrides_.size() ? group_overrides_[i] : kNoOverrides;
     groups[i].options().set_lr(GetLr(group) * group.lr_mult);
-    SetWeightDecay(groups[i].options(), GetWd(group) * group.wd_mult);
+    if (kind_) SetWeightDecay(*kind_, groups[i].options(), GetWd(group) * group.wd_mult);
   }
 }
 
@@ -351,7 +347,7 @@ absl::Status ParamScheduler::LoadStateDict(const ParamSchedulerState& state) {
   const bool reference = options_.load_policy == SchedulerLoadPolicy::kReference;
   if (!reference) num_steps_ = 0;
   options_ = reference ? lr_loaded : all_loaded;
-  Step(state.num_steps);
+  Advance(state.num_steps);
   options_ = all_loaded;
   return absl::OkStatus();
 }

@@ -7,7 +7,7 @@
 //   options.lr_decay_steps = 10000;
 //   options.lr_decay_style = keel::optim::LrDecayStyle::kCosine;
 //   KEEL_ASSIGN_OR_RETURN(auto scheduler, ParamScheduler::Create(options, optimizer));
-//   scheduler.Step(1);  // after every optimizer.step()
+//   KEEL_RETURN_IF_ERROR(scheduler.Step(1));  // after every optimizer.step()
 #ifndef KEEL_OPTIM_PARAM_SCHEDULER_H_
 #define KEEL_OPTIM_PARAM_SCHEDULER_H_
 
@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "base/fields.h"
+#include "optim/optimizer_kind.h"
 #include "torch/optim/optimizer.h"
 
 namespace keel::optim {
@@ -178,8 +179,8 @@ void VisitFields(O& o, V&& v) {
 [[nodiscard]] absl::Status Validate(const ParamSchedulerOptions& options,
                                     const ParamGroupOverrides& group);
 
-// Sets every param group's learning rate and, where its options have one (Adam, AdamW, SGD,
-// RMSprop, Adagrad), weight decay, as a function of the step count.
+// Sets every param group's learning rate and, for the optimizers of optim::OptimizerKind's table
+// (Adam, AdamW, SGD, RMSprop, Adagrad), weight decay, as a function of the step count.
 //
 // Values equal Megatron's bit for bit. Where Keel deliberately differs, it refuses earlier
 // or more cleanly, never computes differently: inputs Megatron rejects only when a step
@@ -211,8 +212,9 @@ class ParamScheduler {
   double GetWd(const ParamGroupOverrides& group = {}) const;
 
   // Advances the step count by `increment` and sets every group's lr (GetLr × lr_mult) and
-  // weight decay (GetWd × wd_mult). Requires: increment >= 0.
-  void Step(int64_t increment);
+  // weight decay (GetWd × wd_mult). Errors: kInvalidArgument for a negative increment (nothing
+  // changes).
+  [[nodiscard]] absl::Status Step(int64_t increment);
 
   // The state to checkpoint (state_dict).
   ParamSchedulerState StateDict() const;
@@ -238,9 +240,12 @@ class ParamScheduler {
  private:
   ParamScheduler(const ParamSchedulerOptions& options, torch::optim::Optimizer& optimizer,
                  std::vector<ParamGroupOverrides> group_overrides);
+  // Step without its check, for an increment known to be >= 0.
+  void Advance(int64_t increment);
 
   ParamSchedulerOptions options_;
   torch::optim::Optimizer* optimizer_;
+  std::optional<OptimizerKind> kind_;
   std::vector<ParamGroupOverrides> group_overrides_;
   int64_t num_steps_ = 0;
 };

@@ -54,7 +54,7 @@ absl::Status RunOp(const Json& op, const std::string& what, ParamScheduler& sche
           absl::StrCat(what, ".increment (", increment, ") must be >= 0"));
     }
     for (int64_t i = 0; i < repeat; ++i) {
-      scheduler.Step(increment);
+      KEEL_RETURN_IF_ERROR(scheduler.Step(increment));
       Json record = {
           {"op", "step"}, {"increment", increment}, {"num_steps", scheduler.num_steps()}};
       RecordGroups(optimizer, record);

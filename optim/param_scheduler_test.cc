@@ -67,18 +67,28 @@ TEST_F(ParamSchedulerTest, CreateSetsStepZeroValuesOnEveryGroup) {
 TEST_F(ParamSchedulerTest, WarmupThenLinearDecayThenMinLr) {
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler,
                             ParamScheduler::Create(LinearOptions(), optimizer_));
-  scheduler.Step(5);
+  KEEL_ASSERT_OK(scheduler.Step(5));
   EXPECT_DOUBLE_EQ(Lr(0), 0.5);  // 0 + (1 - 0) * 5 / 10
-  scheduler.Step(5);
+  KEEL_ASSERT_OK(scheduler.Step(5));
   EXPECT_DOUBLE_EQ(Lr(0), 1.0);  // end of warmup: max_lr
-  scheduler.Step(45);
+  KEEL_ASSERT_OK(scheduler.Step(45));
   EXPECT_DOUBLE_EQ(Lr(0), 0.55);   // ratio 45/90 = 0.5: 0.1 + 0.5 * 0.9
   EXPECT_DOUBLE_EQ(Wd(0), 0.055);  // 55/100 of the way to 0.1
-  scheduler.Step(45);
+  KEEL_ASSERT_OK(scheduler.Step(45));
   EXPECT_DOUBLE_EQ(Lr(0), 0.1);  // step 100: min_lr exactly at the end of decay
-  scheduler.Step(1);
+  KEEL_ASSERT_OK(scheduler.Step(1));
   EXPECT_EQ(Lr(0), 0.1);  // past lr_decay_steps: min_lr
   EXPECT_EQ(Wd(0), 0.1);  // past wd_incr_steps: end_wd
+}
+
+TEST_F(ParamSchedulerTest, ANegativeIncrementIsAnErrorAndChangesNothing) {
+  KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler,
+                            ParamScheduler::Create(LinearOptions(), optimizer_));
+  KEEL_ASSERT_OK(scheduler.Step(5));
+  EXPECT_THAT(scheduler.Step(-2), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("increment (-2) must be >= 0")));
+  EXPECT_EQ(scheduler.num_steps(), 5);
+  EXPECT_DOUBLE_EQ(Lr(0), 0.5);
 }
 
 TEST_F(ParamSchedulerTest, CosineIsHalfwayAtTheMidpoint) {
@@ -86,9 +96,9 @@ TEST_F(ParamSchedulerTest, CosineIsHalfwayAtTheMidpoint) {
   o.lr_decay_style = LrDecayStyle::kCosine;
   o.wd_incr_style = WdIncrStyle::kCosine;
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler, ParamScheduler::Create(o, optimizer_));
-  scheduler.Step(55);
+  KEEL_ASSERT_OK(scheduler.Step(55));
   EXPECT_NEAR(Lr(0), 0.55, 1e-15);  // cos(pi/2) = 0: coeff 0.5
-  scheduler.Step(45);
+  KEEL_ASSERT_OK(scheduler.Step(45));
   EXPECT_NEAR(Wd(0), 0.1, 1e-15);  // cosine increase ends at end_wd
 }
 
@@ -97,9 +107,9 @@ TEST_F(ParamSchedulerTest, InverseSquareRootFallsAsOneOverSqrtStep) {
   o.lr_decay_style = LrDecayStyle::kInverseSquareRoot;
   o.lr_decay_steps = 1000;
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler, ParamScheduler::Create(o, optimizer_));
-  scheduler.Step(40);
+  KEEL_ASSERT_OK(scheduler.Step(40));
   EXPECT_DOUBLE_EQ(Lr(0), 0.5);  // 1.0 * sqrt(10) / sqrt(40)
-  scheduler.Step(960);
+  KEEL_ASSERT_OK(scheduler.Step(960));
   EXPECT_DOUBLE_EQ(Lr(0), 0.1);  // sqrt(10/1000) = 0.1: equals min_lr
 }
 
@@ -109,17 +119,17 @@ TEST_F(ParamSchedulerTest, WsdHoldsMaxLrThenAnnealsOverWsdDecaySteps) {
   o.wsd_decay_steps = 20;
   o.lr_wsd_decay_style = LrWsdDecayStyle::kLinear;
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler, ParamScheduler::Create(o, optimizer_));
-  scheduler.Step(80);
+  KEEL_ASSERT_OK(scheduler.Step(80));
   EXPECT_EQ(Lr(0), 1.0);  // anneal starts after step 100 - 20 = 80
-  scheduler.Step(10);
+  KEEL_ASSERT_OK(scheduler.Step(10));
   EXPECT_DOUBLE_EQ(Lr(0), 0.55);  // halfway through the anneal
   o.lr_wsd_decay_style = LrWsdDecayStyle::kExponential;
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler exponential, ParamScheduler::Create(o, optimizer_));
-  exponential.Step(100);
+  KEEL_ASSERT_OK(exponential.Step(100));
   EXPECT_DOUBLE_EQ(Lr(0), 0.1);  // 2 * 0.5^1 - 1 = 0: min_lr
   o.lr_wsd_decay_style = LrWsdDecayStyle::kMinusSqrt;
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler minus_sqrt, ParamScheduler::Create(o, optimizer_));
-  minus_sqrt.Step(85);
+  KEEL_ASSERT_OK(minus_sqrt.Step(85));
   EXPECT_DOUBLE_EQ(Lr(0), 0.1 + 0.5 * 0.9);  // 1 - sqrt(5/20) = 0.5
 }
 
@@ -132,7 +142,7 @@ TEST_F(ParamSchedulerTest, GroupOverridesAndMultipliersApplyPerGroup) {
   second.lr_mult = 0.25;
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler,
                             ParamScheduler::Create(LinearOptions(), optimizer_, {{}, second}));
-  scheduler.Step(10);
+  KEEL_ASSERT_OK(scheduler.Step(10));
   EXPECT_DOUBLE_EQ(Lr(0), 1.0);
   EXPECT_DOUBLE_EQ(Lr(1), 0.5);  // max_lr 2.0 times lr_mult 0.25
   EXPECT_DOUBLE_EQ(Wd(0), 0.01);
@@ -144,14 +154,14 @@ TEST_F(ParamSchedulerTest, GroupOverridesAndMultipliersApplyPerGroup) {
 TEST(ParamSchedulerOptimizerTest, SetsWeightDecayWhereTheOptionsHaveOne) {
   torch::optim::SGD sgd(Groups(1), torch::optim::SGDOptions(0.1));
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler on_sgd, ParamScheduler::Create(LinearOptions(), sgd));
-  on_sgd.Step(50);
+  KEEL_ASSERT_OK(on_sgd.Step(50));
   const auto& sgd_options = static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options());
   EXPECT_DOUBLE_EQ(sgd_options.weight_decay(), 0.05);
 
   torch::optim::LBFGS lbfgs(std::vector<torch::Tensor>{torch::zeros({1})});
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler on_lbfgs,
                             ParamScheduler::Create(LinearOptions(), lbfgs));
-  on_lbfgs.Step(10);
+  KEEL_ASSERT_OK(on_lbfgs.Step(10));
   EXPECT_DOUBLE_EQ(lbfgs.param_groups()[0].options().get_lr(), 1.0);  // no weight decay to set
 }
 
@@ -159,7 +169,7 @@ TEST_F(ParamSchedulerTest, GroupsAddedAfterCreateUseTheDefaults) {
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler scheduler,
                             ParamScheduler::Create(LinearOptions(), optimizer_));
   optimizer_.add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({1})}));
-  scheduler.Step(10);
+  KEEL_ASSERT_OK(scheduler.Step(10));
   EXPECT_DOUBLE_EQ(optimizer_.param_groups()[2].options().get_lr(), 1.0);
 }
 
@@ -260,18 +270,18 @@ TEST(ParamSchedulerStyleTest, ParsesExactlyTheReferenceSpellings) {
 TEST_F(ParamSchedulerTest, StateDictRoundTripResumesTheExactTrace) {
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler first,
                             ParamScheduler::Create(LinearOptions(), optimizer_));
-  first.Step(37);
+  KEEL_ASSERT_OK(first.Step(37));
   const ParamSchedulerState state = first.StateDict();
   EXPECT_EQ(state.num_steps, 37);
   EXPECT_EQ(state.wd_incr_style, WdIncrStyle::kLinear);
-  first.Step(1);
+  KEEL_ASSERT_OK(first.Step(1));
   const double lr_38 = Lr(0);
   const double wd_38 = Wd(0);
 
   torch::optim::AdamW fresh(Groups(2), torch::optim::AdamWOptions());
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler resumed, ParamScheduler::Create(LinearOptions(), fresh));
   KEEL_ASSERT_OK(resumed.LoadStateDict(state));
-  resumed.Step(1);
+  KEEL_ASSERT_OK(resumed.Step(1));
   EXPECT_EQ(fresh.param_groups()[0].options().get_lr(), lr_38);
   EXPECT_EQ(
       static_cast<torch::optim::AdamWOptions&>(fresh.param_groups()[0].options()).weight_decay(),
@@ -283,7 +293,7 @@ TEST_F(ParamSchedulerTest, LoadAddsToStepsAlreadyTakenAsMegatronDoes) {
                             ParamScheduler::Create(LinearOptions(), optimizer_));
   ParamSchedulerState state = scheduler.StateDict();
   state.num_steps = 20;
-  scheduler.Step(5);
+  KEEL_ASSERT_OK(scheduler.Step(5));
   KEEL_ASSERT_OK(scheduler.LoadStateDict(state));
   EXPECT_EQ(scheduler.num_steps(), 25);
 }
@@ -296,7 +306,7 @@ TEST_F(ParamSchedulerTest, LoadedWeightDecayFieldsTakeEffectAtTheNextStep) {
   state.end_wd = 0.3;
   KEEL_ASSERT_OK(scheduler.LoadStateDict(state));
   EXPECT_DOUBLE_EQ(Wd(0), 0.05);  // computed with the old end_wd 0.1
-  scheduler.Step(0);
+  KEEL_ASSERT_OK(scheduler.Step(0));
   EXPECT_DOUBLE_EQ(Wd(0), 0.15);  // now with the loaded end_wd 0.3
 }
 
@@ -308,7 +318,7 @@ TEST_F(ParamSchedulerTest, CorrectedLoadLandsOnTheCheckpointStepWithItsWholeSche
   state.num_steps = 50;
   state.max_lr = 2.0;
   state.end_wd = 0.3;
-  scheduler.Step(5);  // steps already taken do not count
+  KEEL_ASSERT_OK(scheduler.Step(5));  // steps already taken do not count
   KEEL_ASSERT_OK(scheduler.LoadStateDict(state));
   EXPECT_EQ(scheduler.num_steps(), 50);
   // Linear warmup ends at 10; at 50 the lr is 2.0 - (2.0 - 0.1) * 40 / 90 and the weight
@@ -323,7 +333,7 @@ TEST_F(ParamSchedulerTest, CorrectedLoadLandsOnTheCheckpointStepWithItsWholeSche
 TEST_F(ParamSchedulerTest, BothLoadPoliciesAgreeOnAnUnchangedResumeIntoAFreshScheduler) {
   KEEL_ASSERT_OK_AND_ASSIGN(ParamScheduler first,
                             ParamScheduler::Create(LinearOptions(), optimizer_));
-  first.Step(37);
+  KEEL_ASSERT_OK(first.Step(37));
   const ParamSchedulerState state = first.StateDict();
   for (SchedulerLoadPolicy policy :
        {SchedulerLoadPolicy::kReference, SchedulerLoadPolicy::kCorrected}) {
@@ -362,7 +372,7 @@ TEST_F(ParamSchedulerTest, OnlyTheReferenceLoadLeavesTheOldWeightDecayUntilTheNe
     KEEL_ASSERT_OK(scheduler.LoadStateDict(state));
     auto& group = static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups()[0].options());
     EXPECT_DOUBLE_EQ(group.weight_decay(), policy == SchedulerLoadPolicy::kCorrected ? 0.13 : 0.1);
-    scheduler.Step(0);
+    KEEL_ASSERT_OK(scheduler.Step(0));
     EXPECT_DOUBLE_EQ(group.weight_decay(), 0.13);
   }
 }

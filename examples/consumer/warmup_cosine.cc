@@ -27,7 +27,10 @@ int main() {
   }
   double peak = 0.0;
   for (int step = 1; step <= 100; ++step) {
-    scheduler->Step(1);
+    if (absl::Status stepped = scheduler->Step(1); !stepped.ok()) {
+      std::fprintf(stderr, "%s\n", stepped.ToString().c_str());
+      return 1;
+    }
     const double lr = optimizer.param_groups()[0].options().get_lr();
     if (step == 10) peak = lr;
     if (step % 10 == 0) std::printf("step %3d  lr %.6g\n", step, lr);

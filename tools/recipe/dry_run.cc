@@ -132,7 +132,7 @@ absl::StatusOr<LrWd> WalkLrWd(const optim::ParamSchedulerOptions& options, int64
   for (int64_t step = 1; step <= steps; ++step) {
     values.lr.push_back(scheduler.GetLr());
     values.wd.push_back(scheduler.GetWd());
-    scheduler.Step(1);
+    KEEL_RETURN_IF_ERROR(scheduler.Step(1));
   }
   return values;
 }

@@ -353,7 +353,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
   KEEL_RETURN_IF_ERROR(s.optimizer->Step());
-  s.Bookkept([&] { s.lr_scheduler->Step(1); });
+  KEEL_RETURN_IF_ERROR(s.Bookkept([&] { return s.lr_scheduler->Step(1); }));
 
   at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
   KEEL_RETURN_IF_ERROR(ReduceOverRanks(step_loss, base::Reduce::kSum, runtime_, "step loss"));
