@@ -1,33 +1,16 @@
 #include "checkpoint/model_state.h"
 
 #include <algorithm>
-#include <optional>
 #include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/named_parameters.h"
 #include "base/status.h"
 
 namespace keel::checkpoint {
-namespace {
-
-bool IsLmHeadWeight(const std::string& name) {
-  return absl::StrContains(name, "lm_head") && absl::EndsWith(name, ".weight");
-}
-
-// The parameter that the lm_head weight `name` is tied to (shares storage with), if any.
-std::optional<std::string> TiedTo(const torch::OrderedDict<std::string, at::Tensor>& params,
-                                  const std::string& name) {
-  if (!IsLmHeadWeight(name)) return std::nullopt;
-  const at::Tensor& param = params[name];
-  for (const auto& other : params) {
-    if (!IsLmHeadWeight(other.key()) && other.value().is_alias_of(param)) return other.key();
-  }
-  return std::nullopt;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::vector<std::string> DropOuterPrefix(const std::vector<std::string>& keys,
                                          absl::string_view prefix) {
@@ -68,11 +51,8 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
 
   std::vector<std::string> names;
   std::vector<at::Tensor> tensors;
-  for (const auto& item : params) {
-    const std::string& name = item.key();
-    const at::Tensor& param = item.value();
+  for (const auto& [name, param] : base::UniqueNamedParameters(*model_).unique) {
     if (options_.is_peft && !param.requires_grad()) continue;
-    if (TiedTo(params, name).has_value()) continue;
     names.push_back(name);
     tensors.push_back(param);
   }
@@ -116,12 +96,9 @@ std::vector<std::string> ModelState::Keys(const std::vector<std::string>& names)
 }
 
 std::map<std::string, std::string> ModelState::TiedKeys() const {
-  const auto params = model_->named_parameters(/*recurse=*/true);
   std::map<std::string, std::string> tied;
-  for (const auto& item : params) {
-    if (std::optional<std::string> to = TiedTo(params, item.key())) {
-      tied.emplace(Keys({item.key()})[0], Keys({*to})[0]);
-    }
+  for (const auto& [repeat, first] : base::UniqueNamedParameters(*model_).repeats) {
+    tied.emplace(Keys({repeat})[0], Keys({first})[0]);
   }
   return tied;
 }

@@ -1,7 +1,7 @@
 // A model as a Stateful, after NeMo AutoModel's ModelState and its key helpers
 // _drop_outer_prefix / _add_outer_prefix (nemo_automodel/components/checkpoint/
-// stateful_wrappers.py): parameters and buffers by fully qualified name, without the lm_head
-// weight tied to the input embedding, PEFT's trainable parameters under "base_model.model.",
+// stateful_wrappers.py): parameters and buffers by fully qualified name, a tied weight (the
+// lm_head tied to the input embedding) once, PEFT's trainable parameters under "base_model.model.",
 // and Hugging Face keys (no outer "model.") for safetensors.
 //
 //   keel::checkpoint::ModelStateOptions options;
@@ -52,9 +52,9 @@ struct ModelStateOptions {
 };
 
 // The model's parameters and buffers by fully qualified name (Module::named_parameters and
-// named_buffers). A parameter whose name contains "lm_head" and ends with ".weight" and that
-// shares storage with a parameter not so named is tied: it is neither saved nor read, and
-// loading the embedding refills it, since loads copy in place.
+// named_buffers). A parameter registered under several names (an lm_head tied to the input
+// embedding) is saved and read once, under its first name, as Python's named_parameters()
+// gives it (base/named_parameters.h); loading it refills every name, since loads copy in place.
 //
 // Keys: the name as is; with is_peft, AddOuterPrefix(name, "base_model.model."); with
 // kSafetensors (not is_peft), DropOuterPrefix(name, "model."). A load looks every tensor up
@@ -77,8 +77,8 @@ class ModelState : public Stateful {
   // StateReader::ReadTensor.
   [[nodiscard]] absl::Status LoadStateDict(StateReader& reader) override;
 
-  // The key each tied lm_head weight would have (StateDict leaves them out), mapped to the key
-  // of the parameter it is tied to: {"lm_head.weight": "wte.weight"}.
+  // The key each repeated name of a parameter would have (StateDict leaves them out), mapped to
+  // the key of its first name: {"lm_head.weight": "wte.weight"}.
   std::map<std::string, std::string> TiedKeys() const;
 
  private:

@@ -167,6 +167,23 @@ TEST(ModelStateTest, RoundTripIntoAFreshModelCopiesInPlace) {
   EXPECT_EQ(fresh.model->proj->weight.data_ptr(), proj_storage);
 }
 
+// Tying is by tensor, not by name: any parameter registered again under a later name is
+// saved once, under its first name, whatever the names; TiedKeys maps the later one to it.
+TEST(ModelStateTest, AnyParameterRegisteredTwiceIsSavedOnceUnderItsFirstName) {
+  struct Twice : torch::nn::Module {
+    Twice() {
+      encoder = register_module("encoder", std::make_shared<HeadImpl>(at::ones({3, 2})));
+      decoder = register_module("decoder", std::make_shared<HeadImpl>(encoder->weight));
+    }
+    std::shared_ptr<HeadImpl> encoder, decoder;
+  } model;
+  ModelState state(model);
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, state.StateDict());
+  EXPECT_THAT(Keys(saved), ElementsAre("encoder.weight"));
+  EXPECT_THAT(state.TiedKeys(), ElementsAre(std::pair<const std::string, std::string>(
+                                    "decoder.weight", "encoder.weight")));
+}
+
 TEST(ModelStateTest, TiedLmHeadIsNotSavedAndStaysTiedAfterLoad) {
   TinyLm source(/*tie=*/true);
   Fill(source, 1);

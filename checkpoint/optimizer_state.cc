@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "base/fields.h"
 #include "base/json.h"
+#include "base/named_parameters.h"
 #include "base/status.h"
 #include "c10/util/C++17.h"
 #include "checkpoint/internal/optimizer_traits.h"
@@ -282,8 +283,8 @@ absl::StatusOr<OptimizerState> OptimizerState::Make(
 absl::StatusOr<std::vector<std::vector<std::string>>> OptimizerState::GroupParamNames() const {
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   if (model_ != nullptr) {
-    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-      names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    for (const auto& [name, param] : base::UniqueNamedParameters(*model_).unique) {
+      names.emplace(param.unsafeGetTensorImpl(), name);
     }
   }
   for (const auto& [name, tensor] : named_) names.emplace(tensor.unsafeGetTensorImpl(), name);

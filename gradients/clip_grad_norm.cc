@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "base/collectives.h"
+#include "base/named_parameters.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
 #include "gradients/internal/norm_kernels.h"
@@ -285,12 +286,12 @@ bool IsTeExpertParam(absl::string_view name) {
 std::vector<NamedParameter> TrainableParameters(
     const std::vector<torch::nn::Module*>& model_parts) {
   std::vector<NamedParameter> parameters;
-  // Python's named_parameters() drops repeats of a tensor (tied weights); LibTorch's does not.
-  std::unordered_set<const void*> seen;
+  std::unordered_set<const void*> seen;  // a tensor shared by two parts counts once too
   for (torch::nn::Module* part : model_parts) {
-    for (const auto& item : part->named_parameters()) {
-      if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-      if (item.value().requires_grad()) parameters.push_back({item.key(), item.value()});
+    const base::UniqueParameters unique = base::UniqueNamedParameters(*part);
+    for (const auto& [name, param] : unique.unique) {
+      if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
+      if (param.requires_grad()) parameters.push_back({name, param});
     }
   }
   return parameters;

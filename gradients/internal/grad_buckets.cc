@@ -5,7 +5,6 @@
 #include <map>
 #include <optional>
 #include <tuple>
-#include <unordered_set>
 #include <utility>
 
 #include "ATen/core/grad_mode.h"
@@ -14,6 +13,7 @@
 #include "ATen/ops/tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/collectives.h"
+#include "base/named_parameters.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -56,21 +56,19 @@ absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(torch::nn::Modu
   }
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
-  std::unordered_set<const void*> seen;  // tied parameters appear under several names
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& param = item.value();
+  const base::UniqueParameters unique = base::UniqueNamedParameters(module);
+  for (const auto& [name, param] : unique.unique) {
     if (!param.defined() || !param.requires_grad()) continue;
-    if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
     if (param.layout() != c10::kStrided) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", item.key(), "' is sparse; only dense parameters are supported"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "' is sparse; only dense parameters are supported"));
     }
     if (!at::isFloatingType(param.scalar_type())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", item.key(), "' has dtype ", c10::toString(param.scalar_type()),
-          "; only floating-point parameters are supported"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "' has dtype ", c10::toString(param.scalar_type()),
+                       "; only floating-point parameters are supported"));
     }
-    names.push_back(item.key());
+    names.push_back(name);
     params.push_back(param);
   }
   if (params.empty()) {
