@@ -429,6 +429,11 @@ absl::StatusOr<std::unique_ptr<MegatronSampler>> CreateMegatronSampler(
             absl::StrCat("random_permutation (\"", AbslUnparseFlag(options.random_permutation),
                          "\") applies to dataloader_type \"cyclic\" only"));
       }
+      if (options.shuffle_scope != ShuffleScope::kPerRank) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shuffle_scope (\"", AbslUnparseFlag(options.shuffle_scope),
+                         "\") applies to dataloader_type \"cyclic\" only"));
+      }
       KEEL_ASSIGN_OR_RETURN(auto single, MegatronPretrainingSampler::Create(sampler));
       return std::unique_ptr<MegatronSampler>(std::move(single));
     }

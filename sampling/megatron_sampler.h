@@ -392,7 +392,8 @@ class GlobalRandomSampler : public MegatronSampler {
 // MegatronPretrainingRandomSampler that, as the reference, ignores global_batch_size and
 // pad_samples_to_global_batch_size and uses seed 0, or with shuffle_scope "global" a
 // GlobalRandomSampler (seed 0, global_batch_size required). Errors: the samplers'
-// (kInvalidArgument).
+// (kInvalidArgument); kInvalidArgument for "single" with a random_permutation or shuffle_scope
+// other than the default (the sequential sampler shuffles nothing).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MegatronSampler>> CreateMegatronSampler(
     const MegatronSamplerOptions& options, int64_t dataset_len, int64_t rank, int64_t world_size);
 

@@ -219,7 +219,15 @@ TEST(CreateMegatronSamplerTest, SingleValidatesGlobalBatch) {
   o.global_batch_size = 8;
   o.random_permutation = RandomPermutation::kFeistel;
   EXPECT_THAT(CreateMegatronSampler(o, 25, 0, 2),
-              StatusIs(kInvalidArgument, HasSubstr("\"cyclic\" only")));
+              StatusIs(kInvalidArgument,
+                       HasSubstr("random_permutation (\"feistel\") applies to dataloader_type "
+                                 "\"cyclic\" only")));
+  // The sequential sampler shuffles nothing: a shuffle scope is refused, not ignored.
+  o.random_permutation = RandomPermutation::kRandperm;
+  o.shuffle_scope = ShuffleScope::kGlobal;
+  EXPECT_THAT(CreateMegatronSampler(o, 25, 0, 2),
+              StatusIs(kInvalidArgument, HasSubstr("shuffle_scope (\"global\") applies to "
+                                                   "dataloader_type \"cyclic\" only")));
 }
 
 TEST(CreateMegatronSamplerTest, CyclicIgnoresGlobalBatchPaddingAndSeed) {
