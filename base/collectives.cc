@@ -113,4 +113,16 @@ absl::Status AgreeOnFailure(const absl::Status& status, c10d::ProcessGroup& grou
   return absl::AbortedError(absl::StrCat("rank ", failed, " failed ", context, "; see its error"));
 }
 
+absl::Status CheckHandlesCpuTensors(absl::string_view backend_name, absl::string_view who) {
+  if (backend_name != "nccl") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(who, " exchanges host values (CPU tensors), which a process group of backend \"",
+                   backend_name, "\" cannot carry; give it a Gloo group over the same ranks"));
+}
+
+absl::Status CheckHandlesCpuTensors(const c10d::ProcessGroup* group, absl::string_view who) {
+  if (group == nullptr) return absl::OkStatus();
+  return CheckHandlesCpuTensors(group->getBackendName(), who);
+}
+
 }  // namespace keel::base

@@ -60,6 +60,15 @@ enum class Reduce { kSum, kMax, kMin };
 [[nodiscard]] absl::Status AgreeOnFailure(const absl::Status& status, c10d::ProcessGroup& group,
                                           const at::Device& device, absl::string_view context);
 
+// OK when a group of backend `backend_name` ("gloo", "nccl", ...) runs collectives on CPU
+// tensors, as the host values of `who` need; kInvalidArgument naming `who` and the backend
+// otherwise (NCCL: give `who` a Gloo group over the same ranks).
+[[nodiscard]] absl::Status CheckHandlesCpuTensors(absl::string_view backend_name,
+                                                  absl::string_view who);
+// The same for `group`'s backend; OK for nullptr (a single process).
+[[nodiscard]] absl::Status CheckHandlesCpuTensors(const c10d::ProcessGroup* group,
+                                                  absl::string_view who);
+
 }  // namespace keel::base
 
 #endif  // KEEL_BASE_COLLECTIVES_H_

@@ -83,6 +83,19 @@ TEST(AgreeOnFailureTest, PeersLearnTheLowestFailingRank) {
   }
 }
 
+TEST(CheckHandlesCpuTensorsTest, GlooAndNoGroupDoNcclDoesNot) {
+  KEEL_EXPECT_OK(CheckHandlesCpuTensors(static_cast<const c10d::ProcessGroup*>(nullptr), "x"));
+  KEEL_EXPECT_OK(CheckHandlesCpuTensors("gloo", "the step scheduler"));
+  EXPECT_THAT(CheckHandlesCpuTensors("nccl", "the step scheduler"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "the step scheduler exchanges host values (CPU tensors), which a process "
+                       "group of backend \"nccl\" cannot carry; give it a Gloo group over the "
+                       "same ranks"));
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    return CheckHandlesCpuTensors(r.group.get(), "the checkpointer");
+  }));
+}
+
 TEST(ExchangeWithStatusTest, PayloadsWhenAllSucceedAndAloneWithoutAGroup) {
   std::vector<std::vector<std::string>> payloads(2);
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {

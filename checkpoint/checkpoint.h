@@ -101,9 +101,11 @@ struct ResumeResult {
 // rank returns the same status. Non-tensor values are taken from rank 0.
 class Checkpointer {
  public:
-  // `group` is the ranks that checkpoint together; nullptr for a single process. With is_async
-  // the background writer runs collectives on it, so give it a group no other thread uses
-  // while a save is in flight. Errors: kInvalidArgument for bad options.
+  // `group` is the ranks that checkpoint together, a group that runs collectives on CPU
+  // tensors (Gloo; not NCCL, even when the tensors are on GPUs); nullptr for a single process.
+  // With is_async the background writer runs collectives on it, so give it a group no other
+  // thread uses while a save is in flight. Errors: kInvalidArgument for bad options or a group
+  // that cannot carry CPU tensors.
   // Requires: `group` outlives the Checkpointer.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(
       const CheckpointerOptions& options, c10d::ProcessGroup* group);

@@ -104,7 +104,8 @@ struct StepScheduleRuntime {
   std::optional<int64_t> source_length;
   int64_t dp_size = 1;
   int64_t local_batch_size = 1;
-  // Ranks that agree on preemption; nullptr for none. Requires: outlives the schedule.
+  // Ranks that agree on preemption, a group that runs collectives on CPU tensors (Gloo; not
+  // NCCL); nullptr for none. Requires: outlives the schedule.
   c10d::ProcessGroup* process_group = nullptr;
   // This rank's preemption flag; nullptr installs handlers for options.preemption_signal.
   std::unique_ptr<PreemptionFlag> preemption;
@@ -125,7 +126,7 @@ class StepSchedule {
   // max_steps or ckpt_every_steps; no max_steps for a source without a length; a bad signal
   // list. Also, where NeMo would divide by zero or overflow: a data source of length 0 (NeMo
   // fails on the first flag read), local_batch_size * dp_size or num_epochs * epoch_len
-  // beyond int64.
+  // beyond int64; and a process_group that cannot carry CPU tensors (NCCL).
   [[nodiscard]] static absl::StatusOr<StepSchedule> Create(const StepSchedulerOptions& options,
                                                            StepScheduleRuntime runtime);
 
