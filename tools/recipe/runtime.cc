@@ -17,7 +17,7 @@ namespace keel::tools::recipe {
 namespace {
 
 // Selects LOCAL_RANK's GPU for the NCCL backend.
-absl::StatusOr<at::Device> SelectGpu(const cli::WorkerEnv& env) {
+absl::StatusOr<at::Device> SelectGpu(const parallel::WorkerEnv& env) {
   if (!base::HasNccl()) {
     return absl::InvalidArgumentError(
         "distributed.backend \"nccl\" needs a CUDA build: bazel build --config=cuda with "
@@ -35,7 +35,7 @@ absl::StatusOr<at::Device> SelectGpu(const cli::WorkerEnv& env) {
 }
 
 // The store every group rendezvouses through; may throw c10::Error.
-c10::intrusive_ptr<c10d::Store> RendezvousStore(const cli::WorkerEnv& env,
+c10::intrusive_ptr<c10d::Store> RendezvousStore(const parallel::WorkerEnv& env,
                                                 std::chrono::seconds timeout) {
   c10::intrusive_ptr<c10d::Store> store;
   if (env.world_size == 1) {
@@ -70,7 +70,7 @@ ProcessGroups::ProcessGroups(ProcessGroups&&) noexcept = default;
 ProcessGroups& ProcessGroups::operator=(ProcessGroups&&) noexcept = default;
 ProcessGroups::~ProcessGroups() = default;
 
-absl::StatusOr<ProcessGroups> ProcessGroups::Connect(const cli::WorkerEnv& env,
+absl::StatusOr<ProcessGroups> ProcessGroups::Connect(const parallel::WorkerEnv& env,
                                                      const DistributedOptions& options) {
   ProcessGroups groups;
   const bool nccl = options.backend == Backend::kNccl;
@@ -102,7 +102,7 @@ absl::StatusOr<ProcessGroups> ProcessGroups::Connect(const cli::WorkerEnv& env,
   return groups;
 }
 
-void ProcessGroups::Attach(const cli::WorkerEnv& env, TrainRuntime& runtime) const {
+void ProcessGroups::Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime) const {
   runtime.rank = env.rank;
   runtime.world_size = env.world_size;
   runtime.device = device_;

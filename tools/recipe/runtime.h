@@ -17,8 +17,8 @@
 #include "base/collectives.h"
 #include "c10/core/Device.h"
 #include "c10/util/intrusive_ptr.h"
+#include "parallel/torchrun_env.h"
 #include "scheduling/preemption.h"
-#include "tools/cli/torchrun_env.h"
 #include "tools/recipe/options.h"
 
 namespace c10d {
@@ -67,11 +67,11 @@ class ProcessGroups {
   // and builds the groups; a single Gloo process builds none. For NCCL, selects LOCAL_RANK's
   // GPU first. Errors: kInvalidArgument for NCCL without a CUDA build; kFailedPrecondition for
   // a LOCAL_RANK without a GPU; kUnavailable when the rendezvous fails or times out.
-  [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const cli::WorkerEnv& env,
+  [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const parallel::WorkerEnv& env,
                                                              const DistributedOptions& options);
 
   // Fills rank, world size, device and the groups of `runtime`.
-  void Attach(const cli::WorkerEnv& env, TrainRuntime& runtime) const;
+  void Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime) const;
 
   ProcessGroups(ProcessGroups&&) noexcept;
   ProcessGroups& operator=(ProcessGroups&&) noexcept;
