@@ -52,6 +52,22 @@ TEST(MatchesGoldenTest, ExpectedErrorNeedsAMatchingStatusCode) {
   EXPECT_THAT(absl::StatusOr<Json>(Json::object()), Not(MatchesGolden(expected, 0)));
 }
 
+// The exception types the golden files' reference errors carry (mesh.json's Megatron errors
+// among them) are refused inputs: kInvalidArgument, and for RuntimeError also
+// kFailedPrecondition.
+TEST(ErrorTypeMatchesCodeTest, ReferenceErrorTypesAreRefusedInputs) {
+  for (const char* type :
+       {"RuntimeError", "ZeroDivisionError", "KeyError", "ValueError", "AssertionError"}) {
+    SCOPED_TRACE(type);
+    EXPECT_TRUE(ErrorTypeMatchesCode(type, absl::StatusCode::kInvalidArgument));
+    EXPECT_FALSE(ErrorTypeMatchesCode(type, absl::StatusCode::kInternal));
+    EXPECT_FALSE(ErrorTypeMatchesCode(type, absl::StatusCode::kOk));
+  }
+  EXPECT_TRUE(ErrorTypeMatchesCode("RuntimeError", absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(ErrorTypeMatchesCode("ValueError", absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(ErrorTypeMatchesCode("SomeOtherError", absl::StatusCode::kInvalidArgument));
+}
+
 TEST(MatchesGoldenTest, ExpectedValueNeedsOkAndNoDiff) {
   const Json expected = Json::parse(R"({"value": 1.5})");
   EXPECT_THAT(absl::StatusOr<Json>(Json::parse(R"({"value": 1.5})")), MatchesGolden(expected, 0));

@@ -19,8 +19,12 @@
 
 namespace keel::testing {
 
-absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>& fn,
-                        std::chrono::milliseconds timeout) {
+namespace {
+
+// Runs `fn` on a thread per rank, each with the shared store and, with `with_group`, a Gloo
+// group of all ranks.
+absl::Status RunOnRankThreads(int world_size, const std::function<absl::Status(Rank&)>& fn,
+                              std::chrono::milliseconds timeout, bool with_group) {
   // One store per process, a fresh prefix per call: calls never see each other's keys.
   static const auto* const kStore =
       new c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::HashStore>());
@@ -31,10 +35,13 @@ absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
-      Rank r{rank, world_size, {}};
-      absl::Status status = base::CallTorch(absl::StatusCode::kUnavailable, "Gloo rendezvous", [&] {
-        r.group = base::CreateGlooProcessGroup(store, rank, world_size, timeout);
-      });
+      Rank r{rank, world_size, {}, store};
+      absl::Status status;
+      if (with_group) {
+        status = base::CallTorch(absl::StatusCode::kUnavailable, "Gloo rendezvous", [&] {
+          r.group = base::CreateGlooProcessGroup(store, rank, world_size, timeout);
+        });
+      }
       if (status.ok()) {
         absl::Status result;
         status = base::CallTorch(absl::StatusCode::kInternal, "exception", [&] { result = fn(r); });
@@ -51,6 +58,18 @@ absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>& fn,
+                        std::chrono::milliseconds timeout) {
+  return RunOnRankThreads(world_size, fn, timeout, /*with_group=*/true);
+}
+
+absl::Status RunOnRanksWithStore(int world_size, const std::function<absl::Status(Rank&)>& fn,
+                                 std::chrono::milliseconds timeout) {
+  return RunOnRankThreads(world_size, fn, timeout, /*with_group=*/false);
 }
 
 int FreeTcpPort() {
@@ -74,11 +93,10 @@ namespace {
 [[noreturn]] void RunRankProcess(int rank, int world_size, int port,
                                  const std::function<absl::Status(Rank&)>& fn,
                                  std::chrono::milliseconds timeout, int out) {
-  Rank r{rank, world_size, {}};
+  Rank r{rank, world_size, {}, {}};
   absl::Status status = base::CallTorch(absl::StatusCode::kUnavailable, "Gloo rendezvous", [&] {
-    auto store =
-        base::CreateTcpStore("127.0.0.1", port, /*is_server=*/rank == 0, world_size, timeout);
-    r.group = base::CreateGlooProcessGroup(store, rank, world_size, timeout);
+    r.store = base::CreateTcpStore("127.0.0.1", port, /*is_server=*/rank == 0, world_size, timeout);
+    r.group = base::CreateGlooProcessGroup(r.store, rank, world_size, timeout);
   });
   if (status.ok()) {
     absl::Status result;

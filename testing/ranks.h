@@ -15,13 +15,17 @@
 
 #include "absl/status/status.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "torch/csrc/distributed/c10d/Store.hpp"
 
 namespace keel::testing {
 
 struct Rank {
   int rank = 0;
   int world_size = 1;
+  // A Gloo group of all ranks (nullptr under RunOnRanksWithStore).
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  // The store the ranks rendezvous through, under a prefix of this call's own.
+  c10::intrusive_ptr<c10d::Store> store;
 };
 
 // Runs `fn` on ranks 0..world_size-1 concurrently. Group construction and collectives time
@@ -29,6 +33,12 @@ struct Rank {
 // in rank order (prefixed "rank N: "), including exceptions a rank threw.
 [[nodiscard]] absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>& fn,
                                       std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+// As RunOnRanks, but without the group: each rank gets only the store, to build its own groups
+// (a DeviceMesh) through it.
+[[nodiscard]] absl::Status RunOnRanksWithStore(
+    int world_size, const std::function<absl::Status(Rank&)>& fn,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 // As RunOnRanks, but each rank is a child process of its own (for what is per process:
 // resource limits, signals, the default generator), connected through a TCPStore on a free

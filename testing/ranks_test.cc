@@ -1,5 +1,7 @@
 #include "testing/ranks.h"
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,6 +29,19 @@ TEST(RunOnRanksTest, EveryRankJoinsOneGroupAndAllReducesMax) {
     }));
     for (int64_t maximum : maxima) EXPECT_EQ(maximum, (world - 1) * 10);
   }
+}
+
+// Every rank reads what rank 0 wrote (get waits for the key), and no group was built.
+TEST(RunOnRanksWithStoreTest, RanksShareTheStoreAndGetNoGroup) {
+  std::vector<std::string> seen(3);
+  KEEL_ASSERT_OK(RunOnRanksWithStore(3, [&](Rank& r) {
+    if (r.group) return absl::InternalError("a group was built");
+    if (r.rank == 0) r.store->set("greeting", {'h', 'i'});
+    const std::vector<uint8_t> value = r.store->get("greeting");
+    seen[r.rank] = std::string(value.begin(), value.end());
+    return absl::OkStatus();
+  }));
+  for (const std::string& value : seen) EXPECT_EQ(value, "hi");
 }
 
 TEST(RunOnRanksTest, ReportsTheFailingRankAndCatchesExceptions) {

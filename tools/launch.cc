@@ -39,8 +39,8 @@
 #include "absl/strings/string_view.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "parallel/torchrun_env.h"
 #include "tools/cli/exit_code.h"
-#include "tools/cli/torchrun_env.h"
 #include "tools/cli/user_path.h"
 
 extern char** environ;
@@ -166,14 +166,14 @@ struct LaunchOptions {
 // The launcher's environment with torchrun's worker variables for `rank` set.
 std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, int64_t master_port,
                                            int64_t rank) {
-  cli::WorkerEnv worker;
+  parallel::WorkerEnv worker;
   worker.rank = static_cast<int>(rank);
   worker.local_rank = static_cast<int>(rank);
   worker.world_size = static_cast<int>(options.nproc_per_node);
   worker.local_world_size = worker.world_size;
   worker.master_addr = options.master_addr;
   worker.master_port = static_cast<int>(master_port);
-  std::vector<std::pair<std::string, std::string>> set = cli::WorkerVariables(worker);
+  std::vector<std::pair<std::string, std::string>> set = parallel::WorkerVariables(worker);
   // torchrun sets OMP_NUM_THREADS=1 for several workers so that they do not oversubscribe
   // the cores.
   if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -184,7 +184,7 @@ std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, int64_t
     const absl::string_view variable = *entry;
     const absl::string_view name = variable.substr(0, variable.find('='));
     bool replaced = false;
-    for (const char* outer : cli::kOuterVariables) replaced = replaced || name == outer;
+    for (const char* outer : parallel::kOuterVariables) replaced = replaced || name == outer;
     for (const auto& [key, value] : set) replaced = replaced || name == key;
     if (!replaced) environment.emplace_back(variable);
   }

@@ -24,6 +24,7 @@
 #include "base/status.h"
 #include "gradients/grad_utils_cases.h"
 #include "optim/param_scheduler_cases.h"
+#include "parallel/mesh_cases.h"
 #include "sampling/samplers_cases.h"
 #include "scheduling/step_scheduler_cases.h"
 #include "tools/cli/exit_code.h"
@@ -32,7 +33,8 @@
 
 ABSL_FLAG(
     std::string, component, "all",
-    "Component whose cases to run: grad_utils, param_scheduler, samplers, step_scheduler, or all.");
+    "Component whose cases to run: grad_utils, mesh, param_scheduler, samplers, step_scheduler, "
+    "or all.");
 ABSL_FLAG(
     std::string, cases, "",
     "Case file in the golden format; default: the vendored testdata/golden/<component>.json.");
@@ -52,9 +54,8 @@ struct Component {
 };
 
 constexpr Component kComponents[] = {
-    {"grad_utils", &gradients::RunGradUtilsCase},
-    {"param_scheduler", &optim::RunParamSchedulerCase},
-    {"samplers", &sampling::RunSamplersCase},
+    {"grad_utils", &gradients::RunGradUtilsCase},          {"mesh", &parallel::RunMeshCase},
+    {"param_scheduler", &optim::RunParamSchedulerCase},    {"samplers", &sampling::RunSamplersCase},
     {"step_scheduler", &scheduling::RunStepSchedulerCase},
 };
 

@@ -27,8 +27,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "parallel/torchrun_env.h"
 #include "tools/cli/exit_code.h"
-#include "tools/cli/torchrun_env.h"
 #include "tools/cli/user_path.h"
 #include "tools/cpp/runfiles/runfiles.h"
 #include "tools/recipe/config.h"
@@ -79,7 +79,7 @@ absl::StatusOr<std::string> ConfigPath(const char* argv0) {
 }
 
 // Intra-op threads: the cores divided among the local ranks, unless OMP_NUM_THREADS says.
-void SetThreads(const cli::WorkerEnv& env) {
+void SetThreads(const parallel::WorkerEnv& env) {
   if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(std::max(1, cores / std::max(1, env.local_world_size)));
@@ -88,7 +88,7 @@ void SetThreads(const cli::WorkerEnv& env) {
 // Reads the config (with paths as the user typed them) and checks it for this world size.
 absl::StatusOr<recipe::TrainOptions> ReadTrainOptions(const char* argv0,
                                                       const std::vector<std::string>& overrides,
-                                                      const cli::WorkerEnv& env) {
+                                                      const parallel::WorkerEnv& env) {
   KEEL_ASSIGN_OR_RETURN(const std::string config_path, ConfigPath(argv0));
   KEEL_ASSIGN_OR_RETURN(recipe::TrainConfig config,
                         recipe::LoadTrainConfig(config_path, overrides));
@@ -110,7 +110,7 @@ absl::Status Main(int argc, char** argv) {
       "trains a GPT on the default corpus or a Megatron indexed dataset.\n"
       "  train [--config=FILE] [--set section.field=value]... [--dry_run]");
   absl::ParseCommandLine(argc, argv);
-  KEEL_ASSIGN_OR_RETURN(const cli::WorkerEnv env, cli::ReadWorkerEnv());
+  KEEL_ASSIGN_OR_RETURN(const parallel::WorkerEnv env, parallel::ReadWorkerEnv());
   KEEL_ASSIGN_OR_RETURN(const recipe::TrainOptions options,
                         ReadTrainOptions(argv[0], overrides, env));
   if (absl::GetFlag(FLAGS_dry_run)) {

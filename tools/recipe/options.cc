@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
 #include "tools/recipe/config.h"
@@ -48,11 +47,6 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
   if (config.has_weight_decay()) options.weight_decay = config.weight_decay();
   return absl::OkStatus();
 }
-
-constexpr base::EnumSpelling<Backend> kBackends[] = {
-    {Backend::kGloo, "gloo"},
-    {Backend::kNccl, "nccl"},
-};
 
 absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions& options) {
   std::string error;
@@ -118,14 +112,6 @@ void Diff(const base::Json& saved, const base::Json& current, const std::string&
 }
 
 }  // namespace
-
-bool AbslParseFlag(absl::string_view text, Backend* out, std::string* error) {
-  return base::ParseEnum(kBackends, text, out, error);
-}
-
-std::string AbslUnparseFlag(Backend backend) {
-  return std::string(base::EnumName(kBackends, backend));
-}
 
 base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json model = base::WriteJsonFields(options.model);

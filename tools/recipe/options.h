@@ -20,6 +20,7 @@
 #include "base/json.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/param_scheduler.h"
+#include "parallel/process_group.h"
 #include "sampling/gpt_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
@@ -56,15 +57,9 @@ void VisitFields(O& o, V&& v) {
   v("weight_decay", o.weight_decay);
 }
 
-enum class Backend { kGloo, kNccl };
-
-// The spellings "gloo" and "nccl" (false and an error listing them otherwise), and back.
-bool AbslParseFlag(absl::string_view text, Backend* out, std::string* error);
-std::string AbslUnparseFlag(Backend backend);
-
 struct DistributedOptions {
   // Gloo on the CPU; NCCL on this rank's GPU (a --config=cuda build). Default: kGloo.
-  Backend backend = Backend::kGloo;
+  parallel::Backend backend = parallel::Backend::kGloo;
   // A collective or rendezvous that takes longer fails the run. Default: 60.
   int64_t timeout_seconds = 60;
   // Megatron's use_distributed_optimizer: AdamW's state sharded over the data-parallel ranks

@@ -43,7 +43,7 @@ TEST(ReadOptionsTest, DefaultConfigFillsEveryOption) {
   EXPECT_EQ(options.max_norm, 1.0);
   EXPECT_EQ(options.checkpoint.checkpoint_dir, "runs/default/checkpoints");
   EXPECT_TRUE(options.checkpoint.is_async);
-  EXPECT_EQ(options.distributed.backend, Backend::kGloo);
+  EXPECT_EQ(options.distributed.backend, parallel::Backend::kGloo);
   EXPECT_EQ(options.logging.log_every_steps, 10);
 }
 

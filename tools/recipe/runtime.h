@@ -1,5 +1,6 @@
 // Where a training run happens: this process's rank, its device, and the c10d process groups
-// built from torchrun's environment (a TCPStore rendezvous and Gloo, or NCCL for gradients).
+// of a parallel::DeviceMesh built from torchrun's environment (a TCPStore rendezvous and Gloo,
+// or NCCL for gradients).
 //
 //   KEEL_ASSIGN_OR_RETURN(ProcessGroups groups, ProcessGroups::Connect(env, options));
 //   TrainRuntime runtime;
@@ -16,9 +17,9 @@
 #include "absl/strings/string_view.h"
 #include "base/collectives.h"
 #include "c10/core/Device.h"
-#include "c10/util/intrusive_ptr.h"
+#include "parallel/device_mesh.h"
+#include "parallel/torchrun_env.h"
 #include "scheduling/preemption.h"
-#include "tools/cli/torchrun_env.h"
 #include "tools/recipe/options.h"
 
 namespace c10d {
@@ -60,30 +61,29 @@ struct TrainRuntime {
                                           absl::string_view what);
 
 // The process groups of one rank, built from torchrun's environment: gradients over NCCL or
-// Gloo, host scalars and checkpoint exchanges over Gloo.
+// Gloo, host scalars and checkpoint exchanges over Gloo. They are a DeviceMesh whose
+// model-parallel sizes are all 1: its dp group spans the world.
 class ProcessGroups {
  public:
   // Rendezvous through the TCPStore `env` names (torchrun's agent store, or one rank 0 serves)
-  // and builds the groups; a single Gloo process builds none. For NCCL, selects LOCAL_RANK's
+  // and builds the mesh; a single Gloo process builds no group. For NCCL, selects LOCAL_RANK's
   // GPU first. Errors: kInvalidArgument for NCCL without a CUDA build; kFailedPrecondition for
   // a LOCAL_RANK without a GPU; kUnavailable when the rendezvous fails or times out.
-  [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const cli::WorkerEnv& env,
+  [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const parallel::WorkerEnv& env,
                                                              const DistributedOptions& options);
 
   // Fills rank, world size, device and the groups of `runtime`.
-  void Attach(const cli::WorkerEnv& env, TrainRuntime& runtime) const;
+  void Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime) const;
 
   ProcessGroups(ProcessGroups&&) noexcept;
   ProcessGroups& operator=(ProcessGroups&&) noexcept;
   ~ProcessGroups();
 
  private:
-  ProcessGroups();
+  ProcessGroups(parallel::DeviceMesh mesh, at::Device device);
 
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
-  c10::intrusive_ptr<c10d::ProcessGroup> control_group_;
-  c10::intrusive_ptr<c10d::ProcessGroup> checkpoint_group_;
-  at::Device device_ = at::kCPU;
+  parallel::DeviceMesh mesh_;
+  at::Device device_;
 };
 
 }  // namespace keel::tools::recipe

@@ -1,4 +1,4 @@
-#include "tools/cli/torchrun_env.h"
+#include "parallel/torchrun_env.h"
 
 #include <map>
 #include <string>
@@ -7,7 +7,7 @@
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
 
-namespace keel::tools::cli {
+namespace keel::parallel {
 namespace {
 
 using ::keel::testing::StatusIs;
@@ -75,4 +75,4 @@ TEST(ReadWorkerEnvTest, BadValuesNameTheVariable) {
 }
 
 }  // namespace
-}  // namespace keel::tools::cli
+}  // namespace keel::parallel

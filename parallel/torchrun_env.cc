@@ -1,4 +1,4 @@
-#include "tools/cli/torchrun_env.h"
+#include "parallel/torchrun_env.h"
 
 #include <cstdlib>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
-namespace keel::tools::cli {
+namespace keel::parallel {
 namespace {
 
 absl::StatusOr<int> EnvInt(const Getenv& getenv, const char* name, int fallback) {
@@ -62,4 +62,4 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const WorkerEnv
   };
 }
 
-}  // namespace keel::tools::cli
+}  // namespace keel::parallel

@@ -1,11 +1,13 @@
 // torchrun's worker environment (torch/distributed/run.py and the elastic agent's
 // _start_workers in torch/distributed/elastic/agent/server/local_elastic_agent.py): the one
-// place that knows its variables. launch writes them for each rank; train reads them.
+// place that knows its variables. //tools:launch writes them for each rank; //tools:train, or
+// a third party's own loop, reads them with ReadWorkerEnv, the only environment read in Keel's
+// distributed setup (DeviceMesh::Connect takes the WorkerEnv, which a caller may also fill).
 //
-//   KEEL_ASSIGN_OR_RETURN(keel::tools::cli::WorkerEnv env, keel::tools::cli::ReadWorkerEnv());
+//   KEEL_ASSIGN_OR_RETURN(keel::parallel::WorkerEnv env, keel::parallel::ReadWorkerEnv());
 //   // env.rank, env.world_size, env.master_addr, env.master_port, ...
-#ifndef KEEL_TOOLS_CLI_TORCHRUN_ENV_H_
-#define KEEL_TOOLS_CLI_TORCHRUN_ENV_H_
+#ifndef KEEL_PARALLEL_TORCHRUN_ENV_H_
+#define KEEL_PARALLEL_TORCHRUN_ENV_H_
 
 #include <functional>
 #include <string>
@@ -14,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace keel::tools::cli {
+namespace keel::parallel {
 
 // One worker's view of a single-node torchrun launch; the defaults are a lone process.
 struct WorkerEnv {
@@ -49,6 +51,6 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const WorkerEnv
 // Variables of an outer launch that a worker environment must not inherit.
 inline constexpr const char* kOuterVariables[] = {"TORCHELASTIC_USE_AGENT_STORE"};
 
-}  // namespace keel::tools::cli
+}  // namespace keel::parallel
 
-#endif  // KEEL_TOOLS_CLI_TORCHRUN_ENV_H_
+#endif  // KEEL_PARALLEL_TORCHRUN_ENV_H_
