@@ -79,6 +79,8 @@ void ExpectCloseTrace(const std::vector<recipe::StepMetrics>& expected,
 
 // The two checkpoints hold the same step and bit-identical model weights and optimizer state.
 void ExpectSameWeights(const std::string& expected_path, const std::string& actual_path);
+// Bit-identical model weights and optimizer state, whatever the checkpoints' steps.
+void ExpectSameModelAndOptimizer(const std::string& expected_path, const std::string& actual_path);
 
 }  // namespace keel::tools
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "base/fields.h"
 #include "base/json.h"
 #include "base/status.h"
 
@@ -101,7 +102,7 @@ absl::StatusOr<std::vector<StepMetrics>> ReadJsonl(const std::string& path) {
     std::string missing;
     VisitFields(metrics, [&](absl::string_view name, const auto& field) {
       using Field = std::decay_t<decltype(field)>;
-      if (!std::is_same_v<Field, std::optional<double>> && missing.empty() &&
+      if (!base::IsOptional<Field>::value && missing.empty() &&
           !json->contains(std::string(name))) {
         missing = std::string(name);
       }
@@ -131,6 +132,9 @@ std::string ProgressLine(const StepMetrics& metrics, int64_t max_steps, int64_t 
                              metrics.lr, metrics.grad_norm, Throughput(metrics.tokens_per_second)));
   if (metrics.val_loss.has_value()) {
     absl::StrAppend(&line, absl::StrFormat(" | val loss %.4f", *metrics.val_loss));
+  }
+  if (metrics.skipped_steps.value_or(0) > 0) {
+    absl::StrAppend(&line, " | skipped ", *metrics.skipped_steps);
   }
   if (max_steps > 0) {
     const int64_t done = metrics.step - start_step;

@@ -42,6 +42,9 @@ struct StepMetrics {
   double elapsed_seconds = 0.0;
   // Validation loss, for steps that ran validation.
   std::optional<double> val_loss;
+  // Steps skipped so far for a non-finite loss or gradient norm (numerics.on_nonfinite
+  // "skip" only).
+  std::optional<int64_t> skipped_steps;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, StepMetrics> = 0>
@@ -54,6 +57,7 @@ void VisitFields(O& o, V&& v) {
   v("tokens_per_second", o.tokens_per_second);
   v("elapsed_seconds", o.elapsed_seconds);
   v("val_loss", o.val_loss);
+  v("skipped_steps", o.skipped_steps);
 }
 
 // Appends StepMetrics to a JSONL file, one JSON object per line in VisitFields order. Doubles

@@ -23,6 +23,7 @@ using ::keel::testing::StatusIs;
 using ::keel::testing::WriteFileOrFail;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::SizeIs;
 using ::testing::StartsWith;
 
@@ -51,6 +52,7 @@ void ExpectSameMetrics(const StepMetrics& actual, const StepMetrics& expected) {
   EXPECT_EQ(actual.tokens_per_second, expected.tokens_per_second);
   EXPECT_EQ(actual.elapsed_seconds, expected.elapsed_seconds);
   EXPECT_EQ(actual.val_loss, expected.val_loss);
+  EXPECT_EQ(actual.skipped_steps, expected.skipped_steps);
 }
 
 std::vector<int64_t> Steps(const std::vector<StepMetrics>& history) {
@@ -66,12 +68,29 @@ TEST(JsonlWriterTest, WritesOneObjectPerLineInFieldOrder) {
   KEEL_ASSERT_OK(writer.Write(m));
   m.step = 4;
   m.val_loss = 2.0;
+  m.skipped_steps = 1;
   KEEL_ASSERT_OK(writer.Write(m));
   EXPECT_EQ(ReadFileOrFail(path),
             "{\"step\":3,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
-            "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":null}\n"
+            "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":null,"
+            "\"skipped_steps\":null}\n"
             "{\"step\":4,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
-            "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":2.0}\n");
+            "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":2.0,"
+            "\"skipped_steps\":1}\n");
+}
+
+// Lines written before a field that may be absent existed (skipped_steps) still read.
+TEST(JsonlWriterTest, ReadsLinesWithoutTheOptionalFields) {
+  const std::string path = absl::StrCat(NewTempDir("jsonl_older"), "/metrics.jsonl");
+  keel::testing::WriteFileOrFail(
+      path,
+      "{\"step\":3,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
+      "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0}\n");
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> read, ReadJsonl(path));
+  ASSERT_EQ(read.size(), 1u);
+  EXPECT_EQ(read[0].loss, 2.5);
+  EXPECT_FALSE(read[0].val_loss.has_value());
+  EXPECT_FALSE(read[0].skipped_steps.has_value());
 }
 
 TEST(JsonlWriterTest, RoundTripsDoublesExactly) {
@@ -217,6 +236,12 @@ TEST(ProgressLineTest, FormatsEveryColumnAndEta) {
   EXPECT_EQ(ProgressLine(m, 1000),
             "step  120/1000 | loss 2.3412 | lr 3.00e-04 | grad norm 0.812 | 950 tok/s | "
             "val loss 2.5000 | ETA 1m50s");
+  m.skipped_steps = 0;  // counted (on_nonfinite "skip"), none yet: not shown
+  EXPECT_THAT(ProgressLine(m, 1000), Not(HasSubstr("skipped")));
+  m.skipped_steps = 2;
+  EXPECT_EQ(ProgressLine(m, 1000),
+            "step  120/1000 | loss 2.3412 | lr 3.00e-04 | grad norm 0.812 | 950 tok/s | "
+            "val loss 2.5000 | skipped 2 | ETA 1m50s");
 }
 
 TEST(ProgressLineTest, EtaCountsOnlyThisRunsSteps) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
 #include "tools/recipe/config.h"
@@ -66,6 +67,16 @@ absl::Status ReadLogging(const LoggingConfig& config, LoggingOptions& options) {
                  "must be > 0");
 }
 
+constexpr base::EnumSpelling<NonFinitePolicy> kNonFinitePolicies[] = {
+    {NonFinitePolicy::kStop, "stop"}, {NonFinitePolicy::kSkip, "skip"}};
+
+absl::Status ReadNumerics(const NumericsConfig& config, NumericsOptions& options) {
+  KEEL_RETURN_IF_ERROR(CopyFields(config, options));
+  return Require(options.max_consecutive_skipped_steps > 0,
+                 "numerics.max_consecutive_skipped_steps", options.max_consecutive_skipped_steps,
+                 "must be > 0");
+}
+
 absl::Status ReadData(const DataConfig& config, DataOptions& options) {
   options.prefix = config.prefix();
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.dataset));
@@ -113,6 +124,14 @@ void Diff(const base::Json& saved, const base::Json& current, const std::string&
 
 }  // namespace
 
+bool AbslParseFlag(absl::string_view text, NonFinitePolicy* out, std::string* error) {
+  return base::ParseEnum(kNonFinitePolicies, text, out, error);
+}
+
+std::string AbslUnparseFlag(NonFinitePolicy policy) {
+  return std::string(base::EnumName(kNonFinitePolicies, policy));
+}
+
 base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json model = base::WriteJsonFields(options.model);
   model["max_sequence_length"] = options.model.max_sequence_length;
@@ -133,7 +152,8 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
           {"lr_scheduler", base::WriteJsonFields(options.lr_scheduler)},
           {"checkpoint", std::move(checkpoint)},
           {"distributed", base::WriteJsonFields(options.distributed)},
-          {"logging", base::WriteJsonFields(options.logging)}};
+          {"logging", base::WriteJsonFields(options.logging)},
+          {"numerics", base::WriteJsonFields(options.numerics)}};
 }
 
 ConfigChanges CompareConfigs(const base::Json& saved, const base::Json& current) {
@@ -171,6 +191,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(CopyFields(config.checkpoint(), options.checkpoint));
   KEEL_RETURN_IF_ERROR(ReadDistributed(config.distributed(), options.distributed));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
+  KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
   return options;
 }
 

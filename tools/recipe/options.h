@@ -87,6 +87,33 @@ void VisitFields(O& o, V&& v) {
   v("tensorboard", o.tensorboard);
 }
 
+// What a non-finite loss or gradient norm does to the run (tools/recipe/numerics.h).
+enum class NonFinitePolicy { kStop, kSkip };
+
+// Parse the spellings "stop" and "skip" (false and an error listing them otherwise), or give
+// them back; Abseil's flag hooks.
+bool AbslParseFlag(absl::string_view text, NonFinitePolicy* out, std::string* error);
+std::string AbslUnparseFlag(NonFinitePolicy policy);
+
+struct NumericsOptions {
+  // Megatron's check_for_nan_in_loss_and_grad: a non-finite loss or gradient norm on any rank
+  // is caught before the optimizer step; false trains on (Megatron's
+  // --no-check-for-nan-in-loss-and-grad). Default: true.
+  bool check_for_nan_in_loss_and_grad = true;
+  // Keel: kStop ends the run there (exit 1), kSkip drops the step on every rank (no update, no
+  // learning-rate step), counted in the metrics and checkpoints. Default: kStop.
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::kStop;
+  // Keel: with kSkip, this many consecutive skipped steps end the run. Default: 5.
+  int64_t max_consecutive_skipped_steps = 5;
+};
+
+template <typename O, typename V, base::IsFieldsOf<O, NumericsOptions> = 0>
+void VisitFields(O& o, V&& v) {
+  v("check_for_nan_in_loss_and_grad", o.check_for_nan_in_loss_and_grad);
+  v("on_nonfinite", o.on_nonfinite);
+  v("max_consecutive_skipped_steps", o.max_consecutive_skipped_steps);
+}
+
 struct TrainOptions {
   // The run's directory: metrics, TensorBoard events, plot, checkpoints, prepared data.
   std::string run_dir;
@@ -120,6 +147,7 @@ struct TrainOptions {
   checkpoint::CheckpointerOptions checkpoint;
   DistributedOptions distributed;
   LoggingOptions logging;
+  NumericsOptions numerics;
 };
 
 // Reads and checks `config`. Errors: kInvalidArgument naming "<section>.<field>", its value

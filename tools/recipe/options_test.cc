@@ -57,6 +57,8 @@ TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {
   EXPECT_EQ(options.max_norm, std::numeric_limits<double>::infinity());
   EXPECT_EQ(options.distributed.timeout_seconds, 60);
   EXPECT_TRUE(options.logging.tensorboard);
+  EXPECT_TRUE(options.numerics.check_for_nan_in_loss_and_grad);  // Megatron's default
+  EXPECT_EQ(options.numerics.on_nonfinite, NonFinitePolicy::kStop);
   EXPECT_EQ(options.step_scheduler.num_epochs,
             scheduling::StepSchedulerOptions().num_epochs);  // NeMo's default
   // The trainer's own default; the library's is kReference.
@@ -90,6 +92,10 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.backend=mpi"}, "distributed.backend \"mpi\" is not one of \"gloo\", \"nccl\""},
       {{"distributed.timeout_seconds=0"}, "distributed.timeout_seconds (0) must be > 0"},
       {{"logging.log_every_steps=0"}, "logging.log_every_steps (0) must be > 0"},
+      {{"numerics.on_nonfinite=ignore"},
+       "numerics.on_nonfinite: \"ignore\" is not one of \"stop\", \"skip\""},
+      {{"numerics.max_consecutive_skipped_steps=0"},
+       "numerics.max_consecutive_skipped_steps (0) must be > 0"},
       {{"run_dir="}, "run_dir must be set"},
   };
   for (const Case& c : cases) {

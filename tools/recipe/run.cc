@@ -28,6 +28,7 @@
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/data.h"
 #include "tools/recipe/gpt.h"
+#include "tools/recipe/numerics.h"
 #include "tools/recipe/plot.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/tensorboard.h"
@@ -95,6 +96,7 @@ class Run::State {
   std::unique_ptr<checkpoint::Stateful> sampler_state;
   std::unique_ptr<checkpoint::RngState> rng_state;
   std::unique_ptr<ConfigState> config_state;
+  std::unique_ptr<NonFiniteGuard> numerics;
   checkpoint::Statefuls statefuls;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   // Rank 0's outputs.
@@ -188,9 +190,14 @@ absl::Status Run::BuildCheckpointing() {
   s.rng_state = std::make_unique<checkpoint::RngState>(
       runtime_.rank, runtime_.world_size, at::detail::getDefaultCPUGenerator(), rng_options);
   s.config_state = std::make_unique<ConfigState>(ConfigFingerprint(options_));
-  s.statefuls = {{kConfigState, s.config_state.get()}, {"model", s.model_state.get()},
-                 {"optim", &*s.optim_state},           {"rng", s.rng_state.get()},
-                 {"sampler", s.sampler_state.get()},   {"step_scheduler", s.step_state.get()}};
+  s.numerics = std::make_unique<NonFiniteGuard>(options_.numerics);
+  s.statefuls = {{kConfigState, s.config_state.get()},
+                 {"model", s.model_state.get()},
+                 {"numerics", s.numerics.get()},
+                 {"optim", &*s.optim_state},
+                 {"rng", s.rng_state.get()},
+                 {"sampler", s.sampler_state.get()},
+                 {"step_scheduler", s.step_state.get()}};
   KEEL_ASSIGN_OR_RETURN(s.checkpointer, checkpoint::Checkpointer::Create(
                                             options_.checkpoint, runtime_.checkpoint_group));
   return base::MakeDirectories(options_.checkpoint.checkpoint_dir);
@@ -315,6 +322,7 @@ absl::Status Run::ResetState() {
     for (const auto& item : fresh->named_parameters()) live[item.key()].copy_(item.value());
   }));
   s.optimizer->Reset();
+  s.numerics->Reset();
   KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
                                                                       s.optimizer->optimizer()));
   return absl::OkStatus();
@@ -352,13 +360,22 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   }
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
-  KEEL_RETURN_IF_ERROR(s.optimizer->Step());
-  KEEL_RETURN_IF_ERROR(s.Bookkept([&] { return s.lr_scheduler->Step(1); }));
-
   at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
   KEEL_RETURN_IF_ERROR(ReduceOverRanks(step_loss, base::Reduce::kSum, runtime_, "step loss"));
   output.loss = step_loss.item<double>() / label_tokens;
   output.grad_norm = grad_norm.item<double>();
+
+  // Before the optimizer step: a non-finite value stops the run or drops the step everywhere.
+  KEEL_ASSIGN_OR_RETURN(NonFiniteGuard::Verdict verdict,
+                        s.numerics->Check(s.scheduler->step() + 1, output.loss, output.grad_norm,
+                                          {loss_sum, s.optimizer->LocalGradientSum()}, runtime_));
+  if (verdict == NonFiniteGuard::Verdict::kSkip) {
+    output.skipped = true;
+    s.optimizer->SkipStep();
+    return output;
+  }
+  KEEL_RETURN_IF_ERROR(s.optimizer->Step());
+  KEEL_RETURN_IF_ERROR(s.Bookkept([&] { return s.lr_scheduler->Step(1); }));
   return output;
 }
 
@@ -439,6 +456,10 @@ absl::Status Run::Record(const StepMetrics& metrics) {
     KEEL_RETURN_IF_ERROR(
         s.tensorboard->AddScalar("val/loss", metrics.step, *metrics.val_loss, now));
   }
+  if (metrics.skipped_steps) {
+    KEEL_RETURN_IF_ERROR(s.tensorboard->AddScalar(
+        "train/skipped_steps", metrics.step, static_cast<double>(*metrics.skipped_steps), now));
+  }
   return absl::OkStatus();
 }
 
@@ -482,6 +503,9 @@ absl::Status Run::Loop() {
       metrics.loss = output.loss;
       metrics.lr = output.lr;
       metrics.grad_norm = output.grad_norm;
+      if (options_.numerics.on_nonfinite == NonFinitePolicy::kSkip) {
+        metrics.skipped_steps = s.numerics->state().skipped_steps;
+      }
       s.interval_tokens += output.label_tokens;
       metrics.elapsed_seconds = Seconds(Clock::now() - s.loop_start);
       result_.final_loss = metrics.loss;

@@ -49,6 +49,9 @@ struct StepOutput {
   double grad_norm = 0.0;
   // Label tokens of the global batch.
   int64_t label_tokens = 0;
+  // The step was dropped for a non-finite loss or gradient norm (numerics.on_nonfinite
+  // "skip"): no update, no learning-rate step.
+  bool skipped = false;
 };
 
 class Run {
@@ -71,9 +74,11 @@ class Run {
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> Resume();
 
   // One optimizer step over `micro_batches` (this rank's sample indices of each micro-batch):
-  // forward and backward of each, the gradient sync on the last, clipping, the optimizer and
-  // LR steps. The loss is the mean over the global batch's label tokens, however the batch is
-  // split into micro-batches and ranks. Collective. Errors: kUnavailable from peers.
+  // forward and backward of each, the gradient sync on the last, clipping, the check for
+  // non-finite values (NonFiniteGuard), the optimizer and LR steps. The loss is the mean over
+  // the global batch's label tokens, however the batch is split into micro-batches and ranks.
+  // Collective. Errors: kAborted for a non-finite loss or gradient norm that stops the run
+  // (before the optimizer step); kUnavailable from peers.
   [[nodiscard]] absl::StatusOr<StepOutput> Step(
       const std::vector<std::vector<int64_t>>& micro_batches);
 

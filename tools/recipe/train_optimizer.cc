@@ -87,6 +87,20 @@ absl::Status TrainOptimizer::Step() {
   });
 }
 
+void TrainOptimizer::SkipStep() {
+  if (sharded_) {
+    sharded_->ZeroGrad();
+  } else {
+    adamw_->zero_grad();
+  }
+}
+
+at::Tensor TrainOptimizer::LocalGradientSum() const {
+  if (sharded_) return sharded_->grad_sync().LocalGradientSum();
+  if (dp_sync_) return dp_sync_->LocalGradientSum();
+  return at::Tensor();
+}
+
 torch::optim::Optimizer& TrainOptimizer::optimizer() {
   return sharded_ ? sharded_->optimizer() : *adamw_;
 }

@@ -52,6 +52,11 @@ class TrainOptimizer {
   [[nodiscard]] absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm);
   // The AdamW step (then the all-gather of the shards), and gradients cleared. Collective.
   [[nodiscard]] absl::Status Step();
+  // Gradients cleared without a step: the step is dropped (every rank must drop it).
+  void SkipStep();
+  // The sum of this rank's gradients before the reduction, after Wait
+  // (DataParallelGradSync::LocalGradientSum); undefined on one rank.
+  at::Tensor LocalGradientSum() const;
 
   // The optimizer whose options the LR schedule sets.
   torch::optim::Optimizer& optimizer();
