@@ -100,7 +100,7 @@ absl::StatusOr<recipe::TrainOptions> ReadTrainOptions(const char* argv0,
     config.mutable_model()->set_pretrained_path(cli::UserPath(config.model().pretrained_path()));
   }
   KEEL_ASSIGN_OR_RETURN(recipe::TrainOptions options, recipe::ReadOptions(config));
-  KEEL_RETURN_IF_ERROR(recipe::CheckGeometry(options, env.world_size));
+  KEEL_RETURN_IF_ERROR(recipe::CheckGeometry(options, env.world_size).status());
   return options;
 }
 

@@ -462,6 +462,11 @@ TEST(TrainTest, ExitCodesNameTheProblem) {
       {{"--config=/nonexistent/train.textproto"}, 1, "/nonexistent/train.textproto"},
       {{"--set", "data.prefix=/nonexistent/corpus"}, 1, "/nonexistent/corpus"},
       {{"--set", "data.prefix=" + garbage}, 1, garbage},
+      {{"--set", "distributed.tensor_model_parallel_size=2"},
+       2,
+       "distributed.tensor_model_parallel_size (2)"},
+      {{"--set", "distributed.order=tp-dp-dp"}, 2, "distributed"},
+      {{"--set", "numerics.on_nonfinite=ignore"}, 2, "numerics.on_nonfinite"},
   };
   int run = 0;
   for (const Case& c : cases) {

@@ -86,7 +86,7 @@ absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const Train
   Splits splits(std::move(windows), options.data.validation_every_n_samples);
   absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
       sampling::CreateMegatronSampler(options.sampler, SampledWindows(options, splits),
-                                      runtime.rank, runtime.world_size);
+                                      runtime.dp_rank, runtime.dp_size);
   KEEL_RETURN_IF_ERROR(base::Annotate(
       sampler.status(), absl::StrCat("sampler over ", SampledWindows(options, splits), " of the ",
                                      splits.train_size(), " training windows of ", prefix)));

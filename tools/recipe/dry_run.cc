@@ -15,6 +15,7 @@
 #include "base/files.h"
 #include "base/status.h"
 #include "optim/param_scheduler.h"
+#include "parallel/mesh_layout.h"
 #include "sampling/indexed_dataset.h"
 #include "scheduling/preemption.h"
 #include "scheduling/step_scheduler.h"
@@ -71,6 +72,7 @@ absl::StatusOr<TrainData> OpenData(TrainOptions options, int world_size, const s
   }
   TrainRuntime runtime;
   runtime.world_size = world_size;
+  runtime.dp_size = world_size;
   std::ostringstream preparation;  // its notice names the scratch copy
   runtime.log = &preparation;
   return OpenTrainData(options, runtime);
@@ -233,6 +235,30 @@ void PrintSchedule(const TrainOptions& options, int world_size, const TrainData&
       << "gc steps: " << CompressSteps(walk.gcs) << "\n";
 }
 
+// The layout as Megatron's initialize_model_parallel builds it: the sizes, then every kind of
+// group with more than one rank, as lists of global ranks.
+void PrintLayout(const parallel::MeshLayout& layout, std::ostream& out) {
+  const parallel::ModelParallelOptions& p = layout.options();
+  out << "layout: " << layout.world_size() << " rank(s), order " << p.order << ": tp "
+      << p.tensor_model_parallel_size << ", pp " << p.pipeline_model_parallel_size << ", cp "
+      << p.context_parallel_size << ", dp " << layout.data_parallel_size() << "; ep "
+      << p.expert_model_parallel_size << ", expert tp " << layout.expert_tensor_parallel_size()
+      << ", expert dp " << layout.expert_data_parallel_size() << "\n";
+  bool any = false;
+  for (parallel::GroupKind kind : parallel::kGroupKinds) {
+    const std::vector<std::vector<int>>& groups = layout.Groups(kind);
+    if (groups.empty() || groups.front().size() < 2) continue;
+    std::vector<std::string> lists;
+    for (const std::vector<int>& group : groups) {
+      lists.push_back(absl::StrCat("[", absl::StrJoin(group, ", "), "]"));
+    }
+    out << "  " << parallel::GroupKindName(kind) << " groups: " << absl::StrJoin(lists, " ")
+        << "\n";
+    any = true;
+  }
+  if (!any) out << "  every group is a single rank\n";
+}
+
 }  // namespace
 
 std::string CompressSteps(const std::vector<int64_t>& steps) {
@@ -260,12 +286,15 @@ std::string CompressSteps(const std::vector<int64_t>& steps) {
 absl::Status DryRun(const TrainOptions& options, int world_size, std::ostream& out) {
   const auto start = std::chrono::steady_clock::now();
   out << "dry run: nothing is trained, loaded or checkpointed\n";
-  KEEL_RETURN_IF_ERROR(CheckGeometry(options, world_size));
+  KEEL_ASSIGN_OR_RETURN(const parallel::MeshLayout layout, CheckGeometry(options, world_size));
+  PrintLayout(layout, out);
+  // The schedule and the data are the data-parallel ranks' (model-parallel ranks share them).
+  const int dp = layout.data_parallel_size();
   KEEL_ASSIGN_OR_RETURN(ScratchDirectory scratch, ScratchDirectory::Create());
-  KEEL_ASSIGN_OR_RETURN(TrainData data, OpenData(options, world_size, scratch.path(), out));
-  KEEL_ASSIGN_OR_RETURN(ScheduleWalk walk, WalkSchedule(options, world_size, data));
+  KEEL_ASSIGN_OR_RETURN(TrainData data, OpenData(options, dp, scratch.path(), out));
+  KEEL_ASSIGN_OR_RETURN(ScheduleWalk walk, WalkSchedule(options, dp, data));
   KEEL_ASSIGN_OR_RETURN(LrWd values, WalkLrWd(options.lr_scheduler, walk.steps));
-  PrintSchedule(options, world_size, data, walk, out);
+  PrintSchedule(options, dp, data, walk, out);
   out << "learning rate and weight decay:\n";
   PrintLrWd(walk, values, options.lr_scheduler.lr_warmup_steps, out);
   KEEL_RETURN_IF_ERROR(base::MakeDirectories(options.run_dir));

@@ -155,6 +155,25 @@ TEST(DryRunTest, CountsTheDefaultCorpusWithoutPreparingItInTheRunDirectory) {
   EXPECT_EQ(entries, std::vector<std::string>{"schedule.svg"});
 }
 
+// The layout as Megatron's initialize_model_parallel would build it on 4 ranks with pp = 2
+// (set directly: the trainer refuses model parallelism in its configuration for now): each
+// kind's groups of more than one rank, and the schedule over the 2 data-parallel ranks.
+TEST(DryRunTest, PrintsTheLayoutAndSchedulesOverTheDataParallelRanks) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_layout");
+  TrainOptions options = SmallOptions(dir);
+  options.distributed.parallel.pipeline_model_parallel_size = 2;
+  std::ostringstream out;
+  KEEL_ASSERT_OK(DryRun(options, 4, out));
+  const std::string text = out.str();
+  EXPECT_THAT(text, HasSubstr("layout: 4 rank(s), order tp-cp-ep-dp-pp: tp 1, pp 2, cp 1, dp 2; "
+                              "ep 1, expert tp 1, expert dp 2\n"));
+  EXPECT_THAT(text, HasSubstr("  dp groups: [0, 1] [2, 3]\n"));
+  EXPECT_THAT(text, HasSubstr("  pp groups: [0, 2] [1, 3]\n"));
+  EXPECT_THAT(text, HasSubstr("  embedding groups: [0, 2] [1, 3]\n"));
+  EXPECT_THAT(text, Not(HasSubstr("  tp groups")));
+  EXPECT_THAT(text, HasSubstr("1 micro-batch(es) of 2 per rank on 2 rank(s)"));
+}
+
 TEST(DryRunTest, RefusesAGeometryThatCannotWork) {
   const std::string dir = keel::testing::NewTempDir("dry_run_geometry");
   std::ostringstream out;

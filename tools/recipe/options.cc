@@ -1,5 +1,6 @@
 #include "tools/recipe/options.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,15 +50,34 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
   return absl::OkStatus();
 }
 
+// Model-parallel sizes the trainer cannot build a model for yet; the layout itself (groups,
+// checkpoints, the data-parallel coordinates) is general.
+absl::Status RefuseModelParallelism(const parallel::ModelParallelOptions& p) {
+  for (const auto& [field, size] :
+       {std::pair{"tensor_model_parallel_size", std::optional(p.tensor_model_parallel_size)},
+        {"pipeline_model_parallel_size", std::optional(p.pipeline_model_parallel_size)},
+        {"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
+        {"context_parallel_size", std::optional(p.context_parallel_size)},
+        {"expert_model_parallel_size", std::optional(p.expert_model_parallel_size)},
+        {"expert_tensor_parallel_size", p.expert_tensor_parallel_size}}) {
+    if (size.value_or(1) == 1) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed.", field, " (", *size,
+                     "): the trainer's model runs data-parallel only for "
+                     "now; allowed: 1"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions& options) {
   std::string error;
   if (config.has_backend() && !AbslParseFlag(config.backend(), &options.backend, &error)) {
     return absl::InvalidArgumentError(absl::StrCat("distributed.backend ", error));
   }
-  if (config.has_timeout_seconds()) options.timeout_seconds = config.timeout_seconds();
-  options.use_distributed_optimizer = config.use_distributed_optimizer();
-  return Require(options.timeout_seconds > 0, "distributed.timeout_seconds",
-                 options.timeout_seconds, "must be > 0");
+  KEEL_RETURN_IF_ERROR(CopyFields(config, options, {"backend"}));
+  KEEL_RETURN_IF_ERROR(Require(options.timeout_seconds > 0, "distributed.timeout_seconds",
+                               options.timeout_seconds, "must be > 0"));
+  return RefuseModelParallelism(options.parallel);
 }
 
 absl::Status ReadLogging(const LoggingConfig& config, LoggingOptions& options) {
@@ -195,18 +215,24 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   return options;
 }
 
-absl::Status CheckGeometry(const TrainOptions& options, int world_size) {
+absl::StatusOr<parallel::MeshLayout> CheckGeometry(const TrainOptions& options, int world_size) {
+  absl::StatusOr<parallel::MeshLayout> layout =
+      parallel::MeshLayout::Create(options.distributed.parallel, world_size);
+  KEEL_RETURN_IF_ERROR(base::Annotate(layout.status(), "distributed"));
+  const int dp = layout->data_parallel_size();
   const int64_t global = options.step_scheduler.global_batch_size;
   const int64_t local = options.local_batch_size;
-  if (global > 0 && global % (local * world_size) == 0) return absl::OkStatus();
+  if (global > 0 && global % (local * dp) == 0) return layout;
+  const std::string ranks = dp == world_size ? absl::StrCat("the world size (", world_size, ")")
+                                             : absl::StrCat("the data-parallel size (", dp, " of ",
+                                                            world_size, " ranks)");
   return absl::InvalidArgumentError(absl::StrCat(
       "step_scheduler.global_batch_size (", global,
-      ") must be a positive multiple of step_scheduler.local_batch_size (", local,
-      ") x the world size (", world_size, ") = ", local * world_size,
-      "; world sizes that work with this local_batch_size: ",
+      ") must be a positive multiple of step_scheduler.local_batch_size (", local, ") x ", ranks,
+      " = ", local * dp, "; data-parallel sizes that work with this local_batch_size: ",
       Working(global, [&](int64_t w) { return global > 0 && global % (local * w) == 0; }),
-      "; local_batch_size values that work on ", world_size, " rank(s): ",
-      Working(global, [&](int64_t l) { return global > 0 && global % (l * world_size) == 0; })));
+      "; local_batch_size values that work on ", dp, " data-parallel rank(s): ",
+      Working(global, [&](int64_t l) { return global > 0 && global % (l * dp) == 0; })));
 }
 
 }  // namespace keel::tools::recipe

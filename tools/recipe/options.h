@@ -20,6 +20,7 @@
 #include "base/json.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/param_scheduler.h"
+#include "parallel/mesh_layout.h"
 #include "parallel/process_group.h"
 #include "sampling/gpt_dataset.h"
 #include "sampling/megatron_sampler.h"
@@ -65,13 +66,18 @@ struct DistributedOptions {
   // Megatron's use_distributed_optimizer: AdamW's state sharded over the data-parallel ranks
   // (optim::DistributedOptimizer); nothing to shard on one rank. Default: false.
   bool use_distributed_optimizer = false;
+  // The model-parallel layout, fields by Megatron's names (initialize_model_parallel); the
+  // data-parallel size is the world size divided by tp x pp x cp. Default: all sizes 1.
+  parallel::ModelParallelOptions parallel;
 };
 
+// The layout's fields are the section's own (distributed.tensor_model_parallel_size, ...).
 template <typename O, typename V, base::IsFieldsOf<O, DistributedOptions> = 0>
 void VisitFields(O& o, V&& v) {
   v("backend", o.backend);
   v("timeout_seconds", o.timeout_seconds);
   v("use_distributed_optimizer", o.use_distributed_optimizer);
+  VisitFields(o.parallel, v);
 }
 
 struct LoggingOptions {
@@ -157,10 +163,13 @@ struct TrainOptions {
 // than gloo or nccl, a non-positive timeout or logging interval.
 [[nodiscard]] absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config);
 
-// Whether the batch geometry works on `world_size` ranks: global_batch_size must be a
-// multiple of local_batch_size * world_size. Errors: kInvalidArgument naming the numbers and
-// the world sizes or local batch sizes that would work.
-[[nodiscard]] absl::Status CheckGeometry(const TrainOptions& options, int world_size);
+// The model-parallel layout on `world_size` ranks, and whether the batch geometry works with
+// its data-parallel size: global_batch_size must be a multiple of local_batch_size x the
+// data-parallel size. Errors: kInvalidArgument naming the numbers: sizes that do not divide
+// the world size (or another layout Megatron refuses), or batch sizes that do not fit, with the
+// world sizes or local batch sizes that would work.
+[[nodiscard]] absl::StatusOr<parallel::MeshLayout> CheckGeometry(const TrainOptions& options,
+                                                                 int world_size);
 
 // The run's configuration for its checkpoints: every option's effective value (defaults
 // included), as {"<section>": {"<field>": value}} plus the top-level fields. Where the run lives

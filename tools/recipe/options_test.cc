@@ -92,6 +92,12 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.backend=mpi"}, "distributed.backend \"mpi\" is not one of \"gloo\", \"nccl\""},
       {{"distributed.timeout_seconds=0"}, "distributed.timeout_seconds (0) must be > 0"},
       {{"logging.log_every_steps=0"}, "logging.log_every_steps (0) must be > 0"},
+      {{"distributed.tensor_model_parallel_size=2"},
+       "distributed.tensor_model_parallel_size (2): the trainer's model runs data-parallel only "
+       "for now; allowed: 1"},
+      {{"distributed.expert_model_parallel_size=4"}, "distributed.expert_model_parallel_size (4)"},
+      {{"distributed.virtual_pipeline_model_parallel_size=2"},
+       "distributed.virtual_pipeline_model_parallel_size (2)"},
       {{"numerics.on_nonfinite=ignore"},
        "numerics.on_nonfinite: \"ignore\" is not one of \"stop\", \"skip\""},
       {{"numerics.max_consecutive_skipped_steps=0"},
@@ -129,13 +135,37 @@ TEST(CheckGeometryTest, GlobalBatchMustDivideOverRanksAndMicroBatches) {
                        AllOf(HasSubstr("global_batch_size (16)"),
                              HasSubstr("(4) x the world size "
                                        "(3) = 12"),
-                             HasSubstr("world sizes that work with this local_batch_size: 1, 2, 4"),
-                             HasSubstr("local_batch_size values that work on 3 rank(s): none"))));
+                             HasSubstr("data-parallel sizes that work with this local_batch_size: "
+                                       "1, 2, 4"),
+                             HasSubstr("local_batch_size values that work on 3 data-parallel "
+                                       "rank(s): none"))));
   KEEL_ASSERT_OK_AND_ASSIGN(
       options, Read({"step_scheduler.global_batch_size=6", "step_scheduler.local_batch_size=4"}));
   EXPECT_THAT(CheckGeometry(options, 1),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("local_batch_size values that work on 1 rank(s): 1, 2, 3, 6")));
+                       HasSubstr("local_batch_size values that work on 1 data-parallel rank(s): "
+                                 "1, 2, 3, 6")));
+}
+
+// The layout on the world: the data-parallel size is what tp x pp x cp leave of it, and sizes
+// that do not divide the world are an error naming the numbers. (ReadOptions refuses sizes
+// above 1 for now; the layout below is set directly.)
+TEST(CheckGeometryTest, ModelParallelSizesMustDivideTheWorld) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({"step_scheduler.global_batch_size=16",
+                                                        "step_scheduler.local_batch_size=4"}));
+  options.distributed.parallel.tensor_model_parallel_size = 2;
+  KEEL_ASSERT_OK_AND_ASSIGN(parallel::MeshLayout layout, CheckGeometry(options, 8));
+  EXPECT_EQ(layout.data_parallel_size(), 4);
+  EXPECT_THAT(CheckGeometry(options, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("distributed"), HasSubstr("(3)"), HasSubstr("2"))));
+  // 16 / 4 = 4 micro-batches: not over 8 data-parallel ranks, but over 8 / 4 = 2 (pp = 4).
+  options.distributed.parallel.tensor_model_parallel_size = 1;
+  EXPECT_THAT(CheckGeometry(options, 8),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the world size (8)")));
+  options.distributed.parallel.pipeline_model_parallel_size = 4;
+  KEEL_ASSERT_OK_AND_ASSIGN(layout, CheckGeometry(options, 8));
+  EXPECT_EQ(layout.data_parallel_size(), 2);
 }
 
 }  // namespace

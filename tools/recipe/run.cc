@@ -143,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
   run->state_ = std::make_unique<State>(std::move(data));
   State& s = *run->state_;
   absl::StatusOr<Scheduler> scheduler = scheduling::BuildStepScheduler(
-      options.step_scheduler, *s.data.sampler, run->runtime_.world_size, options.local_batch_size,
+      options.step_scheduler, *s.data.sampler, run->runtime_.dp_size, options.local_batch_size,
       run->runtime_.control_group, std::move(run->runtime_.preemption));
   KEEL_RETURN_IF_ERROR(base::Annotate(
       scheduler.status(), absl::StrCat("step_scheduler over the ", s.data.splits.train_size(),
@@ -355,8 +355,8 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
     if (!batches[i].defined()) continue;
     const at::Tensor loss = SummedTokenLoss(*s.model, batches[i]);
     loss_sum += loss.item<double>();
-    // Gradients are averaged over the ranks: scale so they sum to d(mean loss).
-    (loss * (static_cast<double>(runtime_.world_size) / label_tokens)).backward();
+    // Gradients are averaged over the data-parallel ranks: scale so they sum to d(mean loss).
+    (loss * (static_cast<double>(runtime_.dp_size) / label_tokens)).backward();
   }
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
@@ -386,12 +386,12 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
   const int64_t batch_size = options_.local_batch_size;
   // Every rank runs the same number of rounds (a batch each, or none at the end), so that all
   // poll for preemption together after each.
-  const int64_t per_round = runtime_.world_size * batch_size;
+  const int64_t per_round = runtime_.dp_size * batch_size;
   const int64_t rounds = (splits.val_size() + per_round - 1) / per_round;
   double loss_sum = 0.0;
   int64_t tokens = 0;
   for (int64_t round = 0; round < rounds; ++round) {
-    const int64_t start = round * per_round + runtime_.rank * batch_size;
+    const int64_t start = round * per_round + runtime_.dp_rank * batch_size;
     std::vector<int64_t> indices;
     for (int64_t k = start; k < std::min(start + batch_size, splits.val_size()); ++k) {
       indices.push_back(k);
@@ -438,7 +438,7 @@ absl::Status Run::OpenOutputs() {
                 << options_.data.dataset.sequence_length << " tokens; " << s.scheduler->max_steps()
                 << " steps of " << options_.step_scheduler.global_batch_size << " samples ("
                 << s.scheduler->grad_acc_steps() << " micro-batches of "
-                << options_.local_batch_size << " per rank on " << runtime_.world_size
+                << options_.local_batch_size << " per rank on " << runtime_.dp_size
                 << " rank(s))\n";
   return absl::OkStatus();
 }

@@ -32,7 +32,7 @@ absl::StatusOr<ProcessGroups> ProcessGroups::Connect(const parallel::WorkerEnv& 
   KEEL_RETURN_IF_ERROR(base::Annotate(device.status(), "distributed"));
   KEEL_ASSIGN_OR_RETURN(
       parallel::DeviceMesh mesh,
-      parallel::DeviceMesh::Connect(env, parallel::ModelParallelOptions(), options.backend,
+      parallel::DeviceMesh::Connect(env, options.parallel, options.backend,
                                     std::chrono::seconds(options.timeout_seconds)));
   return ProcessGroups(std::move(mesh), *device);
 }
@@ -40,6 +40,9 @@ absl::StatusOr<ProcessGroups> ProcessGroups::Connect(const parallel::WorkerEnv& 
 void ProcessGroups::Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime) const {
   runtime.rank = env.rank;
   runtime.world_size = env.world_size;
+  runtime.dp_rank = mesh_.GroupRank(parallel::GroupKind::kDp);
+  runtime.dp_size = mesh_.GroupSize(parallel::GroupKind::kDp);
+  runtime.mesh = &mesh_;
   runtime.device = device_;
   runtime.group = mesh_.Group(parallel::GroupKind::kDp);
   runtime.control_group = mesh_.control_group();

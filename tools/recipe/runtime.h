@@ -32,6 +32,13 @@ namespace keel::tools::recipe {
 struct TrainRuntime {
   int rank = 0;
   int world_size = 1;
+  // This rank's coordinate along the data-parallel dimension of the mesh, and its size: what
+  // the sampler slices the data by and the gradients are averaged over.
+  int dp_rank = 0;
+  int dp_size = 1;
+  // The mesh the groups come from (its layout, every kind's group); nullptr for a runtime that
+  // was not connected (a single process in tests, the dry run).
+  const parallel::DeviceMesh* mesh = nullptr;
   // Where the model trains: the CPU, or this rank's GPU with the NCCL backend.
   at::Device device = at::kCPU;
   // The data-parallel group for tensors on `device` (gradient sync); nullptr for a single
