@@ -8,12 +8,19 @@
 #ifndef KEEL_BASE_FIELDS_H_
 #define KEEL_BASE_FIELDS_H_
 
+#include <optional>
 #include <type_traits>
 
 namespace keel::base {
 
 template <typename O, typename T>
 using IsFieldsOf = std::enable_if_t<std::is_same_v<std::remove_const_t<O>, T>, int>;
+
+// Whether a field's type is a std::optional (a field that may be absent where it is read).
+template <typename T>
+struct IsOptional : std::false_type {};
+template <typename T>
+struct IsOptional<std::optional<T>> : std::true_type {};
 
 }  // namespace keel::base
 

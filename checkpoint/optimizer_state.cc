@@ -27,11 +27,6 @@ using ::keel::base::Json;
 using Names = std::vector<std::vector<std::string>>;
 using Placements = std::map<std::string, ShardPlacement>;
 
-template <typename T>
-struct IsOptional : std::false_type {};
-template <typename T>
-struct IsOptional<std::optional<T>> : std::true_type {};
-
 // Reads the JSON object `json` into `o`. Each absent field that is not optional is reported
 // missing as "<what>.<field>"; returns whether none was.
 template <typename O>
@@ -43,7 +38,7 @@ absl::StatusOr<bool> ReadAllFields(const Json& json, const std::string& what, St
   }
   bool complete = true;
   VisitFields(o, [&](absl::string_view name, auto& field) {
-    if constexpr (!IsOptional<std::decay_t<decltype(field)>>::value) {
+    if constexpr (!base::IsOptional<std::decay_t<decltype(field)>>::value) {
       if (!json.contains(std::string(name))) {
         reader.ReportMissing(absl::StrCat(what, ".", name));
         complete = false;

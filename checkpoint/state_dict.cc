@@ -204,6 +204,8 @@ const base::Json& StateReader::Values() {
   return *kEmpty;
 }
 
+bool StateReader::HasValues() const { return saved_.values().count(scope_) > 0; }
+
 void StateReader::ReportMissing(const std::string& key) {
   report_.missing_keys.push_back(absl::StrCat(scope_, "/", key));
 }

@@ -118,6 +118,9 @@ class StateReader {
   // The values this object saved: a JSON object, empty if the checkpoint holds nothing
   // under this object's name (then "<name>" is recorded as missing, once).
   const base::Json& Values();
+  // Whether the checkpoint holds anything under this object's name, without reporting it
+  // missing: for an object added to a program after checkpoints were written without it.
+  bool HasValues() const;
   // Record differences an object finds in its own values, as "<name>/<key>".
   void ReportMissing(const std::string& key);
   void ReportUnexpected(const std::string& key);

@@ -46,6 +46,10 @@ size_t DataParallelGradSync::num_buckets() const { return buckets_->buckets().si
 
 int64_t DataParallelGradSync::bucket_bytes() const { return buckets_->total_bytes(); }
 
+const at::Tensor& DataParallelGradSync::LocalGradientSum() const {
+  return buckets_->local_gradient_sum();
+}
+
 absl::Status DataParallelGradSync::Wait() {
   KEEL_RETURN_IF_ERROR(buckets_->Wait());
   at::NoGradGuard no_grad;

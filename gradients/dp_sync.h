@@ -86,6 +86,13 @@ class DataParallelGradSync {
   // all-reduce fails (peer lost, timeout). After an error the gradients are unspecified.
   [[nodiscard]] absl::Status Wait();
 
+  // The float64 sum of this rank's own gradients in the last synchronised backward, before
+  // the reduction: a 0-d tensor on the parameters' device (no host synchronisation), non-finite
+  // exactly when one of them was (float32 and narrower gradients cannot overflow it). It tells
+  // which rank a non-finite reduced gradient came from, as Megatron's check_for_nan_in_grad
+  // checks each rank's local gradients; undefined before the first Wait().
+  const at::Tensor& LocalGradientSum() const;
+
   // Number of all-reduce buckets, each reduced by one collective per synchronised backward.
   size_t num_buckets() const;
   // Bytes all-reduced per synchronised backward (the parameters' total size).

@@ -368,6 +368,33 @@ TEST(DataParallelGradSyncTest, UnusedParameterIsAnErrorAndRanksStayInStep) {
   ExpectIdentical(grads[1], grads[0]);
 }
 
+// Rank 1's gradients are NaN: the averages are NaN on every rank, but only rank 1's own sum
+// before the reduction is; the others' is the float64 sum of their local gradients.
+TEST(DataParallelGradSyncTest, LocalGradientSumTellsWhichRankWentNonFinite) {
+  std::vector<double> sums(3), expected(3);
+  KEEL_ASSERT_OK(RunOnRanks(3, [&](Rank& r) -> absl::Status {
+    const double divisor = r.rank == 1 ? std::numeric_limits<double>::quiet_NaN() : 1.0;
+    Mlp alone(/*phase=*/0);  // the same gradients, never synchronised
+    Loss(alone, r.rank * 2, 2, divisor, at::kFloat).backward();
+    double local = 0;
+    for (const at::Tensor& g : Grads(alone)) local += g.sum(at::kDouble).item<double>();
+    expected[r.rank] = local;
+    Mlp model(/*phase=*/0);
+    KEEL_ASSIGN_OR_RETURN(auto sync, DataParallelGradSync::Create(model, *r.group));
+    Loss(model, r.rank * 2, 2, divisor, at::kFloat).backward();
+    KEEL_RETURN_IF_ERROR(sync->Wait());
+    EXPECT_TRUE(Grads(model)[0].isnan().all().item<bool>());
+    sums[r.rank] = sync->LocalGradientSum().item<double>();
+    return absl::OkStatus();
+  }));
+  EXPECT_TRUE(std::isnan(sums[1]));
+  for (int rank : {0, 2}) {
+    ASSERT_TRUE(std::isfinite(sums[rank]));
+    // One bucket, summed in another order than parameter by parameter.
+    EXPECT_NEAR(sums[rank], expected[rank], 1e-6 * std::abs(expected[rank]) + 1e-9);
+  }
+}
+
 // Only rank 1 leaves a parameter without gradient: its peers learn of it in the same Wait
 // (not at their next collective, after a timeout).
 TEST(DataParallelGradSyncTest, AnErrorOnOneRankReachesItsPeersInTheSameWait) {

@@ -121,6 +121,10 @@ void ShardedGradSync::PrepareForFinalBackward() { buckets_->EnableSync(true); }
 
 size_t ShardedGradSync::num_buckets() const { return buckets_->buckets().size(); }
 
+const at::Tensor& ShardedGradSync::LocalGradientSum() const {
+  return buckets_->local_gradient_sum();
+}
+
 int64_t ShardedGradSync::bucket_numel() const {
   int64_t numel = 0;
   for (const Bucket& bucket : buckets_->buckets()) numel += bucket.flat.numel();

@@ -99,6 +99,9 @@ class ShardedGradSync {
   std::vector<NamedParameter> ShardParameters() const;
   const ShardingSpec& sharding() const { return sharding_; }
 
+  // As DataParallelGradSync's: this rank's gradients, summed before the reduce-scatter.
+  const at::Tensor& LocalGradientSum() const;
+
   size_t num_buckets() const;
   // Elements of the buckets (with the padding of the parts) and of this rank's parts.
   int64_t bucket_numel() const;

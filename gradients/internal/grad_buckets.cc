@@ -323,8 +323,12 @@ void GradBuckets::LaunchReadyBucketsLocked() {
     Bucket& bucket = buckets_[next_bucket_];
     absl::Status status =
         base::CallTorch(absl::StatusCode::kUnavailable,
-                        absl::StrCat(collective_, " of gradient bucket ", next_bucket_),
-                        [&] { bucket.work = launch_(next_bucket_, bucket); });
+                        absl::StrCat(collective_, " of gradient bucket ", next_bucket_), [&] {
+                          // This rank's own gradients, before the reduction replaces them.
+                          const at::Tensor sum = bucket.flat.sum(at::kDouble);
+                          pending_sum_ = pending_sum_.defined() ? pending_sum_ + sum : sum;
+                          bucket.work = launch_(next_bucket_, bucket);
+                        });
     if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
     ++next_bucket_;
   }
@@ -377,6 +381,8 @@ absl::Status GradBuckets::Wait() {
   std::fill(ready_.begin(), ready_.end(), false);
   num_ready_ = 0;
   next_bucket_ = 0;
+  local_sum_ = std::move(pending_sum_);
+  pending_sum_ = at::Tensor();
   return base::AgreeOnFailure(status, *group_, params_.front().device(),
                               absl::StrCat("the gradient ", collective_));
 }

@@ -90,6 +90,8 @@ class GradBuckets {
   std::vector<Bucket>& buckets() { return buckets_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   c10d::ProcessGroup& group() const { return *group_; }
+  // DataParallelGradSync::LocalGradientSum.
+  const at::Tensor& local_gradient_sum() const { return local_sum_; }
   int64_t total_bytes() const { return total_bytes_; }
 
   // The piece's rows in its bucket's buffer, shaped as the parameter's rows.
@@ -129,6 +131,9 @@ class GradBuckets {
   size_t num_ready_ = 0;
   size_t next_bucket_ = 0;  // buckets are launched in index order on every rank
   absl::Status hook_status_;
+  // The float64 sum of the launched buckets' local gradients, and that of the last Wait.
+  at::Tensor pending_sum_;
+  at::Tensor local_sum_;
 };
 
 }  // namespace keel::gradients::internal
