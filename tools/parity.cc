@@ -24,15 +24,16 @@
 #include "base/status.h"
 #include "gradients/grad_utils_cases.h"
 #include "optim/param_scheduler_cases.h"
+#include "sampling/gpt_dataset_cases.h"
 #include "sampling/samplers_cases.h"
 #include "scheduling/step_scheduler_cases.h"
 #include "tools/cli/exit_code.h"
 #include "tools/cli/user_path.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
-ABSL_FLAG(
-    std::string, component, "all",
-    "Component whose cases to run: grad_utils, param_scheduler, samplers, step_scheduler, or all.");
+ABSL_FLAG(std::string, component, "all",
+          "Component whose cases to run: gpt_dataset, grad_utils, param_scheduler, samplers, "
+          "step_scheduler, or all.");
 ABSL_FLAG(
     std::string, cases, "",
     "Case file in the golden format; default: the vendored testdata/golden/<component>.json.");
@@ -52,6 +53,7 @@ struct Component {
 };
 
 constexpr Component kComponents[] = {
+    {"gpt_dataset", &sampling::RunGptDatasetCase},
     {"grad_utils", &gradients::RunGradUtilsCase},
     {"param_scheduler", &optim::RunParamSchedulerCase},
     {"samplers", &sampling::RunSamplersCase},
