@@ -66,6 +66,7 @@ class MegatronGptDataset {
   std::optional<int64_t> num_samples() const { return num_samples_; }
   Split index_split() const { return index_split_; }
   const std::string& dataset_path() const { return dataset_path_; }
+  const std::shared_ptr<const IndexedDataset>& indexed_dataset() const { return dataset_; }
   std::pair<int64_t, int64_t> indexed_indices() const { return {plan_.begin, plan_.end}; }
   int64_t num_epochs() const { return plan_.num_epochs; }
   // The ordered dict whose JSON names the cache files (and goes into a blend's description).
