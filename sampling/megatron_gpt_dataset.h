@@ -69,6 +69,8 @@ class MegatronGptDataset {
   const std::shared_ptr<const IndexedDataset>& indexed_dataset() const { return dataset_; }
   std::pair<int64_t, int64_t> indexed_indices() const { return {plan_.begin, plan_.end}; }
   int64_t num_epochs() const { return plan_.num_epochs; }
+  // Tokens of the split's documents, one epoch.
+  int64_t tokens_per_epoch() const { return plan_.tokens_per_epoch; }
   // The ordered dict whose JSON names the cache files (and goes into a blend's description).
   const base::Json& unique_identifiers() const { return unique_identifiers_; }
   // The pad id: tokenizer.pad, or -1 when there is none or it equals tokenizer.eod.

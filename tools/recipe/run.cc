@@ -46,14 +46,23 @@ double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The summed cross-entropy of next-token prediction over `batch` ([n, sequence_length + 1]).
-at::Tensor SummedTokenLoss(Gpt& model, const at::Tensor& batch) {
-  const at::Tensor logits = model->forward(batch.slice(1, 0, -1));
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
-                                batch.slice(1, 1).reshape({-1}), {}, at::Reduction::Sum);
+// The summed cross-entropy of next-token prediction over the labels of `batch` that count.
+at::Tensor SummedTokenLoss(Gpt& model, const TokenBatch& batch) {
+  const at::Tensor logits = model->forward(batch.inputs);
+  const at::Tensor flat = logits.reshape({-1, logits.size(-1)});
+  if (!batch.loss_mask.defined()) {
+    return at::cross_entropy_loss(flat, batch.labels.reshape({-1}), {}, at::Reduction::Sum);
+  }
+  const at::Tensor losses =
+      at::cross_entropy_loss(flat, batch.labels.reshape({-1}), {}, at::Reduction::None);
+  return (losses * batch.loss_mask.reshape({-1})).sum();
 }
 
-int64_t LabelTokens(const at::Tensor& batch) { return batch.size(0) * (batch.size(1) - 1); }
+// Labels of `batch` that count.
+int64_t LabelTokens(const TokenBatch& batch) {
+  if (!batch.loss_mask.defined()) return batch.labels.numel();
+  return static_cast<int64_t>(batch.loss_mask.sum().item<double>());
+}
 
 // The run's configuration in its checkpoints ("config"): saved with each one and compared
 // before a resume (Run::CheckConfig); loading it restores nothing, so checkpoints written
@@ -191,6 +200,7 @@ absl::Status Run::BuildCheckpointing() {
   s.statefuls = {{kConfigState, s.config_state.get()}, {"model", s.model_state.get()},
                  {"optim", &*s.optim_state},           {"rng", s.rng_state.get()},
                  {"sampler", s.sampler_state.get()},   {"step_scheduler", s.step_state.get()}};
+
   KEEL_ASSIGN_OR_RETURN(s.checkpointer, checkpoint::Checkpointer::Create(
                                             options_.checkpoint, runtime_.checkpoint_group));
   return base::MakeDirectories(options_.checkpoint.checkpoint_dir);
@@ -232,6 +242,7 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
       saved.has_value() && *saved != runtime_.world_size) {
     ContinueOnNewWorldSize(*saved);
   }
+
   resumed_ = true;
   return result.loaded->path;
 }
@@ -323,12 +334,12 @@ absl::Status Run::ResetState() {
 absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& micro_batches) {
   State& s = *state_;
   // Label tokens of the global batch: the loss is their mean, however the batch is split.
-  std::vector<at::Tensor> batches;
+  std::vector<TokenBatch> batches;
   int64_t local_tokens = 0;
   for (const std::vector<int64_t>& indices : micro_batches) {
-    KEEL_ASSIGN_OR_RETURN(at::Tensor batch, s.data.splits.Batch(indices, /*validation=*/false));
+    KEEL_ASSIGN_OR_RETURN(TokenBatch batch, s.data.splits.Batch(indices, /*validation=*/false));
     if (batch.defined()) {
-      batch = batch.to(runtime_.device);
+      batch = batch.To(runtime_.device);
       local_tokens += LabelTokens(batch);
     }
     batches.push_back(std::move(batch));
@@ -379,9 +390,9 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
     for (int64_t k = start; k < std::min(start + batch_size, splits.val_size()); ++k) {
       indices.push_back(k);
     }
-    KEEL_ASSIGN_OR_RETURN(at::Tensor batch, splits.Batch(indices, /*validation=*/true));
+    KEEL_ASSIGN_OR_RETURN(TokenBatch batch, splits.Batch(indices, /*validation=*/true));
     if (batch.defined()) {
-      batch = batch.to(runtime_.device);
+      batch = batch.To(runtime_.device);
       loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
       tokens += LabelTokens(batch);
     }
