@@ -25,9 +25,11 @@
 #include "gradients/clip_grad_norm.h"
 #include "optim/param_scheduler.h"
 #include "sampling/megatron_sampler.h"
+#include "sampling/resumable_blend.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/data.h"
 #include "tools/recipe/gpt.h"
+#include "tools/recipe/megatron_data.h"
 #include "tools/recipe/plot.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/tensorboard.h"
@@ -104,6 +106,9 @@ class Run::State {
   std::unique_ptr<checkpoint::Stateful> sampler_state;
   std::unique_ptr<checkpoint::RngState> rng_state;
   std::unique_ptr<ConfigState> config_state;
+  // data.paths: the training blend's state ("data"), and the one a resume loaded.
+  std::unique_ptr<checkpoint::Stateful> data_state;
+  std::optional<sampling::BlendState> loaded_blend;
   checkpoint::Statefuls statefuls;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   // Rank 0's outputs.
@@ -200,7 +205,15 @@ absl::Status Run::BuildCheckpointing() {
   s.statefuls = {{kConfigState, s.config_state.get()}, {"model", s.model_state.get()},
                  {"optim", &*s.optim_state},           {"rng", s.rng_state.get()},
                  {"sampler", s.sampler_state.get()},   {"step_scheduler", s.step_state.get()}};
-
+  if (MegatronData* megatron = s.data.splits.megatron()) {
+    s.data_state = std::make_unique<checkpoint::ValueState<sampling::BlendState>>(
+        [megatron, &sampler] { return megatron->State(sampler.consumed_samples()); },
+        [&s](const sampling::BlendState& state) {
+          s.loaded_blend = state;
+          return absl::OkStatus();
+        });
+    s.statefuls["data"] = s.data_state.get();
+  }
   KEEL_ASSIGN_OR_RETURN(s.checkpointer, checkpoint::Checkpointer::Create(
                                             options_.checkpoint, runtime_.checkpoint_group));
   return base::MakeDirectories(options_.checkpoint.checkpoint_dir);
@@ -242,7 +255,9 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
       saved.has_value() && *saved != runtime_.world_size) {
     ContinueOnNewWorldSize(*saved);
   }
-
+  if (s.loaded_blend.has_value()) {
+    KEEL_RETURN_IF_ERROR(s.data.splits.megatron()->Resume(*s.loaded_blend, options_, runtime_));
+  }
   resumed_ = true;
   return result.loaded->path;
 }
@@ -316,6 +331,7 @@ absl::Status Run::ResetState() {
   KEEL_RETURN_IF_ERROR(s.scheduler->LoadStateDict(
       {options_.step_scheduler.start_step, options_.step_scheduler.start_epoch}));
   KEEL_RETURN_IF_ERROR(s.data.sampler->LoadState(s.initial_sampler_state));
+  s.loaded_blend.reset();
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
