@@ -94,6 +94,10 @@ absl::StatusOr<sampling::GptDatasetSplits> BuildOnRankZeroFirst(
     absl::Status checked = CheckDatasets(options, *config.blend);
     splits =
         checked.ok() ? sampling::BuildGptDatasets(config, MegatronSizes(options), build) : checked;
+    if (checked.ok() && !splits.ok()) {
+      splits = base::Annotate(splits.status(),
+                              absl::StrCat("data.split \"", options.data.megatron.split, "\""));
+    }
   }
   KEEL_RETURN_IF_ERROR(AgreeOverRanks(runtime.rank == 0 ? splits.status() : absl::OkStatus(),
                                       runtime, "building the GPT dataset indices"));
