@@ -463,7 +463,9 @@ void WriteBlendDatasets(const std::string& dir) {
 }
 
 // Megatron's datasets of data.paths: rank 0 builds the index caches and rank 1 loads them, and
-// two ranks train as one accumulating two micro-batches (as TwoRanksMatchOneRank...).
+// two ranks train as one accumulating two micro-batches (see
+// TwoRanksMatchOneRankWithGradientAccumulation for why to the bit), also after a resume with
+// new blend weights.
 TEST(TrainTest, TwoRanksMatchOneRankOnMegatronDatasets) {
   constexpr int64_t kSteps = 8;
   const std::string data = NewTempDir("blend_data");
@@ -482,6 +484,24 @@ TEST(TrainTest, TwoRanksMatchOneRankOnMegatronDatasets) {
   Subprocess ranks = LaunchTrain(2, args(two), two + "/stderr");
   ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
   ASSERT_EQ(Metrics(one).size(), static_cast<size_t>(kSteps));
+  ExpectCloseTrace(Metrics(one), Metrics(two), 1e-12, 1e-12);
+  ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
+
+  // Both resume with new weights for 4 more steps: rank 0 builds what the continued blend
+  // needs, rank 1 loads it, and the runs still agree.
+  auto reweighted = [&](const std::string& run_dir) {
+    return SmallRun(
+        run_dir, kSteps + 4,
+        {absl::StrCat("data.paths=0.9 ", data, "/a 0.1 ", data, "/b"),
+         "data.validation_every_n_samples=0", "data.index_mapping_dir=" + run_dir + "/index_cache",
+         "sampler.dataloader_type=single"});
+  };
+  Subprocess single_again = StartTrain(reweighted(one), one + "/stderr.resumed");
+  ASSERT_EQ(single_again.Wait(), 0) << single_again.Stderr();
+  EXPECT_THAT(single_again.DrainStdout(), HasSubstr("warning: data: the blend was \"0.3 "));
+  Subprocess ranks_again = LaunchTrain(2, reweighted(two), two + "/stderr.resumed");
+  ASSERT_EQ(ranks_again.Wait(), 0) << ranks_again.Stderr();
+  ASSERT_EQ(Metrics(one).size(), static_cast<size_t>(kSteps + 4));
   ExpectCloseTrace(Metrics(one), Metrics(two), 1e-12, 1e-12);
   ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
 }
