@@ -59,6 +59,10 @@ template <typename E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
   return absl::OkStatus();
 }
 
+template <typename T>
+[[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what,
+                                    std::optional<T>& out);
+
 // A JSON array, element by element ("<what>[i]" in errors).
 template <typename T>
 [[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what, std::vector<T>& out) {
@@ -95,6 +99,8 @@ template <typename E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 Json ToJson(E value) {
   return AbslUnparseFlag(value);
 }
+template <typename T>
+Json ToJson(const std::optional<T>& value);
 template <typename T>
 Json ToJson(const std::vector<T>& values) {
   Json json = Json::array();

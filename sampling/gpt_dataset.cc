@@ -1,49 +1,16 @@
 #include "sampling/gpt_dataset.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "ATen/ops/empty.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "sampling/internal/tokens.h"
 
 namespace keel::sampling {
-namespace {
 
-// Tokens in the .bin are aligned to their size (IndexedDataset checks the pointers), but
-// memcpy keeps this free of aliasing assumptions; it compiles to plain loads.
-template <typename T>
-void Widen(const uint8_t* in, int64_t count, int64_t* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    T token;
-    std::memcpy(&token, in + i * sizeof(T), sizeof(T));
-    out[i] = static_cast<int64_t>(token);
-  }
-}
-
-// Converts `count` integer tokens of `dtype` at `in` to int64.
-void WidenTokens(TokenDtype dtype, const uint8_t* in, int64_t count, int64_t* out) {
-  switch (dtype) {
-    case TokenDtype::kUint8:
-      return Widen<uint8_t>(in, count, out);
-    case TokenDtype::kInt8:
-      return Widen<int8_t>(in, count, out);
-    case TokenDtype::kInt16:
-      return Widen<int16_t>(in, count, out);
-    case TokenDtype::kInt32:
-      return Widen<int32_t>(in, count, out);
-    case TokenDtype::kInt64:
-      return Widen<int64_t>(in, count, out);
-    case TokenDtype::kUint16:
-      return Widen<uint16_t>(in, count, out);
-    case TokenDtype::kFloat64:
-    case TokenDtype::kFloat32:
-      TORCH_INTERNAL_ASSERT(false, "GptDataset::Create refuses floating-point tokens");
-  }
-}
-
-}  // namespace
+using internal::WidenTokens;
 
 GptDataset::GptDataset(IndexedDataset dataset, const GptDatasetOptions& options)
     : dataset_(std::move(dataset)), options_(options) {

@@ -45,9 +45,9 @@ void VisitFields(O& o, V&& v) {
 // its document order is the file order.
 //
 // Not included: Megatron's per-epoch shuffles of the document order and of the samples
-// (numpy RandomState(random_seed)); shuffle with a MegatronPretrainingRandomSampler over
-// size() instead. Nor several epochs, train/valid/test splits, blending, padding, or the
-// masks and position ids (derive them from the tokens).
+// (numpy RandomState(random_seed)), several epochs, train/valid/test splits, blending,
+// padding, or the masks and position ids: megatron_gpt_dataset.h and gpt_dataset_builder.h
+// are Megatron's GPTDataset whole. This subset serves the trainer's default corpus.
 class GptDataset {
  public:
   // Errors: kInvalidArgument for sequence_length <= 1, a dataset of fewer than 2 tokens (both

@@ -135,9 +135,12 @@ absl::StatusOr<std::vector<GoldenCase>> LoadGoldenCases(const std::string& path)
 
 bool ErrorTypeMatchesCode(const std::string& error_type, absl::StatusCode code) {
   // Python's exception types for refused inputs. Keel reports refused inputs as
-  // kInvalidArgument, also where Python only failed later in a generic way.
+  // kInvalidArgument, also where Python only failed later in a generic way, and where the
+  // reference process aborted ("Abort", e.g. an assert in C++ helpers) or never returned
+  // ("NonTermination").
   static constexpr const char* kInvalidArgumentTypes[] = {
-      "ValueError", "AssertionError", "TypeError", "KeyError", "ZeroDivisionError", "Exception"};
+      "ValueError", "AssertionError", "TypeError", "KeyError",      "ZeroDivisionError",
+      "Exception",  "IndexError",     "Abort",     "NonTermination"};
   for (const char* type : kInvalidArgumentTypes) {
     if (error_type == type) return code == absl::StatusCode::kInvalidArgument;
   }

@@ -25,6 +25,8 @@ readonly PACKAGES=(
   clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
   python3-torch       # torchrun (tools:train_test) and the Python baseline of tools/scripts/train_benchmark.sh
+  python3-numpy       # numpy's RandomState: the cross-checks and Megatron baseline of tools/scripts/gpt_index_benchmark.py
+  python3-pybind11    # compiles Megatron-LM's helpers.cpp for tools/scripts/gpt_index_benchmark.py
 )
 
 sudo_cmd=()

@@ -25,16 +25,16 @@
 #include "gradients/grad_utils_cases.h"
 #include "optim/param_scheduler_cases.h"
 #include "parallel/mesh_cases.h"
+#include "sampling/gpt_dataset_cases.h"
 #include "sampling/samplers_cases.h"
 #include "scheduling/step_scheduler_cases.h"
 #include "tools/cli/exit_code.h"
 #include "tools/cli/user_path.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
-ABSL_FLAG(
-    std::string, component, "all",
-    "Component whose cases to run: grad_utils, mesh, param_scheduler, samplers, step_scheduler, "
-    "or all.");
+ABSL_FLAG(std::string, component, "all",
+          "Component whose cases to run: gpt_dataset, grad_utils, mesh, param_scheduler, samplers, "
+          "step_scheduler, or all.");
 ABSL_FLAG(
     std::string, cases, "",
     "Case file in the golden format; default: the vendored testdata/golden/<component>.json.");
@@ -54,8 +54,11 @@ struct Component {
 };
 
 constexpr Component kComponents[] = {
-    {"grad_utils", &gradients::RunGradUtilsCase},          {"mesh", &parallel::RunMeshCase},
-    {"param_scheduler", &optim::RunParamSchedulerCase},    {"samplers", &sampling::RunSamplersCase},
+    {"gpt_dataset", &sampling::RunGptDatasetCase},
+    {"grad_utils", &gradients::RunGradUtilsCase},
+    {"mesh", &parallel::RunMeshCase},
+    {"param_scheduler", &optim::RunParamSchedulerCase},
+    {"samplers", &sampling::RunSamplersCase},
     {"step_scheduler", &scheduling::RunStepSchedulerCase},
 };
 

@@ -51,7 +51,7 @@ TEST(ParityToolTest, AllComponentsWriteOneFileEachIntoTheOutputFolder) {
   const std::string out = keel::testing::NewTempDir("all") + "/nested";
   ASSERT_EQ(RunParity(absl::StrCat("--out=", out)), 0);
   for (const char* component :
-       {"grad_utils", "mesh", "param_scheduler", "samplers", "step_scheduler"}) {
+       {"gpt_dataset", "grad_utils", "mesh", "param_scheduler", "samplers", "step_scheduler"}) {
     SCOPED_TRACE(component);
     KEEL_ASSERT_OK_AND_ASSIGN(Json written,
                               base::ReadJsonFile(absl::StrCat(out, "/", component, ".json")));

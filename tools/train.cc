@@ -24,18 +24,15 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "parallel/torchrun_env.h"
 #include "tools/cli/exit_code.h"
-#include "tools/cli/user_path.h"
-#include "tools/cpp/runfiles/runfiles.h"
-#include "tools/recipe/config.h"
+#include "tools/recipe/config.pb.h"
 #include "tools/recipe/dry_run.h"
 #include "tools/recipe/options.h"
 #include "tools/recipe/run.h"
 #include "tools/recipe/runtime.h"
+#include "tools/recipe/tool_config.h"
 
 ABSL_FLAG(bool, dry_run, false,
           "Prints the schedule the config gives (steps, epochs, checkpoint and validation "
@@ -48,36 +45,6 @@ ABSL_FLAG(std::string, config, "",
 namespace keel::tools {
 namespace {
 
-using bazel::tools::cpp::runfiles::Runfiles;
-
-// Splits "--set X" / "--set=X" out of argv (values may hold commas, which absl's list flags
-// would split).
-std::vector<std::string> TakeOverrides(int& argc, char** argv) {
-  std::vector<std::string> overrides;
-  int kept = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--set" && i + 1 < argc) {
-      overrides.push_back(argv[++i]);
-    } else if (absl::StartsWith(arg, "--set=")) {
-      overrides.push_back(arg.substr(6));
-    } else {
-      argv[kept++] = argv[i];
-    }
-  }
-  argc = kept;
-  return overrides;
-}
-
-absl::StatusOr<std::string> ConfigPath(const char* argv0) {
-  const std::string flag = absl::GetFlag(FLAGS_config);
-  if (!flag.empty()) return cli::UserPath(flag);
-  std::string error;
-  std::unique_ptr<Runfiles> runfiles(Runfiles::Create(argv0, &error));
-  if (runfiles == nullptr) return absl::NotFoundError(absl::StrCat("runfiles: ", error));
-  return runfiles->Rlocation("keel/tools/recipe/default.textproto");
-}
-
 // Intra-op threads: the cores divided among the local ranks, unless OMP_NUM_THREADS says.
 void SetThreads(const parallel::WorkerEnv& env) {
   if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
@@ -89,25 +56,18 @@ void SetThreads(const parallel::WorkerEnv& env) {
 absl::StatusOr<recipe::TrainOptions> ReadTrainOptions(const char* argv0,
                                                       const std::vector<std::string>& overrides,
                                                       const parallel::WorkerEnv& env) {
-  KEEL_ASSIGN_OR_RETURN(const std::string config_path, ConfigPath(argv0));
   KEEL_ASSIGN_OR_RETURN(recipe::TrainConfig config,
-                        recipe::LoadTrainConfig(config_path, overrides));
-  config.set_run_dir(cli::UserPath(config.run_dir()));
-  if (!config.data().prefix().empty()) {
-    config.mutable_data()->set_prefix(cli::UserPath(config.data().prefix()));
-  }
-  if (!config.model().pretrained_path().empty()) {
-    config.mutable_model()->set_pretrained_path(cli::UserPath(config.model().pretrained_path()));
-  }
+                        recipe::LoadToolConfig(argv0, absl::GetFlag(FLAGS_config), overrides));
   KEEL_ASSIGN_OR_RETURN(recipe::TrainOptions options, recipe::ReadOptions(config));
   KEEL_RETURN_IF_ERROR(recipe::CheckGeometry(options, env.world_size).status());
   return options;
 }
 
 absl::Status Main(int argc, char** argv) {
-  std::vector<std::string> overrides = TakeOverrides(argc, argv);
+  std::vector<std::string> overrides = recipe::TakeOverrides(argc, argv);
   absl::SetProgramUsageMessage(
-      "trains a GPT on the default corpus or a Megatron indexed dataset.\n"
+      "trains a GPT on the default corpus, a Megatron indexed dataset or Megatron's GPT "
+      "datasets of data.paths.\n"
       "  train [--config=FILE] [--set section.field=value]... [--dry_run]");
   absl::ParseCommandLine(argc, argv);
   KEEL_ASSIGN_OR_RETURN(const parallel::WorkerEnv env, parallel::ReadWorkerEnv());

@@ -36,6 +36,7 @@ namespace keel::tools {
 namespace {
 
 using ::keel::testing::FlipBit;
+using ::keel::testing::IsOk;
 using ::keel::testing::NewTempDir;
 using ::keel::testing::ReadFileOrFail;
 using ::keel::tools::cli::Subprocess;
@@ -446,6 +447,96 @@ TEST(TrainGpuTest, TrainsOnTheGpuWithNccl) {
 // The binary's exit codes (tools/cli/exit_code.h): a bad configuration is 2, found before
 // anything is built (recipe/options_test.cc checks every configuration error); data that cannot
 // be read is 1. Each names the problem on stderr.
+// Two byte-level datasets for data.paths: "<dir>/a" and "<dir>/b", 300 paragraphs each.
+void WriteBlendDatasets(const std::string& dir) {
+  for (const char* name : {"a", "b"}) {
+    std::string text;
+    for (int i = 0; i < 300; ++i) {
+      absl::StrAppend(&text, name, " paragraph ", i, ": pack my box with five dozen jugs.\n\n");
+    }
+    std::ofstream(absl::StrCat(dir, "/", name, ".txt")) << text;
+    ASSERT_THAT(recipe::BuildByteCorpus({absl::StrCat(dir, "/", name, ".txt")},
+                                        absl::StrCat(dir, "/", name))
+                    .status(),
+                IsOk());
+  }
+}
+
+// Megatron's datasets of data.paths: rank 0 builds the index caches and rank 1 loads them, and
+// two ranks train as one accumulating two micro-batches (see
+// TwoRanksMatchOneRankWithGradientAccumulation for why to the bit), also after a resume with
+// new blend weights.
+TEST(TrainTest, TwoRanksMatchOneRankOnMegatronDatasets) {
+  constexpr int64_t kSteps = 8;
+  const std::string data = NewTempDir("blend_data");
+  WriteBlendDatasets(data);
+  auto args = [&](const std::string& run_dir) {
+    return SmallRun(
+        run_dir, kSteps,
+        {absl::StrCat("data.paths=0.3 ", data, "/a 0.7 ", data, "/b"),
+         "data.validation_every_n_samples=0", "data.index_mapping_dir=" + run_dir + "/index_cache",
+         "sampler.dataloader_type=single"});
+  };
+  const std::string one = NewTempDir("blend_one_rank");
+  Subprocess single = StartTrain(args(one), one + "/stderr");
+  ASSERT_EQ(single.Wait(), 0) << single.Stderr();
+  const std::string two = NewTempDir("blend_two_ranks");
+  Subprocess ranks = LaunchTrain(2, args(two), two + "/stderr");
+  ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+  ASSERT_EQ(Metrics(one).size(), static_cast<size_t>(kSteps));
+  ExpectCloseTrace(Metrics(one), Metrics(two), 1e-12, 1e-12);
+  ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
+
+  // Both resume with new weights for 4 more steps: rank 0 builds what the continued blend
+  // needs, rank 1 loads it, and the runs still agree.
+  auto reweighted = [&](const std::string& run_dir) {
+    return SmallRun(
+        run_dir, kSteps + 4,
+        {absl::StrCat("data.paths=0.9 ", data, "/a 0.1 ", data, "/b"),
+         "data.validation_every_n_samples=0", "data.index_mapping_dir=" + run_dir + "/index_cache",
+         "sampler.dataloader_type=single"});
+  };
+  Subprocess single_again = StartTrain(reweighted(one), one + "/stderr.resumed");
+  ASSERT_EQ(single_again.Wait(), 0) << single_again.Stderr();
+  EXPECT_THAT(single_again.DrainStdout(), HasSubstr("warning: data: the blend was \"0.3 "));
+  Subprocess ranks_again = LaunchTrain(2, reweighted(two), two + "/stderr.resumed");
+  ASSERT_EQ(ranks_again.Wait(), 0) << ranks_again.Stderr();
+  ASSERT_EQ(Metrics(one).size(), static_cast<size_t>(kSteps + 4));
+  ExpectCloseTrace(Metrics(one), Metrics(two), 1e-12, 1e-12);
+  ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
+}
+
+// Every bad value of data.paths fails before the first step, naming it, with exit status 2.
+TEST(TrainTest, BadMegatronDataExitsWithTwoBeforeTraining) {
+  const std::string dir = NewTempDir("bad_blend");
+  WriteBlendDatasets(dir);
+  const std::string blend = absl::StrCat("data.paths=0.3 ", dir, "/a 0.7 ", dir, "/b");
+  struct Case {
+    std::vector<std::string> sets;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"data.split=90,x"}, "data.split: split \"90,x\" holds 'x'"},
+      {{absl::StrCat("data.paths=0 ", dir, "/a 1 ", dir, "/b")}, "(0) must be a positive number"},
+      {{absl::StrCat("data.paths=", dir, "/missing")}, "/missing\", which is not an indexed"},
+      {{blend, "data.sequence_length=100000"}, "data.sequence_length (100000) is longer than"},
+      {{blend, "model.vocab_size=50"}, "is outside [0, model.vocab_size = 50)"},
+      {{blend, "data.split=1000,1,0"}, "documents [300, 300) hold 0 tokens"},
+      {{blend, "data.prefix=" + dir + "/a"}, "are exclusive"},
+  };
+  int run = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrJoin(c.sets, " "));
+    const std::string run_dir = absl::StrCat(dir, "/run", ++run);
+    std::vector<std::string> sets = {blend, "data.validation_every_n_samples=0"};
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    Subprocess child = StartTrain(SmallRun(run_dir, 4, sets), absl::StrCat(dir, "/stderr.", run));
+    EXPECT_EQ(child.Wait(), 2) << child.Stderr();
+    EXPECT_THAT(child.Stderr(), HasSubstr(c.message));
+    EXPECT_FALSE(std::filesystem::exists(run_dir + "/metrics.jsonl"));
+  }
+}
+
 TEST(TrainTest, ExitCodesNameTheProblem) {
   const std::string dir = NewTempDir("bad");
   const std::string garbage = dir + "/garbage";

@@ -15,6 +15,7 @@
 #include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "tools/recipe/gpt.h"
+#include "tools/recipe/options.h"
 
 ABSL_FLAG(std::string, config, "", "Path of tools/recipe/default.textproto.");
 
@@ -69,6 +70,10 @@ TEST(TrainConfigTest, SchemaHasEveryOptionsFieldAndUnsetFieldsKeepDefaults) {
   EXPECT_EQ(step.preemption_signal, scheduling::StepSchedulerOptions().preemption_signal);
   sampling::GptDatasetOptions data;
   EXPECT_THAT(CopyFields(empty.data(), data), IsOk());
+  MegatronDataOptions megatron;
+  EXPECT_THAT(CopyFields(empty.data(), megatron), IsOk());
+  EXPECT_EQ(megatron.split, "900,50,50");  // NeMo's
+  EXPECT_EQ(megatron.seed, 1234);
   sampling::MegatronSamplerOptions sampler;
   EXPECT_THAT(CopyFields(empty.sampler(), sampler, {"micro_batch_size", "global_batch_size"}),
               IsOk());

@@ -49,38 +49,87 @@ int64_t SampledWindows(const TrainOptions& options, const Splits& splits) {
   return splits.train_size() / global * global;
 }
 
-absl::StatusOr<at::Tensor> Splits::Batch(const std::vector<int64_t>& indices,
+TokenBatch TokenBatch::To(const at::Device& device) const {
+  if (!defined()) return *this;
+  return {inputs.to(device), labels.to(device),
+          loss_mask.defined() ? loss_mask.to(device) : at::Tensor()};
+}
+
+Splits::Splits(std::unique_ptr<MegatronData> megatron) : megatron_(std::move(megatron)) {}
+Splits::Splits(Splits&&) noexcept = default;
+Splits& Splits::operator=(Splits&&) noexcept = default;
+Splits::~Splits() = default;
+
+int64_t Splits::train_size() const {
+  if (megatron_ != nullptr) return megatron_->train_size();
+  return windows_->size() - val_size();
+}
+
+int64_t Splits::val_size() const {
+  if (megatron_ != nullptr) return megatron_->val_size();
+  return every_n_ == 0 ? 0 : windows_->size() / every_n_;
+}
+
+absl::StatusOr<TokenBatch> Splits::Batch(const std::vector<int64_t>& indices,
                                          bool validation) const {
+  if (megatron_ == nullptr) return WindowBatch(indices, validation);
+  std::vector<int64_t> kept;
+  for (int64_t index : indices) {
+    if (index >= 0) kept.push_back(index);
+  }
+  if (kept.empty()) return TokenBatch();
+  const int64_t n = static_cast<int64_t>(kept.size());
+  const int64_t L = megatron_->sequence_length();
+  TokenBatch batch{at::empty({n, L}, at::kLong), at::empty({n, L}, at::kLong),
+                   at::empty({n, L}, at::kFloat)};
+  for (int64_t i = 0; i < n; ++i) {
+    KEEL_RETURN_IF_ERROR(
+        megatron_->Fill(kept[i], validation,
+                        {batch.inputs[i].data_ptr<int64_t>(), batch.labels[i].data_ptr<int64_t>(),
+                         batch.loss_mask[i].data_ptr<float>()}));
+  }
+  return batch;
+}
+
+absl::StatusOr<TokenBatch> Splits::WindowBatch(const std::vector<int64_t>& indices,
+                                               bool validation) const {
   std::vector<at::Tensor> samples;
   for (int64_t index : indices) {
     if (index < 0) continue;
     KEEL_ASSIGN_OR_RETURN(at::Tensor sample,
-                          dataset_.Sample(validation ? ValIndex(index) : TrainIndex(index)));
+                          windows_->Sample(validation ? ValIndex(index) : TrainIndex(index)));
     samples.push_back(std::move(sample));
   }
-  if (samples.empty()) return at::Tensor();
-  return at::stack(samples);
+  if (samples.empty()) return TokenBatch();
+  const at::Tensor windows = at::stack(samples);
+  return TokenBatch{windows.slice(1, 0, -1), windows.slice(1, 1), at::Tensor()};
 }
 
 int64_t Splits::TrainIndex(int64_t j) const {
   return every_n_ == 0 ? j : (j / (every_n_ - 1)) * every_n_ + j % (every_n_ - 1);
 }
 
-// A dataset that tools:preprocess encoded with a SentencePiece model records its vocabulary:
-// the model's embedding must cover it.
-absl::Status CheckVocabulary(const TrainOptions& options, const std::string& prefix) {
-  KEEL_ASSIGN_OR_RETURN(std::optional<TokenizerInfo> info, ReadTokenizerInfo(prefix));
-  if (!info.has_value() || info->vocab_size <= options.model.vocab_size) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model.vocab_size (", options.model.vocab_size, ") is smaller than the vocabulary of ",
-      prefix, " (", info->vocab_size, " pieces of ", info->tokenizer_model, ", recorded in ",
-      TokenizerInfoPath(prefix), "): set model.vocab_size to at least ", info->vocab_size));
+// The Megatron datasets of data.paths, with the sampler over their training split.
+absl::StatusOr<TrainData> OpenMegatronData(const TrainOptions& options, const TrainRuntime& runtime,
+                                           bool plan_only) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<MegatronData> megatron,
+                        MegatronData::Open(options, runtime, plan_only));
+  Splits splits(std::move(megatron));
+  absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
+      sampling::CreateMegatronSampler(options.sampler, SampledWindows(options, splits),
+                                      runtime.rank, runtime.world_size);
+  KEEL_RETURN_IF_ERROR(base::Annotate(
+      sampler.status(), absl::StrCat("sampler over ", SampledWindows(options, splits), " of the ",
+                                     splits.train_size(), " training samples of data.paths")));
+  return TrainData{options.data.megatron.paths, std::move(splits), *std::move(sampler)};
 }
 
-absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const TrainRuntime& runtime) {
+absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const TrainRuntime& runtime,
+                                        bool plan_only) {
+  if (!options.data.megatron.paths.empty()) return OpenMegatronData(options, runtime, plan_only);
   KEEL_ASSIGN_OR_RETURN(std::string prefix, DataPrefix(options, runtime));
   KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, sampling::IndexedDataset::Open(prefix));
-  KEEL_RETURN_IF_ERROR(CheckVocabulary(options, prefix));
+  KEEL_RETURN_IF_ERROR(CheckModelCoversVocabulary(options.model.vocab_size, prefix));
   KEEL_ASSIGN_OR_RETURN(sampling::GptDataset windows,
                         sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
   Splits splits(std::move(windows), options.data.validation_every_n_samples);

@@ -1,14 +1,16 @@
 // The data of a training run: GPT windows of a Megatron indexed dataset (data.prefix, or the
-// default corpus that rank 0 prepares into <run_dir>/data), split into training and validation
-// windows, and the Megatron sampler that slices the training windows across ranks.
+// default corpus that rank 0 prepares into <run_dir>/data) split into training and validation
+// windows, or Megatron's GPT datasets of data.paths (megatron_data.h); and the Megatron
+// sampler that slices the training samples across ranks.
 //
 //   KEEL_ASSIGN_OR_RETURN(TrainData data, OpenTrainData(options, runtime));
-//   KEEL_ASSIGN_OR_RETURN(at::Tensor batch, data.splits.Batch(indices, /*validation=*/false));
+//   KEEL_ASSIGN_OR_RETURN(TokenBatch batch, data.splits.Batch(indices, /*validation=*/false));
 #ifndef KEEL_TOOLS_RECIPE_DATA_H_
 #define KEEL_TOOLS_RECIPE_DATA_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,32 +18,58 @@
 #include "absl/status/statusor.h"
 #include "sampling/gpt_dataset.h"
 #include "sampling/megatron_sampler.h"
+#include "tools/recipe/megatron_data.h"
 #include "tools/recipe/options.h"
 #include "tools/recipe/runtime.h"
 
 namespace keel::tools::recipe {
 
-// The GPT windows split into training and validation samples: with n =
-// data.validation_every_n_samples, every n-th window validates (none for n = 0).
+// One batch of samples: inputs and labels (the next tokens), and the loss mask.
+struct TokenBatch {
+  // [n, L] int64; undefined when the batch is empty.
+  at::Tensor inputs;
+  at::Tensor labels;
+  // [n, L] float, 1 where a label counts; undefined: every label counts.
+  at::Tensor loss_mask;
+
+  bool defined() const { return inputs.defined(); }
+  TokenBatch To(const at::Device& device) const;
+};
+
+// A run's samples split into training and validation: the GPT windows of data.prefix (or the
+// default corpus) in file order, every n-th (n = data.validation_every_n_samples) validating,
+// or Megatron's GPT datasets of data.paths (MegatronData).
 class Splits {
  public:
   Splits(sampling::GptDataset dataset, int64_t every_n)
-      : dataset_(std::move(dataset)), every_n_(every_n) {}
+      : windows_(std::move(dataset)), every_n_(every_n) {}
+  explicit Splits(std::unique_ptr<MegatronData> megatron);
+  Splits(Splits&&) noexcept;
+  Splits& operator=(Splits&&) noexcept;
+  ~Splits();
 
-  int64_t train_size() const { return dataset_.size() - val_size(); }
-  int64_t val_size() const { return every_n_ == 0 ? 0 : dataset_.size() / every_n_; }
+  int64_t train_size() const;
+  int64_t val_size() const;
 
-  // Samples [count, sequence_length + 1] for the given split indices (negative ones, padding,
-  // are skipped); an undefined tensor when none is left. Errors: as GptDataset::Sample.
-  [[nodiscard]] absl::StatusOr<at::Tensor> Batch(const std::vector<int64_t>& indices,
+  // The samples of the given split indices (negative ones, padding, are skipped); an
+  // undefined batch when none is left. Windows have all labels counted; Megatron's samples
+  // carry their loss masks. Not thread-safe. Errors: as GptDataset::Sample and
+  // MegatronData::Fill.
+  [[nodiscard]] absl::StatusOr<TokenBatch> Batch(const std::vector<int64_t>& indices,
                                                  bool validation) const;
+
+  // The Megatron datasets of data.paths; nullptr for windows.
+  MegatronData* megatron() const { return megatron_.get(); }
 
  private:
   int64_t TrainIndex(int64_t j) const;
   int64_t ValIndex(int64_t k) const { return k * every_n_ + every_n_ - 1; }
+  absl::StatusOr<TokenBatch> WindowBatch(const std::vector<int64_t>& indices,
+                                         bool validation) const;
 
-  sampling::GptDataset dataset_;
-  int64_t every_n_;
+  std::optional<sampling::GptDataset> windows_;
+  int64_t every_n_ = 0;
+  std::unique_ptr<MegatronData> megatron_;
 };
 
 // The training windows the sampler draws from: with sampler.drop_last, the split cut to whole
@@ -51,20 +79,22 @@ class Splits {
 int64_t SampledWindows(const TrainOptions& options, const Splits& splits);
 
 struct TrainData {
-  // The dataset prefix trained on.
+  // The dataset prefix trained on (data.paths for Megatron's datasets).
   std::string prefix;
   Splits splits;
   std::unique_ptr<sampling::MegatronSampler> sampler;
 };
 
 // Opens the run's data; rank 0 prepares the default corpus first when data.prefix is empty and
-// <run_dir>/data holds none, while the other ranks wait for its status.
+// <run_dir>/data holds none, while the other ranks wait for its status; with data.paths,
+// Megatron's datasets (MegatronData::Open; `plan_only` builds no index, for dry runs).
 // Collective: over runtime.control_group. Errors: kNotFound for a missing dataset or default
 // corpus; kDataLoss for a corrupt one (or its .tokenizer.json); kInvalidArgument when
 // model.vocab_size is smaller than the vocabulary recorded beside the dataset (TokenizerInfo),
-// and the sampler's (too few windows).
+// MegatronData::Open's, and the sampler's (too few windows).
 [[nodiscard]] absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options,
-                                                      const TrainRuntime& runtime);
+                                                      const TrainRuntime& runtime,
+                                                      bool plan_only = false);
 
 }  // namespace keel::tools::recipe
 

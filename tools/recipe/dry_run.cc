@@ -75,7 +75,7 @@ absl::StatusOr<TrainData> OpenData(TrainOptions options, int world_size, const s
   runtime.dp_size = world_size;
   std::ostringstream preparation;  // its notice names the scratch copy
   runtime.log = &preparation;
-  return OpenTrainData(options, runtime);
+  return OpenTrainData(options, runtime, /*plan_only=*/true);
 }
 
 // What the StepScheduler decides at each step of the run (steps numbered from 1).
@@ -204,8 +204,11 @@ void PrintWarnings(const TrainOptions& options, const ScheduleWalk& walk, const 
   }
   if (splits.val_size() == 0 && (o.val_every_steps.has_value() || o.validate_on_checkpoint)) {
     out << "warning: validation never runs: no validation windows "
-           "(data.validation_every_n_samples "
-        << options.data.validation_every_n_samples << ")\n";
+        << (splits.megatron() != nullptr
+                ? absl::StrCat("(data.split \"", options.data.megatron.split, "\")")
+                : absl::StrCat("(data.validation_every_n_samples ",
+                               options.data.validation_every_n_samples, ")"))
+        << "\n";
   }
 }
 
@@ -213,8 +216,10 @@ void PrintSchedule(const TrainOptions& options, int world_size, const TrainData&
                    const ScheduleWalk& walk, std::ostream& out) {
   const int64_t tokens = options.data.dataset.sequence_length;
   const int64_t global = options.step_scheduler.global_batch_size;
+  if (data.splits.megatron() != nullptr) data.splits.megatron()->Describe(out);
   const std::string source =
-      options.data.prefix.empty() && !absl::StartsWith(data.prefix, options.run_dir)
+      data.splits.megatron() != nullptr ? "data.paths \"" + data.prefix + "\""
+      : options.data.prefix.empty() && !absl::StartsWith(data.prefix, options.run_dir)
           ? "the default corpus (counted in a temporary copy; the run prepares it in " +
                 base::JoinPath(options.run_dir, "data/corpus") + ")"
           : data.prefix;

@@ -18,12 +18,13 @@
 namespace keel::tools::recipe {
 
 // Prints, for a run of `options` on `world_size` ranks: the data (training, sampled and
-// validation windows); max_steps after the epoch cap, num_epochs, grad_acc_steps per rank,
-// samples and tokens per step and in total; the checkpoint, validation and gc steps (as
-// CompressSteps writes them); the learning rate and weight decay at the first, warm-up-end,
-// checkpoint and last steps; warnings when num_epochs caps max_steps or a checkpoint or
-// validation cadence never fires. Writes the LR and WD schedule to <run_dir>/schedule.svg.
-// Steps are numbered as the trainer logs them (1 to max_steps; a checkpoint of step s is
+// validation windows; with data.paths, each dataset's weight, samples drawn and epochs per
+// split, planned without building an index); max_steps after the epoch cap, num_epochs,
+// grad_acc_steps per rank, samples and tokens per step and in total; the checkpoint, validation and
+// gc steps (as CompressSteps writes them); the learning rate and weight decay at the first,
+// warm-up-end, checkpoint and last steps; warnings when num_epochs caps max_steps or a checkpoint
+// or validation cadence never fires. Writes the LR and WD schedule to <run_dir>/schedule.svg. Steps
+// are numbered as the trainer logs them (1 to max_steps; a checkpoint of step s is
 // checkpoints/step_s). Errors: those of the trainer's data, step scheduler and LR scheduler
 // construction, and of writing the plot.
 [[nodiscard]] absl::Status DryRun(const TrainOptions& options, int world_size, std::ostream& out);

@@ -122,6 +122,32 @@ TEST(DryRunTest, PrintsTheScheduleTheStepSchedulerGives) {
   EXPECT_FALSE(base::PathExists(options.run_dir + "/checkpoints"));
 }
 
+// With data.paths the plan names each dataset's weight, samples drawn and epochs per split,
+// and builds no index.
+TEST(DryRunTest, ShowsEachMegatronDatasetsWeightSamplesAndEpochs) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_blend");
+  TrainOptions options = SmallOptions(dir);
+  const std::string a = CorpusPrefix(dir);
+  options.data.prefix.clear();
+  options.data.validation_every_n_samples = 0;
+  options.data.megatron.paths = absl::StrCat("1 ", a, " 3 ", a);
+  options.data.megatron.index_mapping_dir = dir + "/index_cache";
+  options.step_scheduler.max_steps = 50;
+  options.step_scheduler.val_every_steps = 10;
+  std::ostringstream out;
+  KEEL_ASSERT_OK(DryRun(options, 1, out));
+  // 50 steps x 4 = 200 samples at 0.25 / 0.75: ceil(200 * 0.25) = 50 and 150; validation
+  // (50 / 10) x 4 = 20, split 5 and 15.
+  EXPECT_THAT(out.str(), HasSubstr("train: 200 samples (blend)"));
+  EXPECT_THAT(out.str(), HasSubstr(absl::StrCat(a, ": weight 0.25, 50 samples drawn, ")));
+  EXPECT_THAT(out.str(), HasSubstr(absl::StrCat(a, ": weight 0.75, 150 samples drawn, ")));
+  EXPECT_THAT(out.str(), HasSubstr("validation: 20 samples (blend)"));
+  EXPECT_THAT(out.str(), HasSubstr(absl::StrCat(a, ": weight 0.25, 5 samples drawn, ")));
+  EXPECT_THAT(out.str(), HasSubstr(" epoch(s) of documents [0, "));
+  EXPECT_THAT(out.str(), HasSubstr("in total: 200 samples"));
+  EXPECT_FALSE(base::PathExists(dir + "/index_cache"));
+}
+
 TEST(DryRunTest, WarnsAboutCadencesThatNeverFire) {
   const std::string dir = keel::testing::NewTempDir("dry_run_cadence");
   TrainOptions options = SmallOptions(dir);

@@ -1,5 +1,6 @@
 #include "tools/recipe/options.h"
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
@@ -7,9 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "sampling/gpt_dataset_config.h"
+#include "sampling/numpy_random.h"
 #include "tools/recipe/config.h"
 
 namespace keel::tools::recipe {
@@ -97,9 +101,44 @@ absl::Status ReadNumerics(const NumericsConfig& config, NumericsOptions& options
                  "must be > 0");
 }
 
+// data.paths, data.split and data.seed as Megatron's builder will read them.
+absl::Status CheckMegatronData(const TrainOptions& options) {
+  const DataOptions& data = options.data;
+  if (!data.prefix.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("data.paths (\"", data.megatron.paths,
+                                                   "\") and data.prefix (\"", data.prefix,
+                                                   "\") are exclusive; set one"));
+  }
+  KEEL_RETURN_IF_ERROR(Require(data.validation_every_n_samples == 0,
+                               "data.validation_every_n_samples", data.validation_every_n_samples,
+                               "must be 0 with data.paths (validation comes from data.split)"));
+  if (!options.step_scheduler.max_steps.has_value()) {
+    return absl::InvalidArgumentError(
+        "data.paths sizes the training split as step_scheduler.max_steps x global_batch_size: "
+        "set step_scheduler.max_steps");
+  }
+  const std::vector<std::string> items =
+      absl::StrSplit(data.megatron.paths, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
+  absl::StatusOr<sampling::Blend> blend = sampling::GetBlendFromList(items);
+  KEEL_RETURN_IF_ERROR(base::Annotate(blend.status(), "data.paths"));
+  for (size_t i = 0; blend->weights.has_value() && i < blend->prefixes.size(); ++i) {
+    const double w = (*blend->weights)[i];
+    if (!(w > 0) || !std::isfinite(w)) {
+      return absl::InvalidArgumentError(absl::StrCat("data.paths: the weight of ",
+                                                     blend->prefixes[i], " (", w,
+                                                     ") must be a positive number"));
+    }
+  }
+  KEEL_RETURN_IF_ERROR(
+      base::Annotate(sampling::ParseAndNormalizeSplit(data.megatron.split).status(), "data.split"));
+  return base::Annotate(sampling::NumpyRandomState::Create(data.megatron.seed).status(),
+                        "data.seed");
+}
+
 absl::Status ReadData(const DataConfig& config, DataOptions& options) {
   options.prefix = config.prefix();
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.dataset));
+  KEEL_RETURN_IF_ERROR(CopyFields(config, options.megatron));
   options.validation_every_n_samples = config.validation_every_n_samples();
   const int64_t every_n = options.validation_every_n_samples;
   return Require(every_n == 0 || every_n >= 2, "data.validation_every_n_samples", every_n,
@@ -159,6 +198,9 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json data = base::WriteJsonFields(options.data.dataset);
   data["prefix"] = options.data.prefix;
   data["validation_every_n_samples"] = options.data.validation_every_n_samples;
+  if (!options.data.megatron.paths.empty()) {
+    data.update(base::WriteJsonFields(options.data.megatron));
+  }
   base::Json checkpoint = base::WriteJsonFields(options.checkpoint);
   checkpoint.erase("checkpoint_dir");
   return {{"seed", options.seed},
@@ -199,6 +241,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(Require(options.local_batch_size > 0, "step_scheduler.local_batch_size",
                                options.local_batch_size, "must be > 0"));
   KEEL_RETURN_IF_ERROR(ReadData(config.data(), options.data));
+  if (!options.data.megatron.paths.empty()) KEEL_RETURN_IF_ERROR(CheckMegatronData(options));
   KEEL_RETURN_IF_ERROR(
       CopyFields(config.sampler(), options.sampler, {"micro_batch_size", "global_batch_size"}));
   options.sampler.micro_batch_size = options.local_batch_size;

@@ -30,6 +30,32 @@
 
 namespace keel::tools::recipe {
 
+// The fields of NeMo AutoModel's MegatronPretrainingConfig
+// (nemo_automodel/components/datasets/llm/megatron_dataset.py) that the trainer reads, same
+// names and defaults; seq_length is data.sequence_length. With paths set, the run trains on
+// Megatron's GPT datasets (tools/recipe/megatron_data.h): the training split holds
+// max_steps x global_batch_size samples, validation comes from the split.
+struct MegatronDataOptions {
+  // "prefix ..." or "weight prefix weight prefix ..." (Megatron's --data-path); empty: not
+  // used. Default: "".
+  std::string paths;
+  // GPTDatasetConfig.random_seed. Default: 1234.
+  int64_t seed = 1234;
+  // Train, validation and test weights. Default: "900,50,50".
+  std::string split = "900,50,50";
+  // path_to_cache, where the index caches go; empty: Megatron's default beside each dataset,
+  // "<prefix>/cache/GPTDataset_indices". Default: "".
+  std::string index_mapping_dir;
+};
+
+template <typename O, typename V, base::IsFieldsOf<O, MegatronDataOptions> = 0>
+void VisitFields(O& o, V&& v) {
+  v("paths", o.paths);
+  v("seed", o.seed);
+  v("split", o.split);
+  v("index_mapping_dir", o.index_mapping_dir);
+}
+
 struct DataOptions {
   // Megatron indexed dataset prefix (<prefix>.idx/.bin); empty: the default corpus, prepared
   // into <run_dir>/data. Default: "".
@@ -38,6 +64,8 @@ struct DataOptions {
   sampling::GptDatasetOptions dataset;
   // Every N-th window validates; 0: no validation set. Default: 0.
   int64_t validation_every_n_samples = 0;
+  // Megatron's GPT datasets instead of prefix (paths set).
+  MegatronDataOptions megatron;
 };
 
 // torch::optim::AdamW's options (the trainer's only optimizer), with its defaults.
@@ -160,7 +188,9 @@ struct TrainOptions {
 // and what is allowed: an empty run_dir, a bad enum spelling, a non-positive
 // local_batch_size or model size, hidden_size not divisible by num_attention_heads, a
 // validation_every_n_samples of 1 or below 0, an optimizer other than AdamW, a backend other
-// than gloo or nccl, a non-positive timeout or logging interval.
+// than gloo or nccl, a non-positive timeout or logging interval; with data.paths: data.prefix
+// or validation_every_n_samples also set, no step_scheduler.max_steps, a bad blend list
+// (a weight that is not a positive number), split string or seed.
 [[nodiscard]] absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config);
 
 // The model-parallel layout on `world_size` ranks, and whether the batch geometry works with

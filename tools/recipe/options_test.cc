@@ -111,6 +111,47 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
   }
 }
 
+// data.paths: NeMo's defaults, and every rule checked before anything opens a dataset.
+TEST(ReadOptionsTest, MegatronDataIsCheckedBeforeAnythingIsBuilt) {
+  const std::vector<std::string> blend = {"data.paths=0.3 /x/a 0.7 /x/b",
+                                          "data.validation_every_n_samples=0"};
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read(blend));
+  EXPECT_EQ(options.data.megatron.paths, "0.3 /x/a 0.7 /x/b");
+  EXPECT_EQ(options.data.megatron.split, "900,50,50");
+  EXPECT_EQ(options.data.megatron.seed, 1234);
+  EXPECT_EQ(options.data.megatron.index_mapping_dir, "");
+  struct Case {
+    std::vector<std::string> overrides;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"data.prefix=/x/c"},
+       "data.paths (\"0.3 /x/a 0.7 /x/b\") and data.prefix (\"/x/c\") are "
+       "exclusive"},
+      {{"data.validation_every_n_samples=20"},
+       "data.validation_every_n_samples (20) must be 0 with data.paths"},
+      {{"data.paths=0 /x/a 1 /x/b"}, "data.paths: the weight of /x/a (0) must be a positive"},
+      {{"data.paths=-1 /x/a 2 /x/b"}, "the weight of /x/a (-1) must be a positive number"},
+      {{"data.paths=0.3 /x/a /x/b /x/c"}, "data.paths: the blend list"},
+      {{"data.split=70,-20,10"}, "data.split: split \"70,-20,10\" holds '-'"},
+      {{"data.split=1,2,3,4"}, "data.split: split \"1,2,3,4\" has 4 numbers"},
+      {{"data.seed=-5"}, "data.seed: random seed -5"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
+    std::vector<std::string> overrides = blend;
+    overrides.insert(overrides.end(), c.overrides.begin(), c.overrides.end());
+    EXPECT_THAT(Read(overrides),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+  }
+  TrainConfig config;
+  config.set_run_dir("/tmp/run");
+  config.mutable_step_scheduler()->set_local_batch_size(1);
+  config.mutable_data()->set_paths("/x/a");
+  EXPECT_THAT(ReadOptions(config), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("set step_scheduler.max_steps")));
+}
+
 TEST(ReadOptionsTest, ConfigFileErrorsNameTheFile) {
   EXPECT_THAT(LoadTrainConfig("/nonexistent/train.textproto", {}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/train.textproto")));

@@ -25,9 +25,11 @@
 #include "gradients/clip_grad_norm.h"
 #include "optim/param_scheduler.h"
 #include "sampling/megatron_sampler.h"
+#include "sampling/resumable_blend.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/data.h"
 #include "tools/recipe/gpt.h"
+#include "tools/recipe/megatron_data.h"
 #include "tools/recipe/numerics.h"
 #include "tools/recipe/plot.h"
 #include "tools/recipe/run_dir_lock.h"
@@ -47,14 +49,23 @@ double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The summed cross-entropy of next-token prediction over `batch` ([n, sequence_length + 1]).
-at::Tensor SummedTokenLoss(Gpt& model, const at::Tensor& batch) {
-  const at::Tensor logits = model->forward(batch.slice(1, 0, -1));
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
-                                batch.slice(1, 1).reshape({-1}), {}, at::Reduction::Sum);
+// The summed cross-entropy of next-token prediction over the labels of `batch` that count.
+at::Tensor SummedTokenLoss(Gpt& model, const TokenBatch& batch) {
+  const at::Tensor logits = model->forward(batch.inputs);
+  const at::Tensor flat = logits.reshape({-1, logits.size(-1)});
+  if (!batch.loss_mask.defined()) {
+    return at::cross_entropy_loss(flat, batch.labels.reshape({-1}), {}, at::Reduction::Sum);
+  }
+  const at::Tensor losses =
+      at::cross_entropy_loss(flat, batch.labels.reshape({-1}), {}, at::Reduction::None);
+  return (losses * batch.loss_mask.reshape({-1})).sum();
 }
 
-int64_t LabelTokens(const at::Tensor& batch) { return batch.size(0) * (batch.size(1) - 1); }
+// Labels of `batch` that count.
+int64_t LabelTokens(const TokenBatch& batch) {
+  if (!batch.loss_mask.defined()) return batch.labels.numel();
+  return static_cast<int64_t>(batch.loss_mask.sum().item<double>());
+}
 
 // The run's configuration in its checkpoints ("config"): saved with each one and compared
 // before a resume (Run::CheckConfig); loading it restores nothing, so checkpoints written
@@ -97,6 +108,9 @@ class Run::State {
   std::unique_ptr<checkpoint::RngState> rng_state;
   std::unique_ptr<ConfigState> config_state;
   std::unique_ptr<NonFiniteGuard> numerics;
+  // data.paths: the training blend's state ("data"), and the one a resume loaded.
+  std::unique_ptr<checkpoint::Stateful> data_state;
+  std::optional<sampling::BlendState> loaded_blend;
   checkpoint::Statefuls statefuls;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   // Rank 0's outputs.
@@ -198,6 +212,15 @@ absl::Status Run::BuildCheckpointing() {
                  {"rng", s.rng_state.get()},
                  {"sampler", s.sampler_state.get()},
                  {"step_scheduler", s.step_state.get()}};
+  if (MegatronData* megatron = s.data.splits.megatron()) {
+    s.data_state = std::make_unique<checkpoint::ValueState<sampling::BlendState>>(
+        [megatron, &sampler] { return megatron->State(sampler.consumed_samples()); },
+        [&s](const sampling::BlendState& state) {
+          s.loaded_blend = state;
+          return absl::OkStatus();
+        });
+    s.statefuls["data"] = s.data_state.get();
+  }
   KEEL_ASSIGN_OR_RETURN(s.checkpointer, checkpoint::Checkpointer::Create(
                                             options_.checkpoint, runtime_.checkpoint_group));
   return base::MakeDirectories(options_.checkpoint.checkpoint_dir);
@@ -238,6 +261,9 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
   if (const std::optional<int64_t> saved = s.rng_state->saved_world_size();
       saved.has_value() && *saved != runtime_.world_size) {
     ContinueOnNewWorldSize(*saved);
+  }
+  if (s.loaded_blend.has_value()) {
+    KEEL_RETURN_IF_ERROR(s.data.splits.megatron()->Resume(*s.loaded_blend, options_, runtime_));
   }
   resumed_ = true;
   return result.loaded->path;
@@ -312,6 +338,7 @@ absl::Status Run::ResetState() {
   KEEL_RETURN_IF_ERROR(s.scheduler->LoadStateDict(
       {options_.step_scheduler.start_step, options_.step_scheduler.start_epoch}));
   KEEL_RETURN_IF_ERROR(s.data.sampler->LoadState(s.initial_sampler_state));
+  s.loaded_blend.reset();
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
@@ -331,12 +358,12 @@ absl::Status Run::ResetState() {
 absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& micro_batches) {
   State& s = *state_;
   // Label tokens of the global batch: the loss is their mean, however the batch is split.
-  std::vector<at::Tensor> batches;
+  std::vector<TokenBatch> batches;
   int64_t local_tokens = 0;
   for (const std::vector<int64_t>& indices : micro_batches) {
-    KEEL_ASSIGN_OR_RETURN(at::Tensor batch, s.data.splits.Batch(indices, /*validation=*/false));
+    KEEL_ASSIGN_OR_RETURN(TokenBatch batch, s.data.splits.Batch(indices, /*validation=*/false));
     if (batch.defined()) {
-      batch = batch.to(runtime_.device);
+      batch = batch.To(runtime_.device);
       local_tokens += LabelTokens(batch);
     }
     batches.push_back(std::move(batch));
@@ -396,9 +423,9 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
     for (int64_t k = start; k < std::min(start + batch_size, splits.val_size()); ++k) {
       indices.push_back(k);
     }
-    KEEL_ASSIGN_OR_RETURN(at::Tensor batch, splits.Batch(indices, /*validation=*/true));
+    KEEL_ASSIGN_OR_RETURN(TokenBatch batch, splits.Batch(indices, /*validation=*/true));
     if (batch.defined()) {
-      batch = batch.to(runtime_.device);
+      batch = batch.To(runtime_.device);
       loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
       tokens += LabelTokens(batch);
     }

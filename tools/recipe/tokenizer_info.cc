@@ -38,4 +38,13 @@ absl::StatusOr<std::optional<TokenizerInfo>> ReadTokenizerInfo(const std::string
   return info;
 }
 
+absl::Status CheckModelCoversVocabulary(int64_t model_vocab_size, const std::string& prefix) {
+  KEEL_ASSIGN_OR_RETURN(std::optional<TokenizerInfo> info, ReadTokenizerInfo(prefix));
+  if (!info.has_value() || info->vocab_size <= model_vocab_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.vocab_size (", model_vocab_size, ") is smaller than the vocabulary of ", prefix, " (",
+      info->vocab_size, " pieces of ", info->tokenizer_model, ", recorded in ",
+      TokenizerInfoPath(prefix), "): set model.vocab_size to at least ", info->vocab_size));
+}
+
 }  // namespace keel::tools::recipe

@@ -34,6 +34,12 @@ std::string TokenizerInfoPath(const std::string& prefix);
 [[nodiscard]] absl::StatusOr<std::optional<TokenizerInfo>> ReadTokenizerInfo(
     const std::string& prefix);
 
+// A dataset that tools:preprocess encoded with a SentencePiece model records its vocabulary:
+// the model's embedding (model.vocab_size rows) must cover it. Errors: kInvalidArgument naming
+// both sizes; ReadTokenizerInfo's.
+[[nodiscard]] absl::Status CheckModelCoversVocabulary(int64_t model_vocab_size,
+                                                      const std::string& prefix);
+
 }  // namespace keel::tools::recipe
 
 #endif  // KEEL_TOOLS_RECIPE_TOKENIZER_INFO_H_
