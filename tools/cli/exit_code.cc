@@ -2,6 +2,8 @@
 
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
+
 namespace keel::tools::cli {
 
 int ExitCodeFor(const absl::Status& status) {
@@ -10,7 +12,8 @@ int ExitCodeFor(const absl::Status& status) {
 }
 
 int Exit(absl::string_view program, const absl::Status& status) {
-  if (!status.ok()) std::cerr << program << ": " << status.message() << "\n";
+  // One write, so that the lines of ranks failing together do not interleave.
+  if (!status.ok()) std::cerr << absl::StrCat(program, ": ", status.message(), "\n");
   return ExitCodeFor(status);
 }
 

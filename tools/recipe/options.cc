@@ -272,7 +272,8 @@ absl::StatusOr<parallel::MeshLayout> CheckGeometry(const TrainOptions& options, 
   return absl::InvalidArgumentError(absl::StrCat(
       "step_scheduler.global_batch_size (", global,
       ") must be a positive multiple of step_scheduler.local_batch_size (", local, ") x ", ranks,
-      " = ", local * dp, "; data-parallel sizes that work with this local_batch_size: ",
+      " = ", local * dp, "; ", dp == world_size ? "world" : "data-parallel",
+      " sizes that work with this local_batch_size: ",
       Working(global, [&](int64_t w) { return global > 0 && global % (local * w) == 0; }),
       "; local_batch_size values that work on ", dp, " data-parallel rank(s): ",
       Working(global, [&](int64_t l) { return global > 0 && global % (l * dp) == 0; })));

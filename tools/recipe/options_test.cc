@@ -176,8 +176,7 @@ TEST(CheckGeometryTest, GlobalBatchMustDivideOverRanksAndMicroBatches) {
                        AllOf(HasSubstr("global_batch_size (16)"),
                              HasSubstr("(4) x the world size "
                                        "(3) = 12"),
-                             HasSubstr("data-parallel sizes that work with this local_batch_size: "
-                                       "1, 2, 4"),
+                             HasSubstr("world sizes that work with this local_batch_size: 1, 2, 4"),
                              HasSubstr("local_batch_size values that work on 3 data-parallel "
                                        "rank(s): none"))));
   KEEL_ASSERT_OK_AND_ASSIGN(
