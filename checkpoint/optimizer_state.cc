@@ -259,9 +259,7 @@ absl::StatusOr<OptimizerState> OptimizerState::Create(optim::DistributedOptimize
   std::map<std::string, ShardPlacement> placements;
   for (const gradients::ParamShard& shard : optimizer.shards()) {
     named.emplace_back(shard.name, shard.tensor);
-    std::vector<int64_t> offsets(shard.global_shape.size(), 0);
-    offsets[0] = shard.row_begin;
-    placements[shard.name] = ShardPlacement{shard.global_shape, std::move(offsets)};
+    placements[shard.name] = ShardPlacement{shard.layout.global_shape, shard.layout.offsets};
   }
   return Make(nullptr, std::move(named), optimizer.optimizer(), scheduler, std::move(placements));
 }

@@ -87,7 +87,7 @@ WholeState Gather(DistributedOptimizer& sharded, c10d::ProcessGroup& group) {
     const auto& state = StateOf(sharded.optimizer(), shard.tensor);
     for (const auto& [key, part] :
          {std::pair{"exp_avg", state.exp_avg()}, std::pair{"exp_avg_sq", state.exp_avg_sq()}}) {
-      std::vector<at::Tensor> tensor = {at::zeros(shard.global_shape)};
+      std::vector<at::Tensor> tensor = {at::zeros(shard.layout.global_shape)};
       tensor[0].narrow(0, shard.row_begin, part.size(0)).copy_(part);
       group.allreduce(tensor)->wait();
       whole[absl::StrCat(shard.name, "/", key)] = tensor[0];

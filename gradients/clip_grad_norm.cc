@@ -5,7 +5,6 @@
 #include <map>
 #include <optional>
 #include <tuple>
-#include <unordered_set>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -14,7 +13,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "base/collectives.h"
-#include "base/named_parameters.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
 #include "gradients/internal/norm_kernels.h"
@@ -26,6 +24,7 @@ namespace {
 // Every tensor expression below is the ATen op sequence NeMo runs (same ops, same dtypes,
 // same order), so results equal NeMo's bit for bit on the same LibTorch build.
 
+using parallel::Placement;
 using GroupKey = std::vector<std::tuple<c10d::ProcessGroup*, Placement>>;
 
 // max if finite and non-zero, else 1: NeMo's scale for the max-scaled p-norm.
@@ -177,9 +176,9 @@ struct LaidOut {
   GroupKey key;
 };
 
-GroupKey KeyOf(const GradLayout& layout) {
+GroupKey KeyOf(const parallel::TensorLayout& layout) {
   GroupKey key;
-  for (const MeshDim& dim : layout.dims) key.emplace_back(dim.group, dim.placement);
+  for (const parallel::LayoutDim& dim : layout.dims) key.emplace_back(dim.group, dim.placement);
   return key;
 }
 
@@ -283,24 +282,9 @@ bool IsTeExpertParam(absl::string_view name) {
 
 }  // namespace
 
-std::vector<NamedParameter> TrainableParameters(
-    const std::vector<torch::nn::Module*>& model_parts) {
-  std::vector<NamedParameter> parameters;
-  std::unordered_set<const void*> seen;  // a tensor shared by two parts counts once too
-  for (torch::nn::Module* part : model_parts) {
-    const base::UniqueParameters unique = base::UniqueNamedParameters(*part);
-    for (const auto& [name, param] : unique.unique) {
-      if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
-      if (param.requires_grad()) parameters.push_back({name, param});
-    }
-  }
-  return parameters;
-}
-
 absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
                                         const std::vector<NamedParameter>& parameters,
-                                        const ClipGradNormOptions& options,
-                                        const ShardingSpec& sharding) {
+                                        const ClipGradNormOptions& options) {
   const double p = options.norm_type;
   if (!max_norm.has_value()) return at::zeros({}, at::kDouble);
   if (p == 0.0 || std::isnan(p)) {
@@ -311,8 +295,7 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
   // group forms the same groups and runs the same collectives.
   std::vector<LaidOut> laid_out;
   for (const NamedParameter& parameter : parameters) {
-    const GradLayout* layout = sharding.Find(parameter.name);
-    laid_out.push_back({parameter.param, layout == nullptr ? GroupKey() : KeyOf(*layout)});
+    laid_out.push_back({parameter.param, parameter.layout ? KeyOf(*parameter.layout) : GroupKey()});
   }
   KEEL_RETURN_IF_ERROR(ResolvePartials(laid_out));
   const at::Device target = parameters.empty() ? at::Device(at::kCPU) : FirstDevice(parameters);
@@ -361,8 +344,7 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
 absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(std::optional<double> max_norm,
                                                      const std::vector<NamedParameter>& parameters,
                                                      const GradScalingOptions& scaling,
-                                                     const ClipGradNormOptions& options,
-                                                     const ShardingSpec& sharding) {
+                                                     const ClipGradNormOptions& options) {
   if (scaling.expert_tp_replication_factor < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expert_tp_replication_factor (", scaling.expert_tp_replication_factor, ") must be >= 1"));
@@ -401,14 +383,15 @@ absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(std::optional<double> max_n
       if (pp_divisor.has_value()) grad.div_(*pp_divisor);
       if (!ep_ratio.has_value()) continue;
       bool is_expert = IsTeExpertParam(parameter.name);
-      if (const GradLayout* layout = sharding.Find(parameter.name);
-          layout != nullptr && !scaling.ep_axis_name.empty()) {
-        for (const MeshDim& dim : layout->dims) is_expert |= dim.name == scaling.ep_axis_name;
+      if (parameter.layout && !scaling.ep_axis_name.empty()) {
+        for (const parallel::LayoutDim& dim : parameter.layout->dims) {
+          is_expert |= dim.name == scaling.ep_axis_name;
+        }
       }
       if (is_expert) grad.div_(*ep_ratio);
     }
   }
-  return ClipGradNorm(max_norm, parameters, options, sharding);
+  return ClipGradNorm(max_norm, parameters, options);
 }
 
 }  // namespace keel::gradients

@@ -1,6 +1,7 @@
 // Sharding-aware gradient-norm clipping and PP/EP gradient scaling, value for value with NeMo
 // AutoModel's clip_grad_norm, _clip_grad_norm_impl and scale_grads_and_clip_grad_norm
-// (nemo_automodel/components/training/utils.py), for gradients laid out by a ShardingSpec.
+// (nemo_automodel/components/training/utils.py), for gradients laid out over the device mesh
+// (each parameter's parallel::TensorLayout).
 //
 //   std::vector<NamedParameter> params = TrainableParameters({&model});
 //   keel::gradients::ClipGradNormOptions options;
@@ -17,20 +18,10 @@
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
-#include "gradients/sharding.h"
+#include "gradients/parameters.h"
 #include "torch/nn/module.h"
 
 namespace keel::gradients {
-
-// A parameter by fully qualified name; its grad() is read and scaled in place.
-struct NamedParameter {
-  std::string name;
-  at::Tensor param;
-};
-
-// The parameters with requires_grad of each module, in order, each tensor once under its first
-// name as Python's named_parameters() gives them (a tied weight is counted once).
-std::vector<NamedParameter> TrainableParameters(const std::vector<torch::nn::Module*>& model_parts);
 
 // _clip_grad_norm_impl's options.
 struct ClipGradNormOptions {
@@ -52,7 +43,7 @@ struct ClipGradNormOptions {
 
 // NeMo's clip_grad_norm: clips the gradients of `parameters` by their total p-norm.
 // - Computed: the p-norm of every gradient together, each element counted once however
-//   `sharding` lays it out, accumulated in float64 with NeMo's max-scaled sums (bit-identical
+//   its layout lays it out, accumulated in float64 with NeMo's max-scaled sums (bit-identical
 //   to NeMo; options.fused trades that for speed). A gradient that does not exist counts as
 //   zeros (on every rank the norm is the one with missing gradients taken as zeros), and the
 //   collectives depend only on the parameters and their layouts, never on which gradients
@@ -68,17 +59,16 @@ struct ClipGradNormOptions {
 //   non-finite norm makes NaN gradients, as PyTorch does.
 // - max_norm = nullopt: nothing is computed, reduced or clipped, and the result is 0.
 // Returns the norm as a 0-d float64 tensor on the gradients' device (no host sync).
-// Collective: over every group of `sharding` and options.pp_group.
+// Collective: over every group of the parameters' layouts, and options.pp_group.
 // Errors: kInvalidArgument for norm_type 0 or NaN; kFailedPrecondition for a non-finite norm with
 // error_if_nonfinite (PyTorch's message); kUnavailable when a collective fails.
 // Requires: every rank of each group calls it with the same groups, layouts and options.
 [[nodiscard]] absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
                                                       const std::vector<NamedParameter>& parameters,
-                                                      const ClipGradNormOptions& options = {},
-                                                      const ShardingSpec& sharding = {});
+                                                      const ClipGradNormOptions& options = {});
 
 // scale_grads_and_clip_grad_norm's scaling inputs (its device meshes become group sizes and
-// the sharding description).
+// the parameters' layouts).
 struct GradScalingOptions {
   // PP scaling applies only when enabled and both counts are given. Default: false.
   bool pp_enabled = false;
@@ -103,8 +93,7 @@ struct GradScalingOptions {
 // dp_group_size 0 with an ep_shard_size (NeMo would divide by 0); ClipGradNorm's errors.
 [[nodiscard]] absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(
     std::optional<double> max_norm, const std::vector<NamedParameter>& parameters,
-    const GradScalingOptions& scaling, const ClipGradNormOptions& options = {},
-    const ShardingSpec& sharding = {});
+    const GradScalingOptions& scaling, const ClipGradNormOptions& options = {});
 
 }  // namespace keel::gradients
 

@@ -12,14 +12,15 @@
 #include "base/status.h"
 #include "gmock/gmock.h"
 #include "gradients/clip_grad_norm.h"
-#include "gradients/sharding.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
 namespace keel::gradients {
 namespace {
 
+using ::keel::parallel::Placement;
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
 
@@ -59,13 +60,22 @@ at::Tensor LocalGrad(const std::string& name, const at::Tensor& full, int rank, 
   return full;
 }
 
-ShardingSpec Spec(c10d::ProcessGroup* group) {
-  ShardingSpec spec;
-  spec.Set("w_rows", {{{"tp", group, Placement::Shard(0)}}});
-  spec.Set("w_cols", {{{"tp", group, Placement::Shard(1)}}});
-  spec.Set("p_partial", {{{"tp", group, Placement::Partial()}}});
-  spec.Set("b_replicate", {{{"tp", group, Placement::Replicate()}}});
-  return spec;
+// Each parameter's layout over the tp group (the rest are ordinary local tensors).
+std::vector<NamedParameter> WithLayouts(std::vector<NamedParameter> params,
+                                        c10d::ProcessGroup* group) {
+  const std::map<std::string, Placement> placements = {{"w_rows", Placement::Shard(0)},
+                                                       {"w_cols", Placement::Shard(1)},
+                                                       {"p_partial", Placement::Partial()},
+                                                       {"b_replicate", Placement::Replicate()}};
+  for (NamedParameter& p : params) {
+    auto it = placements.find(p.name);
+    if (it == placements.end()) continue;
+    absl::StatusOr<parallel::TensorLayout> layout =
+        parallel::EvenlySharded(FullGrads().at(p.name).sizes().vec(), {{"tp", group, it->second}});
+    EXPECT_TRUE(layout.ok()) << layout.status();
+    p.layout = *layout;
+  }
+  return params;
 }
 
 TEST(ClipGradNormMultiRankTest, ShardedPartialAndReplicatedGradsMatchTheUnshardedOnes) {
@@ -90,7 +100,7 @@ TEST(ClipGradNormMultiRankTest, ShardedPartialAndReplicatedGradsMatchTheUnsharde
           local.push_back(Param(name, LocalGrad(name, grad, r.rank, world)));
         }
         KEEL_ASSIGN_OR_RETURN(at::Tensor norm,
-                              ClipGradNorm(kMaxNorm, local, options, Spec(r.group.get())));
+                              ClipGradNorm(kMaxNorm, WithLayouts(local, r.group.get()), options));
         norms[r.rank] = norm.item<double>();
         for (const NamedParameter& p : local) clipped[r.rank][p.name] = p.param.grad();
         return absl::OkStatus();
@@ -151,7 +161,7 @@ TEST(ClipGradNormMultiRankTest, MissingShardedAndPartialGradsCountAsZerosOnEvery
           if (missing && r.rank == kLacking) local.back().param.mutable_grad().reset();
         }
         KEEL_ASSIGN_OR_RETURN(at::Tensor norm,
-                              ClipGradNorm(kMaxNorm, local, options, Spec(r.group.get())));
+                              ClipGradNorm(kMaxNorm, WithLayouts(local, r.group.get()), options));
         norms[r.rank] = norm.item<double>();
         for (const NamedParameter& p : local) {
           if (p.name == "p_partial") partial[r.rank] = p.param.grad();

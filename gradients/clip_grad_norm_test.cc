@@ -265,14 +265,13 @@ TEST(ScaleGradsAndClipGradNormTest, ExpertScalingSelectsByNamePatternOrLayoutAxi
   std::vector<NamedParameter> params = {
       WithGrad("model.layers.0.mlp.experts.gate_up_linear.weight0", {12.0}),
       WithGrad("layers.1.moe.w", {12.0}), WithGrad("layers.1.attn.w", {12.0})};
-  ShardingSpec spec;
-  spec.Set("layers.1.moe.w", {{{"ep", nullptr, Placement::Replicate()}}});
+  params[1].layout = parallel::TensorLayout{{1}, {0}, {{"ep", nullptr, {}}}};
   GradScalingOptions scaling;
   scaling.dp_group_size = 8;
   scaling.ep_shard_size = 2;
   scaling.expert_tp_replication_factor = 3;  // divide experts by (8 / 2) * 3 = 12
   scaling.ep_axis_name = "ep";
-  KEEL_ASSERT_OK(ScaleGradsAndClipGradNorm(std::nullopt, params, scaling, {}, spec).status());
+  KEEL_ASSERT_OK(ScaleGradsAndClipGradNorm(std::nullopt, params, scaling).status());
   EXPECT_EQ(Grad(params[0])[0], 1.0);   // TE grouped-experts name
   EXPECT_EQ(Grad(params[1])[0], 1.0);   // layout on the "ep" axis
   EXPECT_EQ(Grad(params[2])[0], 12.0);  // not an expert

@@ -17,20 +17,31 @@ using internal::GradBucketsOptions;
 using internal::Piece;
 
 absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::Create(
-    torch::nn::Module& module, c10d::ProcessGroup& group,
+    std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
     const DataParallelGradSyncOptions& options) {
   GradBucketsOptions buckets_options;
   buckets_options.bucket_cap_mb = options.bucket_cap_mb;
   buckets_options.init_sync = options.init_sync;
   buckets_options.portions = 1;
   buckets_options.collective = "all-reduce";
-  KEEL_ASSIGN_OR_RETURN(
-      std::unique_ptr<GradBuckets> buckets,
-      GradBuckets::Create(module, group, buckets_options, [&group](size_t, Bucket& bucket) {
-        std::vector<at::Tensor> contents = {bucket.flat};
-        return group.allreduce(contents);
-      }));
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<GradBuckets> buckets,
+                        GradBuckets::Create(std::move(parameters), group, buckets_options,
+                                            [&group](size_t, Bucket& bucket) {
+                                              std::vector<at::Tensor> contents = {bucket.flat};
+                                              return group.allreduce(contents);
+                                            }));
   return std::unique_ptr<DataParallelGradSync>(new DataParallelGradSync(std::move(buckets)));
+}
+
+absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::Create(
+    torch::nn::Module& module, c10d::ProcessGroup& group,
+    const DataParallelGradSyncOptions& options) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<DataParallelGradSync> sync,
+                        Create(TrainableParameters({&module}), group, options));
+  if (options.init_sync) {
+    KEEL_RETURN_IF_ERROR(internal::BroadcastBuffersFromRank0(module, group));
+  }
+  return sync;
 }
 
 DataParallelGradSync::DataParallelGradSync(std::unique_ptr<GradBuckets> buckets)

@@ -22,9 +22,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gradients/parameters.h"
 #include "torch/nn/module.h"
 
 namespace c10d {
@@ -44,6 +46,9 @@ struct DataParallelGradSyncOptions {
   double bucket_cap_mb = 25;
   // Broadcast rank 0's parameters and buffers to every rank in Create. Default: true.
   bool init_sync = true;
+  // Keel: the mesh dimension the group is, as the shards' layouts name it ("dp", "expert_dp").
+  // Default: "dp".
+  std::string dim_name = "dp";
 };
 
 // Averages the gradients of a module's parameters over a data-parallel process group once per
@@ -56,12 +61,18 @@ struct DataParallelGradSyncOptions {
 // methods, backward and Wait in the same order.
 class DataParallelGradSync {
  public:
-  // Assigns the parameters to buckets, checks that the ranks agree on them and, with
-  // init_sync, copies rank 0's parameters and buffers to the others. Collective: every rank
-  // calls it.
-  // Errors: kInvalidArgument for bad options, a module without trainable parameters, sparse
-  // or non-floating-point parameters, or ranks whose parameters differ; kUnavailable when a
-  // collective fails.
+  // Averages `parameters` over `group`: part of a model whose gradients reduce over one group
+  // (the dense parameters over dp, the experts over expert dp). Assigns them to buckets, checks
+  // that the ranks agree on them and, with init_sync, copies rank 0's values to the others.
+  // Collective: every rank calls it.
+  // Errors: kInvalidArgument for bad options, no parameters, one that does not require grad or
+  // is listed twice, sparse or non-floating-point parameters, or ranks whose parameters differ;
+  // kUnavailable when a collective fails.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallelGradSync>> Create(
+      std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
+      const DataParallelGradSyncOptions& options = {});
+  // The whole module: its trainable parameters (TrainableParameters) over `group`, and with
+  // init_sync its buffers from rank 0 too. Collective. Errors: as above.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallelGradSync>> Create(
       torch::nn::Module& module, c10d::ProcessGroup& group,
       const DataParallelGradSyncOptions& options = {});

@@ -62,12 +62,12 @@ std::vector<c10::intrusive_ptr<c10d::Work>> AllGatherParts(c10d::ProcessGroup& g
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
-    torch::nn::Module& module, c10d::ProcessGroup& group,
+    std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
     const DataParallelGradSyncOptions& options) {
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (item.value().defined() && item.value().requires_grad() && item.value().dim() == 0) {
+  for (const NamedParameter& p : parameters) {
+    if (p.param.defined() && p.param.dim() == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", item.key(),
+          absl::StrCat("parameter '", p.name,
                        "' is 0-dimensional; shards are blocks of rows (dimension 0): register it "
                        "with shape [1]"));
     }
@@ -80,14 +80,25 @@ absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
   buckets_options.portions = group.getSize();
   buckets_options.collective = "reduce-scatter";
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<GradBuckets> buckets,
-                        GradBuckets::Create(module, group, buckets_options,
+                        GradBuckets::Create(std::move(parameters), group, buckets_options,
                                             [&group, rank, native](size_t, Bucket& bucket) {
                                               return ReduceScatter(group, bucket, rank, native);
                                             }));
   std::unique_ptr<ShardedGradSync> sync(new ShardedGradSync(std::move(buckets)));
   sync->rank_ = rank;
   sync->native_ = native;
-  sync->MakeShards();
+  sync->MakeShards(options.dim_name);
+  return sync;
+}
+
+absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
+    torch::nn::Module& module, c10d::ProcessGroup& group,
+    const DataParallelGradSyncOptions& options) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<ShardedGradSync> sync,
+                        Create(TrainableParameters({&module}), group, options));
+  if (options.init_sync) {
+    KEEL_RETURN_IF_ERROR(internal::BroadcastBuffersFromRank0(module, group));
+  }
   return sync;
 }
 
@@ -97,21 +108,28 @@ ShardedGradSync::ShardedGradSync(std::unique_ptr<GradBuckets> buckets)
 ShardedGradSync::~ShardedGradSync() = default;
 
 // A parameter's shard starts after the rows of the lower ranks' parts.
-void ShardedGradSync::MakeShards() {
-  const std::vector<at::Tensor>& params = buckets_->params();
-  std::vector<int64_t> row_begin(params.size(), 0), rows(params.size(), 0);
+void ShardedGradSync::MakeShards(const std::string& dim_name) {
+  const std::vector<NamedParameter>& parameters = buckets_->parameters();
+  std::vector<int64_t> row_begin(parameters.size(), 0), rows(parameters.size(), 0);
   for (const Bucket& bucket : buckets_->buckets()) {
     for (const Piece& piece : bucket.pieces) {
       if (piece.portion < rank_) row_begin[piece.param] += piece.rows;
       if (piece.portion == rank_) rows[piece.param] = piece.rows;
     }
   }
-  const GradLayout layout = {{MeshDim{"dp", &buckets_->group(), Placement::Shard(0)}}};
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = buckets_->names()[i];
-    shards_.push_back(ParamShard{name, params[i].detach().narrow(0, row_begin[i], rows[i]),
-                                 params[i].sizes().vec(), row_begin[i]});
-    sharding_.Set(name, layout);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const NamedParameter& p = parameters[i];
+    parallel::TensorLayout layout;
+    if (p.layout) {
+      layout = *p.layout;
+    } else {
+      layout.global_shape = p.param.sizes().vec();
+      layout.offsets.assign(layout.global_shape.size(), 0);
+    }
+    layout.dims.push_back({dim_name, &buckets_->group(), parallel::Placement::Shard(0)});
+    layout.offsets[0] += row_begin[i];
+    shards_.push_back(ParamShard{p.name, p.param.detach().narrow(0, row_begin[i], rows[i]),
+                                 std::move(layout), row_begin[i]});
   }
 }
 
@@ -137,9 +155,15 @@ int64_t ShardedGradSync::shard_numel() const {
   return numel;
 }
 
+const std::vector<NamedParameter>& ShardedGradSync::parameters() const {
+  return buckets_->parameters();
+}
+
 std::vector<NamedParameter> ShardedGradSync::ShardParameters() const {
   std::vector<NamedParameter> parameters;
-  for (const ParamShard& shard : shards_) parameters.push_back({shard.name, shard.tensor});
+  for (const ParamShard& shard : shards_) {
+    parameters.push_back({shard.name, shard.tensor, shard.layout});
+  }
   return parameters;
 }
 

@@ -25,7 +25,8 @@
 #include "absl/status/statusor.h"
 #include "gradients/clip_grad_norm.h"
 #include "gradients/dp_sync.h"
-#include "gradients/sharding.h"
+#include "gradients/parameters.h"
+#include "parallel/layout.h"
 #include "torch/nn/module.h"
 
 namespace c10d {
@@ -45,8 +46,10 @@ struct ParamShard {
   // Those rows of the parameter: a view sharing its storage (not requiring grad), so stepping
   // it steps the parameter. Wait() sets its grad().
   at::Tensor tensor;
-  // The parameter's shape, and where the rows start.
-  std::vector<int64_t> global_shape;
+  // The shard in the whole tensor: the parameter's layout (none: the parameter is whole) with
+  // one more dimension, the group's, sharding dimension 0, and the offset of these rows.
+  parallel::TensorLayout layout;
+  // Where the rows start in this rank's parameter tensor.
   int64_t row_begin = 0;
 };
 
@@ -62,8 +65,13 @@ struct ParamShard {
 // Requires: as DataParallelGradSync; no 0-d parameter (view it as shape [1]).
 class ShardedGradSync {
  public:
-  // Collective: every rank calls it.
-  // Errors: DataParallelGradSync::Create's; kInvalidArgument for a 0-d parameter.
+  // Shards `parameters` over `group` (their layouts travel to the shards). Collective: every
+  // rank calls it. Errors: DataParallelGradSync::Create's; kInvalidArgument for a 0-d
+  // parameter.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardedGradSync>> Create(
+      std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
+      const DataParallelGradSyncOptions& options = {});
+  // The module's trainable parameters, and with init_sync its buffers from rank 0.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardedGradSync>> Create(
       torch::nn::Module& module, c10d::ProcessGroup& group,
       const DataParallelGradSyncOptions& options = {});
@@ -92,12 +100,13 @@ class ShardedGradSync {
   // kAborted on the peers of a failing rank (the parameters are then unspecified).
   [[nodiscard]] absl::Status AllGather(const absl::Status& before = absl::OkStatus());
 
-  // One shard per trainable parameter, in the module's order (possibly without rows).
+  // One shard per parameter, in the parameters' order (possibly without rows).
   const std::vector<ParamShard>& shards() const { return shards_; }
-  // The shards as ClipGradNorm's parameters, and their layout: Shard(0) over the group along
-  // "dp", so that ClipGradNorm computes the norm of the whole averaged gradient.
+  // The parameters the shards are of, with their layouts.
+  const std::vector<NamedParameter>& parameters() const;
+  // The shards as ClipGradNorm's parameters, with their layouts (dimension 0 sharded over the
+  // group), so that ClipGradNorm computes the norm of the whole averaged gradient.
   std::vector<NamedParameter> ShardParameters() const;
-  const ShardingSpec& sharding() const { return sharding_; }
 
   // As DataParallelGradSync's: this rank's gradients, summed before the reduce-scatter.
   const at::Tensor& LocalGradientSum() const;
@@ -109,13 +118,12 @@ class ShardedGradSync {
 
  private:
   explicit ShardedGradSync(std::unique_ptr<internal::GradBuckets> buckets);
-  void MakeShards();
+  void MakeShards(const std::string& dim_name);
 
   std::unique_ptr<internal::GradBuckets> buckets_;
   int64_t rank_ = 0;
   bool native_ = false;  // the backend reduce-scatters and all-gathers flat buffers (NCCL)
   std::vector<ParamShard> shards_;
-  ShardingSpec sharding_;
 };
 
 }  // namespace keel::gradients

@@ -95,7 +95,13 @@ TEST(ShardedGradSyncTest, ShardsAreRowBlocksThatTileEachParameterOnce) {
           shards[r.rank][shard.name] = {shard.row_begin, shard.tensor.size(0)};
           // A view of the parameter's rows.
           const at::Tensor param = net.named_parameters()[shard.name];
-          EXPECT_EQ(shard.global_shape, param.sizes().vec());
+          EXPECT_EQ(shard.layout.global_shape, param.sizes().vec());
+          EXPECT_EQ(shard.layout.offsets[0], shard.row_begin);
+          EXPECT_EQ(shard.layout.dims.size(), 1u);
+          if (!shard.layout.dims.empty()) {
+            EXPECT_EQ(shard.layout.dims[0].name, "dp");
+            EXPECT_EQ(shard.layout.dims[0].group, r.group.get());
+          }
           if (shard.tensor.numel() > 0) {
             EXPECT_EQ(shard.tensor.data_ptr(), param[shard.row_begin].data_ptr());
           }
@@ -250,18 +256,18 @@ absl::StatusOr<std::vector<NamedParameter>> WholeGradients(const ShardedGradSync
                                                            c10d::ProcessGroup& group) {
   std::vector<NamedParameter> whole;
   for (const ParamShard& shard : sync.shards()) {
-    at::Tensor grad = at::zeros(shard.global_shape);
+    at::Tensor grad = at::zeros(shard.layout.global_shape);
     grad.narrow(0, shard.row_begin, shard.tensor.size(0)).copy_(shard.tensor.grad());
     std::vector<at::Tensor> tensors = {grad};
     group.allreduce(tensors)->wait();
-    at::Tensor param = at::zeros(shard.global_shape);
+    at::Tensor param = at::zeros(shard.layout.global_shape);
     param.mutable_grad() = grad;
     whole.push_back({shard.name, param});
   }
   return whole;
 }
 
-// ClipGradNorm over the shards with sharding() gives the norm of the whole averaged gradient
+// ClipGradNorm over the shards, with their layouts, gives the norm of the whole averaged gradient
 // (the same squares, summed in float64 in another grouping, so equal to rounding), and clips
 // every shard by the factor the whole gradients get.
 TEST(ShardedGradSyncTest, ClippingTheShardsUsesTheWholeNorm) {
@@ -276,8 +282,8 @@ TEST(ShardedGradSyncTest, ClippingTheShardsUsesTheWholeNorm) {
         ClipGradNormOptions options;
         options.norm_type = norm_type;
         KEEL_ASSIGN_OR_RETURN(at::Tensor expected, ClipGradNorm(0.01, whole, options));
-        KEEL_ASSIGN_OR_RETURN(at::Tensor norm, ClipGradNorm(0.01, sync->ShardParameters(), options,
-                                                            sync->sharding()));
+        KEEL_ASSIGN_OR_RETURN(at::Tensor norm,
+                              ClipGradNorm(0.01, sync->ShardParameters(), options));
         EXPECT_GT(expected.item<double>(), 0.1);  // so 0.01 clips
         EXPECT_NEAR(norm.item<double>(), expected.item<double>(), 1e-12 * expected.item<double>());
         for (size_t i = 0; i < whole.size(); ++i) {

@@ -41,10 +41,23 @@ absl::Status CheckHoldsEachShardOnce(const torch::optim::Optimizer& optimizer,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
+    std::vector<gradients::NamedParameter> parameters, c10d::ProcessGroup& group,
+    const ShardOptimizerFactory& factory, const gradients::DataParallelGradSyncOptions& options) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<gradients::ShardedGradSync> sync,
+                        gradients::ShardedGradSync::Create(std::move(parameters), group, options));
+  return Make(std::move(sync), factory);
+}
+
+absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     torch::nn::Module& module, c10d::ProcessGroup& group, const ShardOptimizerFactory& factory,
     const gradients::DataParallelGradSyncOptions& options) {
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<gradients::ShardedGradSync> sync,
                         gradients::ShardedGradSync::Create(module, group, options));
+  return Make(std::move(sync), factory);
+}
+
+absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Make(
+    std::unique_ptr<gradients::ShardedGradSync> sync, const ShardOptimizerFactory& factory) {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument,
                                        "building the shards' optimizer",
@@ -56,18 +69,13 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
   // be checkpointed.
   KEEL_RETURN_IF_ERROR(KindOf(*optimizer).status());
   KEEL_RETURN_IF_ERROR(CheckHoldsEachShardOnce(*optimizer, sync->shards()));
-  std::vector<at::Tensor> params;
-  for (const gradients::NamedParameter& p : gradients::TrainableParameters({&module})) {
-    params.push_back(p.param);
-  }
   return std::unique_ptr<DistributedOptimizer>(
-      new DistributedOptimizer(std::move(sync), std::move(optimizer), std::move(params)));
+      new DistributedOptimizer(std::move(sync), std::move(optimizer)));
 }
 
 DistributedOptimizer::DistributedOptimizer(std::unique_ptr<gradients::ShardedGradSync> sync,
-                                           std::unique_ptr<torch::optim::Optimizer> optimizer,
-                                           std::vector<at::Tensor> params)
-    : sync_(std::move(sync)), optimizer_(std::move(optimizer)), params_(std::move(params)) {}
+                                           std::unique_ptr<torch::optim::Optimizer> optimizer)
+    : sync_(std::move(sync)), optimizer_(std::move(optimizer)) {}
 
 absl::Status DistributedOptimizer::Step() {
   // A step that throws on one rank still joins the all-gather, whose agreement then fails every
@@ -78,7 +86,10 @@ absl::Status DistributedOptimizer::Step() {
 }
 
 void DistributedOptimizer::ZeroGrad() {
-  for (at::Tensor& param : params_) param.mutable_grad().reset();
+  for (const gradients::NamedParameter& p : sync_->parameters()) {
+    at::Tensor param = p.param;
+    param.mutable_grad().reset();
+  }
   for (const gradients::ParamShard& shard : sync_->shards()) {
     at::Tensor tensor = shard.tensor;
     tensor.mutable_grad().reset();

@@ -11,7 +11,7 @@
 //   };
 //   KEEL_ASSIGN_OR_RETURN(auto optimizer, DistributedOptimizer::Create(*model, *dp_group, adamw));
 //   // backward passes, with PrepareFor* as DataParallelGradSync's; then Wait(), ClipGradNorm
-//   // over ShardParameters() with sharding(), Step() and ZeroGrad().
+//   // over ShardParameters(), Step() and ZeroGrad().
 #ifndef KEEL_OPTIM_DISTRIBUTED_OPTIMIZER_H_
 #define KEEL_OPTIM_DISTRIBUTED_OPTIMIZER_H_
 
@@ -23,8 +23,8 @@
 #include "absl/status/statusor.h"
 #include "gradients/clip_grad_norm.h"
 #include "gradients/dp_sync.h"
+#include "gradients/parameters.h"
 #include "gradients/sharded_grad_sync.h"
-#include "gradients/sharding.h"
 #include "torch/nn/module.h"
 #include "torch/optim/optimizer.h"
 
@@ -50,11 +50,16 @@ using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimi
 // Requires: `module` and `group` outlive this object; as gradients::ShardedGradSync.
 class DistributedOptimizer {
  public:
-  // Shards the module's trainable parameters over `group` and builds the optimizer over the
-  // shards. Collective: every rank calls it.
+  // Shards `parameters` over `group` (their layouts travel to the shards) and builds the
+  // optimizer over the shards. Collective: every rank calls it.
   // Errors: ShardedGradSync::Create's; kInvalidArgument when the factory returns no optimizer,
   // one outside OptimizerKind's table (LBFGS: not elementwise), or one whose param groups do
   // not hold each shard exactly once.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
+      std::vector<gradients::NamedParameter> parameters, c10d::ProcessGroup& group,
+      const ShardOptimizerFactory& factory,
+      const gradients::DataParallelGradSyncOptions& options = {});
+  // The module's trainable parameters (and with init_sync its buffers from rank 0).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
       torch::nn::Module& module, c10d::ProcessGroup& group, const ShardOptimizerFactory& factory,
       const gradients::DataParallelGradSyncOptions& options = {});
@@ -65,11 +70,10 @@ class DistributedOptimizer {
   // ShardedGradSync::Wait: each shard's grad() is the group average of its rows. Collective.
   [[nodiscard]] absl::Status Wait() { return sync_->Wait(); }
 
-  // For ClipGradNorm between Wait and Step: the shards and their layout over the group.
+  // For ClipGradNorm between Wait and Step: the shards, with their layouts.
   std::vector<gradients::NamedParameter> ShardParameters() const {
     return sync_->ShardParameters();
   }
-  const gradients::ShardingSpec& sharding() const { return sync_->sharding(); }
 
   // Steps the shards with optimizer(), then all-gathers them into every rank's parameters; a
   // rank whose step throws still all-gathers, and every rank then fails. Collective.
@@ -85,12 +89,13 @@ class DistributedOptimizer {
 
  private:
   DistributedOptimizer(std::unique_ptr<gradients::ShardedGradSync> sync,
-                       std::unique_ptr<torch::optim::Optimizer> optimizer,
-                       std::vector<at::Tensor> params);
+                       std::unique_ptr<torch::optim::Optimizer> optimizer);
+  // The optimizer over `sync`'s shards, checked.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Make(
+      std::unique_ptr<gradients::ShardedGradSync> sync, const ShardOptimizerFactory& factory);
 
   std::unique_ptr<gradients::ShardedGradSync> sync_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::vector<at::Tensor> params_;
 };
 
 }  // namespace keel::optim

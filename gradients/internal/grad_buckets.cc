@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include "ATen/core/grad_mode.h"
@@ -13,7 +14,6 @@
 #include "ATen/ops/tensor.h"
 #include "absl/strings/str_cat.h"
 #include "base/collectives.h"
-#include "base/named_parameters.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -44,54 +44,70 @@ int64_t RowWidth(const at::Tensor& param) {
   return width;
 }
 
+std::vector<std::string> NamesOf(const std::vector<NamedParameter>& parameters) {
+  std::vector<std::string> names;
+  for (const NamedParameter& p : parameters) names.push_back(p.name);
+  return names;
+}
+
+std::vector<at::Tensor> TensorsOf(const std::vector<NamedParameter>& parameters) {
+  std::vector<at::Tensor> tensors;
+  for (const NamedParameter& p : parameters) tensors.push_back(p.param);
+  return tensors;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(torch::nn::Module& module,
-                                                                 c10d::ProcessGroup& group,
-                                                                 const GradBucketsOptions& options,
-                                                                 Launch launch) {
+absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(
+    std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
+    const GradBucketsOptions& options, Launch launch) {
   if (!(options.bucket_cap_mb > 0) || !std::isfinite(options.bucket_cap_mb)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket_cap_mb must be a finite number > 0, got ", options.bucket_cap_mb));
   }
-  std::vector<std::string> names;
-  std::vector<at::Tensor> params;
-  const base::UniqueParameters unique = base::UniqueNamedParameters(module);
-  for (const auto& [name, param] : unique.unique) {
-    if (!param.defined() || !param.requires_grad()) continue;
+  std::unordered_set<const void*> seen;
+  for (const NamedParameter& p : parameters) {
+    const at::Tensor& param = p.param;
+    if (!param.defined() || !param.requires_grad()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' does not require grad; nothing to synchronise"));
+    }
+    if (!seen.insert(param.unsafeGetTensorImpl()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' is listed twice (a tied weight counts once)"));
+    }
     if (param.layout() != c10::kStrided) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", name, "' is sparse; only dense parameters are supported"));
+          absl::StrCat("parameter '", p.name, "' is sparse; only dense parameters are supported"));
     }
     if (!at::isFloatingType(param.scalar_type())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", name, "' has dtype ", c10::toString(param.scalar_type()),
+          absl::StrCat("parameter '", p.name, "' has dtype ", c10::toString(param.scalar_type()),
                        "; only floating-point parameters are supported"));
     }
-    names.push_back(name);
-    params.push_back(param);
   }
-  if (params.empty()) {
-    return absl::InvalidArgumentError("the module has no parameter that requires grad");
+  if (parameters.empty()) {
+    return absl::InvalidArgumentError("no parameter that requires grad to synchronise");
   }
-  std::unique_ptr<GradBuckets> buckets(new GradBuckets(group, std::move(names), std::move(params),
-                                                       std::move(launch), options.collective));
+  std::unique_ptr<GradBuckets> buckets(
+      new GradBuckets(group, std::move(parameters), std::move(launch), options.collective));
   KEEL_RETURN_IF_ERROR(buckets->AssignBuckets(options.bucket_cap_mb));
   KEEL_RETURN_IF_ERROR(
       base::CallTorch(absl::StatusCode::kInternal, "allocating gradient buckets", [&] {
         for (Bucket& bucket : buckets->buckets_) buckets->LayOut(bucket, options.portions);
       }));
   KEEL_RETURN_IF_ERROR(buckets->CheckRanksAgree());
-  if (options.init_sync) KEEL_RETURN_IF_ERROR(buckets->BroadcastFromRank0(module));
+  if (options.init_sync) KEEL_RETURN_IF_ERROR(buckets->BroadcastFromRank0());
   buckets->RegisterHooks();
   return buckets;
 }
 
-GradBuckets::GradBuckets(c10d::ProcessGroup& group, std::vector<std::string> names,
-                         std::vector<at::Tensor> params, Launch launch, std::string collective)
+GradBuckets::GradBuckets(c10d::ProcessGroup& group, std::vector<NamedParameter> parameters,
+                         Launch launch, std::string collective)
     : group_(&group),
-      names_(std::move(names)),
-      params_(std::move(params)),
+      parameters_(std::move(parameters)),
+      names_(NamesOf(parameters_)),
+      params_(TensorsOf(parameters_)),
       launch_(std::move(launch)),
       collective_(std::move(collective)),
       bucket_of_(params_.size()),
@@ -205,7 +221,7 @@ absl::Status GradBuckets::CheckRanksAgree() {
   return absl::OkStatus();
 }
 
-absl::Status GradBuckets::BroadcastFromRank0(torch::nn::Module& module) {
+absl::Status GradBuckets::BroadcastFromRank0() {
   at::NoGradGuard no_grad;
   c10d::BroadcastOptions from_rank0;
   from_rank0.rootRank = 0;
@@ -223,13 +239,20 @@ absl::Status GradBuckets::BroadcastFromRank0(torch::nn::Module& module) {
           }
         }));
   }
+  return absl::OkStatus();
+}
+
+absl::Status BroadcastBuffersFromRank0(torch::nn::Module& module, c10d::ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  c10d::BroadcastOptions from_rank0;
+  from_rank0.rootRank = 0;
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     if (!item.value().defined() || item.value().layout() != c10::kStrided) continue;
     KEEL_RETURN_IF_ERROR(
         base::CallTorch(absl::StatusCode::kUnavailable,
                         absl::StrCat("broadcasting buffer '", item.key(), "'"), [&] {
                           std::vector<at::Tensor> tensors = {item.value().contiguous()};
-                          group_->broadcast(tensors, from_rank0)->wait();
+                          group.broadcast(tensors, from_rank0)->wait();
                           if (!tensors[0].is_same(item.value())) item.value().copy_(tensors[0]);
                         }));
   }

@@ -18,6 +18,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gradients/parameters.h"
 #include "torch/csrc/distributed/c10d/Work.hpp"
 #include "torch/nn/module.h"
 
@@ -66,11 +67,12 @@ class GradBuckets {
   // Starts bucket `index`'s collective on its buffer. May throw c10::Error.
   using Launch = std::function<c10::intrusive_ptr<c10d::Work>(size_t index, Bucket& bucket)>;
 
-  // DataParallelGradSync::Create's checks and errors; the hooks call `launch`.
-  // Collective: every rank of `group` calls it.
+  // DataParallelGradSync::Create's checks and errors, over `parameters` (each requiring grad,
+  // each tensor once), whose layouts travel with them; the hooks call `launch`. With init_sync,
+  // rank 0's values of the parameters are broadcast. Collective: every rank of `group` calls it.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GradBuckets>> Create(
-      torch::nn::Module& module, c10d::ProcessGroup& group, const GradBucketsOptions& options,
-      Launch launch);
+      std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
+      const GradBucketsOptions& options, Launch launch);
 
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -85,6 +87,7 @@ class GradBuckets {
   // failure (base::AgreeOnFailure), so a rank's error reaches its peers. Collective.
   [[nodiscard]] absl::Status Wait();
 
+  const std::vector<NamedParameter>& parameters() const { return parameters_; }
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<at::Tensor>& params() const { return params_; }
   std::vector<Bucket>& buckets() { return buckets_; }
@@ -100,12 +103,12 @@ class GradBuckets {
   static at::Tensor Rows(const at::Tensor& tensor, const Piece& piece);
 
  private:
-  GradBuckets(c10d::ProcessGroup& group, std::vector<std::string> names,
-              std::vector<at::Tensor> params, Launch launch, std::string collective);
+  GradBuckets(c10d::ProcessGroup& group, std::vector<NamedParameter> parameters, Launch launch,
+              std::string collective);
   [[nodiscard]] absl::Status AssignBuckets(double bucket_cap_mb);
   void LayOut(Bucket& bucket, int64_t portions);
   [[nodiscard]] absl::Status CheckRanksAgree();
-  [[nodiscard]] absl::Status BroadcastFromRank0(torch::nn::Module& module);
+  [[nodiscard]] absl::Status BroadcastFromRank0();
   void RegisterHooks();
   void OnGradient(size_t index, const at::Tensor& grad);
   [[nodiscard]] absl::Status AddGradientLocked(size_t index, const at::Tensor& grad);
@@ -114,6 +117,7 @@ class GradBuckets {
   void LaunchReadyBucketsLocked();
 
   c10d::ProcessGroup* group_;
+  const std::vector<NamedParameter> parameters_;
   const std::vector<std::string> names_;
   const std::vector<at::Tensor> params_;
   const Launch launch_;
@@ -135,6 +139,11 @@ class GradBuckets {
   at::Tensor pending_sum_;
   at::Tensor local_sum_;
 };
+
+// Broadcasts rank 0's buffers of `module` (running statistics and the like) to every rank of
+// `group`. Collective. Errors: kUnavailable when a broadcast fails.
+[[nodiscard]] absl::Status BroadcastBuffersFromRank0(torch::nn::Module& module,
+                                                     c10d::ProcessGroup& group);
 
 }  // namespace keel::gradients::internal
 

@@ -70,7 +70,7 @@ absl::Status TrainOptimizer::Wait() {
 
 absl::StatusOr<at::Tensor> TrainOptimizer::ClipGradNorm(std::optional<double> max_norm) {
   if (sharded_) {
-    return gradients::ClipGradNorm(max_norm, sharded_->ShardParameters(), {}, sharded_->sharding());
+    return gradients::ClipGradNorm(max_norm, sharded_->ShardParameters());
   }
   return gradients::ClipGradNorm(max_norm, gradients::TrainableParameters({model_}));
 }
@@ -125,7 +125,7 @@ std::string TrainOptimizer::Describe() const {
   int64_t total = 0;
   for (const gradients::ParamShard& shard : sync.shards()) {
     int64_t numel = 1;
-    for (int64_t size : shard.global_shape) numel *= size;
+    for (int64_t size : shard.layout.global_shape) numel *= size;
     total += numel;
   }
   return absl::StrCat("AdamW sharded over the data-parallel ranks (", sync.shard_numel(), " of ",

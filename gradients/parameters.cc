@@ -1,0 +1,23 @@
+#include "gradients/parameters.h"
+
+#include <unordered_set>
+
+#include "base/named_parameters.h"
+
+namespace keel::gradients {
+
+std::vector<NamedParameter> TrainableParameters(
+    const std::vector<torch::nn::Module*>& model_parts) {
+  std::vector<NamedParameter> parameters;
+  std::unordered_set<const void*> seen;  // a tensor shared by two parts counts once too
+  for (torch::nn::Module* part : model_parts) {
+    const base::UniqueParameters unique = base::UniqueNamedParameters(*part);
+    for (const auto& [name, param] : unique.unique) {
+      if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
+      if (param.requires_grad()) parameters.push_back({name, param});
+    }
+  }
+  return parameters;
+}
+
+}  // namespace keel::gradients

@@ -1,0 +1,36 @@
+// A model's parameters by name, each with its layout over the device mesh: what clipping, the
+// gradient syncs and the distributed optimizer take, so that they can work on part of a model
+// (the dense parameters over dp, the experts over expert dp) and know each one's layout.
+//
+//   std::vector<keel::gradients::NamedParameter> params = TrainableParameters({model.get()});
+//   params[0].layout = tp_layout;  // a tensor-parallel weight
+#ifndef KEEL_GRADIENTS_PARAMETERS_H_
+#define KEEL_GRADIENTS_PARAMETERS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "parallel/layout.h"
+#include "torch/nn/module.h"
+
+namespace keel::gradients {
+
+// A parameter by fully qualified name; its grad() is read and written in place.
+struct NamedParameter {
+  std::string name;
+  at::Tensor param;
+  // How the parameter and its gradient lie over the mesh; nullopt for an ordinary tensor,
+  // whole and equal on every rank that holds it.
+  std::optional<parallel::TensorLayout> layout = std::nullopt;
+};
+
+// The parameters with requires_grad of each module, in order, each tensor once under its first
+// name as Python's named_parameters() gives them (a tied weight is counted once), without
+// layouts.
+std::vector<NamedParameter> TrainableParameters(const std::vector<torch::nn::Module*>& model_parts);
+
+}  // namespace keel::gradients
+
+#endif  // KEEL_GRADIENTS_PARAMETERS_H_
