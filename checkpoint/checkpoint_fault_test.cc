@@ -23,6 +23,7 @@
 #include "checkpoint/checkpoint_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
 #include "testing/files.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
@@ -161,7 +162,7 @@ TEST(CheckpointFaultTest, OneRanksFullDiskFailsTheSaveOnEveryRank) {
           KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
           TensorsState state;  // each rank holds its own 1 MiB block of "w"
           state.tensors["w"] = {at::full({1, 1 << 18}, r.rank, at::kFloat),
-                                ShardPlacement{{world, 1 << 18}, {r.rank, 0}}};
+                                parallel::BlockLayout({world, 1 << 18}, {r.rank, 0})};
           return checkpointer->Save({{"model", &state}}, 1, 0);
         });
     for (const absl::Status& status : statuses) {

@@ -17,6 +17,7 @@
 #include "checkpoint/manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
 #include "testing/files.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
@@ -59,16 +60,16 @@ TensorsState RankState(int rank, int world, double fill = 0, bool zero = false) 
   TensorsState state;
   for (const auto& [name, full] : GlobalTensors()) {
     at::Tensor local = full;
-    std::optional<ShardPlacement> placement;
+    std::optional<parallel::TensorLayout> layout;
     if (name == "w" || name == "m") {
       const int64_t dim = name == "w" ? 0 : 1;
       const auto [begin, length] = ChunkOf(full.size(dim), rank, world);
       local = full.narrow(dim, begin, length).clone();
       std::vector<int64_t> offsets(full.dim(), 0);
       offsets[dim] = begin;
-      placement = ShardPlacement{full.sizes().vec(), offsets};
+      layout = parallel::BlockLayout(full.sizes().vec(), offsets);
     }
-    state.tensors[name] = {zero ? at::full_like(local, fill) : local.clone(), placement};
+    state.tensors[name] = {zero ? at::full_like(local, fill) : local.clone(), layout};
   }
   state.values = {{"world", world}};
   return state;
@@ -214,7 +215,7 @@ TEST(CheckpointMultiRankTest, EmptyBlocksOverlapNothingAndAreNotWritten) {
     TensorsState state;
     const int64_t rows = r.rank == 0 ? 4 : 0;
     state.tensors["x"] = {full.narrow(0, r.rank == 0 ? 0 : 2, rows).clone(),
-                          ShardPlacement{{4, 3}, {r.rank == 0 ? 0 : 2, 0}}};
+                          parallel::BlockLayout({4, 3}, {r.rank == 0 ? 0 : 2, 0})};
     KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &state}}, 1, 0));
     TensorsState loaded = state.EmptyLike();
     KEEL_RETURN_IF_ERROR(

@@ -19,6 +19,7 @@
 #include "checkpoint/stateful_conformance_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
 #include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "xxhash.h"
@@ -91,6 +92,23 @@ void ExpectSameTensors(const TensorsState& a, const TensorsState& b) {
     SCOPED_TRACE(key);
     EXPECT_TRUE(at::equal(ref.tensor, b.tensors.at(key).tensor));
   }
+}
+
+// A partial sum is not a block of the whole tensor: saving one is an error naming it and its
+// mesh dimension, and nothing is committed.
+TEST(CheckpointTest, APartialSumIsNotSaved) {
+  CheckpointerOptions options;
+  options.checkpoint_dir = NewTempDir("partial");
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  TensorsState state;
+  state.tensors["g"] = {
+      at::ones({4}),
+      parallel::TensorLayout{{4}, {0}, {{"tp", nullptr, parallel::Placement::Partial()}}}};
+  EXPECT_THAT(checkpointer->Save({{"model", &state}}, 1, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tensor \"model/g\" is a partial sum over \"tp\"")));
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(options.checkpoint_dir));
+  EXPECT_FALSE(found.latest.has_value());
 }
 
 class CheckpointFormatTest : public ::testing::TestWithParam<SerializationFormat> {};

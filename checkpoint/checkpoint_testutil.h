@@ -33,11 +33,11 @@ class TensorsState : public Stateful {
     return absl::OkStatus();
   }
 
-  // A copy with the same shapes, dtypes and placements, filled with `fill`.
+  // A copy with the same shapes, dtypes and layouts, filled with `fill`.
   TensorsState EmptyLike(double fill = -7) const {
     TensorsState copy;
     for (const auto& [key, ref] : tensors) {
-      copy.tensors[key] = {at::full_like(ref.tensor, fill), ref.placement};
+      copy.tensors[key] = {at::full_like(ref.tensor, fill), ref.layout};
     }
     return copy;
   }

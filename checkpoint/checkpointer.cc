@@ -45,6 +45,7 @@
 #include "checkpoint/internal/plan.h"
 #include "checkpoint/internal/shard_writer.h"
 #include "checkpoint/manifest.h"
+#include "parallel/layout.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::checkpoint {
@@ -111,23 +112,31 @@ absl::Status WriteAndCommit(PendingSave& save, absl::Status staged, c10d::Proces
 }
 
 // Describes `ref` (saved as "<full>") as a manifest entry with one chunk: its block of the
-// global tensor. Errors: kInvalidArgument for an undefined tensor or a placement that does not
-// fit.
+// global tensor. Errors: kInvalidArgument for an undefined tensor, a layout that does not fit,
+// or one with a Partial dimension.
 absl::Status DescribeBlock(const std::string& full, const TensorRef& ref, TensorEntry& entry) {
   if (!ref.tensor.defined()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor \"", full, "\" is undefined"));
+  }
+  for (const parallel::LayoutDim& dim :
+       ref.layout ? ref.layout->dims : std::vector<parallel::LayoutDim>()) {
+    if (dim.placement.kind == parallel::Placement::Kind::kPartial) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", full, "\" is a partial sum over \"", dim.name,
+                       "\": reduce it before saving (a checkpoint holds whole tensors)"));
+    }
   }
   entry.set_name(full);
   KEEL_ASSIGN_OR_RETURN(std::string dtype, internal::DtypeName(ref.tensor.scalar_type()));
   entry.set_dtype(dtype);
   const std::vector<int64_t> lengths = ref.tensor.sizes().vec();
-  const std::vector<int64_t> global = ref.placement ? ref.placement->global_shape : lengths;
+  const std::vector<int64_t> global = ref.layout ? ref.layout->global_shape : lengths;
   const std::vector<int64_t> offsets =
-      ref.placement ? ref.placement->offsets : std::vector<int64_t>(lengths.size(), 0);
+      ref.layout ? ref.layout->offsets : std::vector<int64_t>(lengths.size(), 0);
   if (global.size() != lengths.size() || offsets.size() != lengths.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", full, "\": placement global_shape ", Dims(global), " and offsets ",
-        Dims(offsets), " must have the tensor's rank (", lengths.size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", full, "\": layout global_shape ", Dims(global), " and offsets ",
+                     Dims(offsets), " must have the tensor's rank (", lengths.size(), ")"));
   }
   for (size_t d = 0; d < lengths.size(); ++d) {
     if (offsets[d] < 0 || offsets[d] + lengths[d] > global[d]) {

@@ -22,6 +22,7 @@
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
 #include "testing/files.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
@@ -65,7 +66,7 @@ void SaveTwoRankCheckpoint(const std::string& dir) {
     TensorsState model;
     for (const auto& [key, tensor] : ModelTensors()) model.tensors[key] = {tensor};
     model.tensors["a"] = {ModelTensors().at("a").narrow(0, 2 * r.rank, 2).clone(),
-                          ShardPlacement{{4, 3}, {2 * r.rank, 0}}};
+                          parallel::BlockLayout({4, 3}, {2 * r.rank, 0})};
     TensorsState optim;
     optim.tensors["m"] = {at::ones({3})};
     optim.values = {{"lr", 0.5}};

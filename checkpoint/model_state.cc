@@ -42,10 +42,10 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
   const auto params = model_->named_parameters(/*recurse=*/true);
   const auto buffers = model_->named_buffers(/*recurse=*/true);
 
-  for (const auto& [name, placement] : options_.placements) {
+  for (const auto& [name, layout] : options_.layouts) {
     if (params.find(name) == nullptr && buffers.find(name) == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("placements: '", name, "' is not a parameter or buffer of the model"));
+          absl::StrCat("layouts: '", name, "' is not a parameter or buffer of the model"));
     }
   }
 
@@ -79,8 +79,8 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
     Entry entry;
     entry.key = keys[i];
     entry.tensor = tensors[i];
-    if (auto p = options_.placements.find(names[i]); p != options_.placements.end()) {
-      entry.placement = p->second;
+    if (auto p = options_.layouts.find(names[i]); p != options_.layouts.end()) {
+      entry.layout = p->second;
     }
     entries.push_back(std::move(entry));
   }
@@ -107,7 +107,7 @@ absl::StatusOr<State> ModelState::StateDict() const {
   KEEL_ASSIGN_OR_RETURN(std::vector<Entry> entries, Entries());
   State state;
   for (Entry& entry : entries) {
-    state.tensors[entry.key] = TensorRef{entry.tensor.detach(), std::move(entry.placement)};
+    state.tensors[entry.key] = TensorRef{entry.tensor.detach(), std::move(entry.layout)};
   }
   return state;
 }
@@ -116,7 +116,7 @@ absl::Status ModelState::LoadStateDict(StateReader& reader) {
   KEEL_ASSIGN_OR_RETURN(std::vector<Entry> entries, Entries());
   for (Entry& entry : entries) {
     KEEL_RETURN_IF_ERROR(
-        reader.ReadTensor(entry.key, TensorRef{entry.tensor, std::move(entry.placement)}));
+        reader.ReadTensor(entry.key, TensorRef{entry.tensor, std::move(entry.layout)}));
   }
   return absl::OkStatus();
 }

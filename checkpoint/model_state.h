@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/state_dict.h"
+#include "parallel/layout.h"
 #include "torch/nn/module.h"
 
 namespace keel::checkpoint {
@@ -48,7 +49,7 @@ struct ModelStateOptions {
   bool is_peft = false;
   // Blocks of sharded parameters or buffers, by fully qualified name; others are whole.
   // Default: empty.
-  std::map<std::string, ShardPlacement> placements;
+  std::map<std::string, parallel::TensorLayout> layouts;
 };
 
 // The model's parameters and buffers by fully qualified name (Module::named_parameters and
@@ -70,7 +71,7 @@ class ModelState : public Stateful {
   // Requires: `model` outlives this object.
   explicit ModelState(torch::nn::Module& model, ModelStateOptions options = {});
 
-  // Errors: kInvalidArgument when a placement names no parameter or buffer of the model, or
+  // Errors: kInvalidArgument when a layout names no parameter or buffer of the model, or
   // two names give the same key (e.g. "model.x" and "x" in the safetensors layout).
   [[nodiscard]] absl::StatusOr<State> StateDict() const override;
   // Reads every tensor StateDict would save, in place. Errors: those of StateDict, and of
@@ -85,7 +86,7 @@ class ModelState : public Stateful {
   struct Entry {
     std::string key;
     at::Tensor tensor;
-    std::optional<ShardPlacement> placement;
+    std::optional<parallel::TensorLayout> layout;
   };
   absl::StatusOr<std::vector<Entry>> Entries() const;
   // The keys of these parameter or buffer names (is_peft and model_save_format).

@@ -11,6 +11,7 @@
 #include "checkpoint/stateful_conformance_testutil.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
 #include "testing/status_matchers.h"
 #include "torch/nn/module.h"
 #include "torch/nn/modules/embedding.h"
@@ -147,9 +148,9 @@ TEST(ModelStateTest, SavesParametersAndBuffersByQualifiedName) {
   EXPECT_THAT(Keys(saved), ElementsAre("lm_head.weight", "model.embed_tokens.weight",
                                        "model.proj.bias", "model.proj.weight", "model.running"));
   EXPECT_TRUE(saved.values.empty());
-  // The saved tensors alias the live ones and carry no placement.
+  // The saved tensors alias the live ones and carry no layout.
   EXPECT_TRUE(saved.tensors["model.proj.weight"].tensor.is_alias_of(lm.model->proj->weight));
-  EXPECT_FALSE(saved.tensors["model.proj.weight"].placement.has_value());
+  EXPECT_FALSE(saved.tensors["model.proj.weight"].layout.has_value());
 }
 
 TEST(ModelStateTest, RoundTripIntoAFreshModelCopiesInPlace) {
@@ -361,11 +362,11 @@ TEST(ModelStateTest, ShardedParameterSavesAndLoadsItsBlock) {
   Shard source;
   Fill(source, 1);
   ModelStateOptions options;
-  options.placements["w"] = ShardPlacement{{6, 4}, {2, 0}};
+  options.layouts["w"] = parallel::BlockLayout({6, 4}, {2, 0});
   KEEL_ASSERT_OK_AND_ASSIGN(State saved, ModelState(source, options).StateDict());
-  ASSERT_TRUE(saved.tensors["w"].placement.has_value());
-  EXPECT_THAT(saved.tensors["w"].placement->global_shape, ElementsAre(6, 4));
-  EXPECT_THAT(saved.tensors["w"].placement->offsets, ElementsAre(2, 0));
+  ASSERT_TRUE(saved.tensors["w"].layout.has_value());
+  EXPECT_THAT(saved.tensors["w"].layout->global_shape, ElementsAre(6, 4));
+  EXPECT_THAT(saved.tensors["w"].layout->offsets, ElementsAre(2, 0));
 
   Shard same;
   ModelState same_target(same, options);
@@ -380,17 +381,17 @@ TEST(ModelStateTest, ShardedParameterSavesAndLoadsItsBlock) {
   };
   Row row;
   ModelStateOptions row_options;
-  row_options.placements["w"] = ShardPlacement{{6, 4}, {3, 0}};
+  row_options.layouts["w"] = parallel::BlockLayout({6, 4}, {3, 0});
   ModelState row_target(row, row_options);
   KEEL_ASSERT_OK_AND_ASSIGN(report, Load(row_target, saved));
   EXPECT_TRUE(report.clean()) << report.ToString();
   EXPECT_TRUE(at::equal(row.w, source.w.narrow(0, 1, 1)));
 }
 
-TEST(ModelStateTest, RejectsAPlacementForAnUnknownName) {
+TEST(ModelStateTest, RejectsALayoutForAnUnknownName) {
   TinyLm lm(/*tie=*/false);
   ModelStateOptions options;
-  options.placements["model.nope"] = ShardPlacement{{1}, {0}};
+  options.layouts["model.nope"] = parallel::BlockLayout({1}, {0});
   EXPECT_THAT(ModelState(lm, options).StateDict(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("model.nope")));
 }

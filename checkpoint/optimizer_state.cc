@@ -18,6 +18,7 @@
 #include "base/status.h"
 #include "c10/util/C++17.h"
 #include "checkpoint/internal/optimizer_traits.h"
+#include "parallel/layout.h"
 
 namespace keel::checkpoint {
 namespace {
@@ -25,7 +26,7 @@ namespace {
 using internal::WithTraits;
 using ::keel::base::Json;
 using Names = std::vector<std::vector<std::string>>;
-using Placements = std::map<std::string, ShardPlacement>;
+using Layouts = std::map<std::string, parallel::TensorLayout>;
 
 // Reads the JSON object `json` into `o`. Each absent field that is not optional is reported
 // missing as "<what>.<field>"; returns whether none was.
@@ -54,9 +55,9 @@ std::string StateKey(const at::Tensor& param) {
   return c10::guts::to_string(param.unsafeGetTensorImpl());
 }
 
-std::optional<ShardPlacement> PlacementOf(const Placements& placements, const std::string& name) {
-  auto it = placements.find(name);
-  if (it == placements.end()) return std::nullopt;
+std::optional<parallel::TensorLayout> LayoutOf(const Layouts& layouts, const std::string& name) {
+  auto it = layouts.find(name);
+  if (it == layouts.end()) return std::nullopt;
   return it->second;
 }
 
@@ -75,7 +76,7 @@ absl::StatusOr<typename K::Options*> GroupOptions(torch::optim::OptimizerParamGr
 
 template <typename K>
 absl::StatusOr<State> SaveOptimizer(torch::optim::Optimizer& optimizer, const Names& names,
-                                    const Placements& placements) {
+                                    const Layouts& layouts) {
   State state;
   Json groups = Json::array();
   Json states = Json::object();
@@ -101,7 +102,7 @@ absl::StatusOr<State> SaveOptimizer(torch::optim::Optimizer& optimizer, const Na
                                                        optim::OptimizerKindName(K::kKind), "'s"));
       }
       Json entry = Json::object();
-      K::Save(*param_state, absl::StrCat("state/", name, "/"), PlacementOf(placements, name), state,
+      K::Save(*param_state, absl::StrCat("state/", name, "/"), LayoutOf(layouts, name), state,
               entry);
       states[name] = std::move(entry);
     }
@@ -128,7 +129,7 @@ std::string ParamsMismatch(const std::string& what, const std::vector<std::strin
 template <typename K>
 absl::Status LoadOptimizer(const Json& values, StateReader& reader,
                            torch::optim::Optimizer& optimizer, const Names& names,
-                           const Placements& placements) {
+                           const Layouts& layouts) {
   std::vector<torch::optim::OptimizerParamGroup>& groups = optimizer.param_groups();
   std::vector<typename K::Options*> options(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -213,7 +214,7 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
       KEEL_ASSIGN_OR_RETURN(
           std::unique_ptr<typename K::ParamState> param_state,
           K::Load(param, saved_options[i], *entry, absl::StrCat("state/", name, "/"),
-                  PlacementOf(placements, name), reader));
+                  LayoutOf(layouts, name), reader));
       if (param_state != nullptr) loaded.emplace_back(StateKey(param), std::move(param_state));
     }
   }
@@ -232,43 +233,43 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
 OptimizerState::OptimizerState(optim::OptimizerKind kind, torch::nn::Module* model,
                                NamedTensors named, torch::optim::Optimizer& optimizer,
                                optim::ParamScheduler* scheduler,
-                               std::map<std::string, ShardPlacement> placements)
+                               std::map<std::string, parallel::TensorLayout> layouts)
     : kind_(kind),
       model_(model),
       named_(std::move(named)),
       optimizer_(&optimizer),
       scheduler_(scheduler),
-      placements_(std::move(placements)) {}
+      layouts_(std::move(layouts)) {}
 
 absl::StatusOr<OptimizerState> OptimizerState::Create(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer, optim::ParamScheduler* scheduler,
-    std::map<std::string, ShardPlacement> placements) {
+    std::map<std::string, parallel::TensorLayout> layouts) {
   const auto params = model.named_parameters(/*recurse=*/true);
-  for (const auto& [name, placement] : placements) {
+  for (const auto& [name, layout] : layouts) {
     if (params.find(name) == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("placements: '", name, "' is not a parameter of the model"));
+          absl::StrCat("layouts: '", name, "' is not a parameter of the model"));
     }
   }
-  return Make(&model, {}, optimizer, scheduler, std::move(placements));
+  return Make(&model, {}, optimizer, scheduler, std::move(layouts));
 }
 
 absl::StatusOr<OptimizerState> OptimizerState::Create(optim::DistributedOptimizer& optimizer,
                                                       optim::ParamScheduler* scheduler) {
   NamedTensors named;
-  std::map<std::string, ShardPlacement> placements;
+  std::map<std::string, parallel::TensorLayout> layouts;
   for (const gradients::ParamShard& shard : optimizer.shards()) {
     named.emplace_back(shard.name, shard.tensor);
-    placements[shard.name] = ShardPlacement{shard.layout.global_shape, shard.layout.offsets};
+    layouts[shard.name] = shard.layout;
   }
-  return Make(nullptr, std::move(named), optimizer.optimizer(), scheduler, std::move(placements));
+  return Make(nullptr, std::move(named), optimizer.optimizer(), scheduler, std::move(layouts));
 }
 
 absl::StatusOr<OptimizerState> OptimizerState::Make(
     torch::nn::Module* model, NamedTensors named, torch::optim::Optimizer& optimizer,
-    optim::ParamScheduler* scheduler, std::map<std::string, ShardPlacement> placements) {
+    optim::ParamScheduler* scheduler, std::map<std::string, parallel::TensorLayout> layouts) {
   KEEL_ASSIGN_OR_RETURN(const optim::OptimizerKind kind, optim::KindOf(optimizer));
-  OptimizerState state(kind, model, std::move(named), optimizer, scheduler, std::move(placements));
+  OptimizerState state(kind, model, std::move(named), optimizer, scheduler, std::move(layouts));
   KEEL_RETURN_IF_ERROR(state.GroupParamNames().status());
   return state;
 }
@@ -303,7 +304,7 @@ absl::StatusOr<std::vector<std::vector<std::string>>> OptimizerState::GroupParam
 absl::StatusOr<State> OptimizerState::StateDict() const {
   KEEL_ASSIGN_OR_RETURN(Names names, GroupParamNames());
   absl::StatusOr<State> state = WithTraits(kind_, [&](auto traits) {
-    return SaveOptimizer<decltype(traits)>(*optimizer_, names, placements_);
+    return SaveOptimizer<decltype(traits)>(*optimizer_, names, layouts_);
   });
   if (state.ok() && scheduler_ != nullptr) {
     state->values["sched"] = base::WriteJsonFields(scheduler_->StateDict());
@@ -317,7 +318,7 @@ absl::Status OptimizerState::LoadStateDict(StateReader& reader) {
   // An empty object: nothing was saved under this name, which the reader has reported.
   if (values.empty()) return absl::OkStatus();
   KEEL_RETURN_IF_ERROR(WithTraits(kind_, [&](auto traits) {
-    return LoadOptimizer<decltype(traits)>(values, reader, *optimizer_, names, placements_);
+    return LoadOptimizer<decltype(traits)>(values, reader, *optimizer_, names, layouts_);
   }));
   if (scheduler_ == nullptr) return absl::OkStatus();
   if (!values.contains("sched")) {

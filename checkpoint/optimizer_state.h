@@ -22,6 +22,7 @@
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer_kind.h"
 #include "optim/param_scheduler.h"
+#include "parallel/layout.h"
 #include "torch/nn/module.h"
 #include "torch/optim/optimizer.h"
 
@@ -33,7 +34,7 @@ namespace keel::checkpoint {
 //            the last one once amsgrad has created it), ".../momentum_buffer" (SGD with
 //            momentum), ".../square_avg", ".../momentum_buffer" (momentum > 0),
 //            ".../grad_avg" (centered) (RMSprop), ".../sum" (Adagrad), each with the
-//            parameter's placement when it is sharded;
+//            parameter's layout when it is sharded;
 //   values   {"type": "Adam" | "AdamW" | "SGD" | "RMSprop" | "Adagrad",
 //             "param_groups": [{"params": [<param>, ...], "lr": ..., "betas": [b1, b2],
 //                               "eps": ..., "weight_decay": ..., "amsgrad": ...}],
@@ -55,15 +56,15 @@ namespace keel::checkpoint {
 // NeMo.
 class OptimizerState : public Stateful {
  public:
-  // `placements` gives the blocks of sharded parameters by name; their state tensors use the
-  // same placement. Errors: kInvalidArgument for an optimizer outside optim::OptimizerKind's
+  // `layouts` gives the blocks of sharded parameters by name; their state tensors use the
+  // same layout. Errors: kInvalidArgument for an optimizer outside optim::OptimizerKind's
   // table, a parameter of the optimizer that is not a parameter of `model` (naming its
-  // group and position), or a placement that names no parameter of `model`.
+  // group and position), or a layout that names no parameter of `model`.
   // Requires: `model`, `optimizer` and `scheduler` (may be null) outlive this object.
   [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
       torch::nn::Module& model, torch::optim::Optimizer& optimizer,
       optim::ParamScheduler* scheduler = nullptr,
-      std::map<std::string, ShardPlacement> placements = {});
+      std::map<std::string, parallel::TensorLayout> layouts = {});
 
   // The state of a DistributedOptimizer (its optimizer over this rank's shards), saved as the
   // unsharded optimizer's is: under each parameter's name, every state tensor with the
@@ -86,10 +87,10 @@ class OptimizerState : public Stateful {
 
   OptimizerState(optim::OptimizerKind kind, torch::nn::Module* model, NamedTensors named,
                  torch::optim::Optimizer& optimizer, optim::ParamScheduler* scheduler,
-                 std::map<std::string, ShardPlacement> placements);
+                 std::map<std::string, parallel::TensorLayout> layouts);
   [[nodiscard]] static absl::StatusOr<OptimizerState> Make(
       torch::nn::Module* model, NamedTensors named, torch::optim::Optimizer& optimizer,
-      optim::ParamScheduler* scheduler, std::map<std::string, ShardPlacement> placements);
+      optim::ParamScheduler* scheduler, std::map<std::string, parallel::TensorLayout> layouts);
 
   // The name of every parameter of every param group, by group.
   absl::StatusOr<std::vector<std::vector<std::string>>> GroupParamNames() const;
@@ -100,7 +101,7 @@ class OptimizerState : public Stateful {
   NamedTensors named_;
   torch::optim::Optimizer* optimizer_;
   optim::ParamScheduler* scheduler_;
-  std::map<std::string, ShardPlacement> placements_;
+  std::map<std::string, parallel::TensorLayout> layouts_;
 };
 
 }  // namespace keel::checkpoint

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "optim/param_scheduler.h"
+#include "parallel/layout.h"
 #include "testing/status_matchers.h"
 #include "torch/nn/module.h"
 #include "torch/nn/modules/linear.h"
@@ -466,8 +467,9 @@ TEST(OptimizerStateTest, RejectsParametersOutsideTheModel) {
               StatusIs(StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("param_groups[0].params[1]"), HasSubstr("[5, 7]"))));
   torch::optim::SGD ok(net.parameters(), torch::optim::SGDOptions(1e-2));
-  EXPECT_THAT(OptimizerState::Create(net, ok, nullptr, {{"a.nope", ShardPlacement{{1}, {0}}}}),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("a.nope")));
+  EXPECT_THAT(
+      OptimizerState::Create(net, ok, nullptr, {{"a.nope", parallel::BlockLayout({1}, {0})}}),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("a.nope")));
 }
 
 // Saves a stepped Adam over two groups.
@@ -565,28 +567,28 @@ TEST(OptimizerStateTest, MissingOrMisshapedStateTensorsAreReportedAndNotInstalle
   EXPECT_EQ(adam.param_groups()[0].options().get_lr(), 1e-2);
 }
 
-TEST(OptimizerStateTest, ShardedParameterStateUsesTheParameterPlacement) {
+TEST(OptimizerStateTest, ShardedParameterStateUsesTheParameterLayout) {
   Net source;
   Fill(source, 1);
   torch::optim::SGD sgd(Groups(source), torch::optim::SGDOptions(0.1).momentum(0.9));
   SetGrads(source, 0);
   sgd.step();
   // a.weight ([4, 3]) is rows [4, 8) of an [8, 3] parameter.
-  const std::map<std::string, ShardPlacement> placements = {
-      {"a.weight", ShardPlacement{{8, 3}, {4, 0}}}};
+  const std::map<std::string, parallel::TensorLayout> layouts = {
+      {"a.weight", parallel::BlockLayout({8, 3}, {4, 0})}};
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState state,
-                            OptimizerState::Create(source, sgd, nullptr, placements));
+                            OptimizerState::Create(source, sgd, nullptr, layouts));
   KEEL_ASSERT_OK_AND_ASSIGN(State saved, state.StateDict());
   const TensorRef& buffer = saved.tensors["state/a.weight/momentum_buffer"];
-  ASSERT_TRUE(buffer.placement.has_value());
-  EXPECT_THAT(buffer.placement->global_shape, ElementsAre(8, 3));
-  EXPECT_THAT(buffer.placement->offsets, ElementsAre(4, 0));
-  EXPECT_FALSE(saved.tensors["state/a.bias/momentum_buffer"].placement.has_value());
+  ASSERT_TRUE(buffer.layout.has_value());
+  EXPECT_THAT(buffer.layout->global_shape, ElementsAre(8, 3));
+  EXPECT_THAT(buffer.layout->offsets, ElementsAre(4, 0));
+  EXPECT_FALSE(saved.tensors["state/a.bias/momentum_buffer"].layout.has_value());
 
   Net fresh;
   torch::optim::SGD fresh_sgd(Groups(fresh), torch::optim::SGDOptions(0.1).momentum(0.9));
   KEEL_ASSERT_OK_AND_ASSIGN(OptimizerState fresh_state,
-                            OptimizerState::Create(fresh, fresh_sgd, nullptr, placements));
+                            OptimizerState::Create(fresh, fresh_sgd, nullptr, layouts));
   KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report,
                             LoadInMemory({{"optim", &fresh_state}}, {{"optim", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();

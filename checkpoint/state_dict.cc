@@ -27,17 +27,17 @@ std::string Shape(const std::vector<int64_t>& shape) {
 absl::Status TargetBlock(const std::string& key, const TensorRef& target,
                          std::vector<int64_t>& global, std::vector<int64_t>& offsets) {
   const std::vector<int64_t> local = target.tensor.sizes().vec();
-  if (!target.placement) {
+  if (!target.layout) {
     global = local;
     offsets.assign(local.size(), 0);
     return absl::OkStatus();
   }
-  global = target.placement->global_shape;
-  offsets = target.placement->offsets;
+  global = target.layout->global_shape;
+  offsets = target.layout->offsets;
   if (global.size() != local.size() || offsets.size() != local.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(key, ": placement global_shape ", Shape(global), " and offsets ",
-                     Shape(offsets), " must have the local tensor's rank (", local.size(), ")"));
+        absl::StrCat(key, ": layout global_shape ", Shape(global), " and offsets ", Shape(offsets),
+                     " must have the local tensor's rank (", local.size(), ")"));
   }
   for (size_t d = 0; d < local.size(); ++d) {
     if (offsets[d] < 0 || offsets[d] + local[d] > global[d]) {
@@ -60,10 +60,10 @@ class MemorySavedState : public internal::SavedState {
         internal::SavedChunk chunk;
         chunk.lengths = ref.tensor.sizes().vec();
         chunk.offsets =
-            ref.placement ? ref.placement->offsets : std::vector<int64_t>(chunk.lengths.size(), 0);
+            ref.layout ? ref.layout->offsets : std::vector<int64_t>(chunk.lengths.size(), 0);
         chunk.source_index = static_cast<int64_t>(sources_.size());
         tensor.info.dtype = ref.tensor.scalar_type();
-        tensor.info.shape = ref.placement ? ref.placement->global_shape : chunk.lengths;
+        tensor.info.shape = ref.layout ? ref.layout->global_shape : chunk.lengths;
         tensor.chunks.push_back(std::move(chunk));
         sources_.push_back(ref.tensor);
       }

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "base/json.h"
+#include "parallel/layout.h"
 
 namespace keel::checkpoint {
 
@@ -40,18 +41,15 @@ enum class SerializationFormat { kKeel, kSafetensors };
 bool AbslParseFlag(absl::string_view text, SerializationFormat* out, std::string* error);
 std::string AbslUnparseFlag(SerializationFormat format);
 
-// Where a local tensor sits in its global tensor: the block starting at `offsets` whose
-// extent is the local tensor's shape (DTensor's local shard, DCP's chunk).
-struct ShardPlacement {
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> offsets;
-};
-
-// A tensor to save or to load into. Without a placement the tensor is whole, and every rank
-// that holds it holds the same values (it is written once).
+// A tensor to save or to load into. Without a layout the tensor is whole, and every rank
+// that holds it holds the same values (it is written once). With one, the tensor is the block
+// of the whole tensor (layout->global_shape) that starts at layout->offsets, as large as the
+// tensor (DTensor's local shard, DCP's chunk); blocks several ranks hold alike are written
+// once. Checkpoints hold whole tensors, so a load may read any block of them. A layout with a
+// Partial dimension cannot be saved: a partial sum is not a block.
 struct TensorRef {
   at::Tensor tensor;
-  std::optional<ShardPlacement> placement = std::nullopt;
+  std::optional<parallel::TensorLayout> layout = std::nullopt;
 };
 
 // One stateful object's state: tensors by key, and non-tensor values as a JSON object.
@@ -105,7 +103,7 @@ class StateReader {
   // The saved tensor `key`, or nullptr if there is none.
   const SavedTensorInfo* FindTensor(const std::string& key) const;
 
-  // Fills `target.tensor` (whole, or the block its placement names) from the saved tensor
+  // Fills `target.tensor` (whole, or the block its layout names) from the saved tensor
   // `key`, reading only the overlapping chunks. A missing key, a different global shape or
   // dtype is recorded and leaves the target as it was.
   // Errors: kDataLoss (corrupt or truncated data, naming file and tensor), kInternal/kUnavailable

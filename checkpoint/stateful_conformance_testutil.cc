@@ -26,7 +26,7 @@ State StateOf(StatefulUnderTest& object) {
   return state.ok() ? *std::move(state) : State();
 }
 
-// Whether two states hold the same tensor keys, placements, dtypes and bytes, and values.
+// Whether two states hold the same tensor keys, layouts, dtypes and bytes, and values.
 ::testing::AssertionResult SameState(const State& a, const State& b) {
   if (a.values != b.values) {
     return ::testing::AssertionFailure()
@@ -42,11 +42,11 @@ State StateOf(StatefulUnderTest& object) {
     if (ref.tensor.scalar_type() != other.scalar_type() || !ref.tensor.cpu().equal(other.cpu())) {
       return ::testing::AssertionFailure() << "tensor " << key << " differs";
     }
-    const bool placed = ref.placement.has_value();
-    if (placed != it->second.placement.has_value() ||
-        (placed && (ref.placement->offsets != it->second.placement->offsets ||
-                    ref.placement->global_shape != it->second.placement->global_shape))) {
-      return ::testing::AssertionFailure() << "placement of " << key << " differs";
+    const bool placed = ref.layout.has_value();
+    if (placed != it->second.layout.has_value() ||
+        (placed && (ref.layout->offsets != it->second.layout->offsets ||
+                    ref.layout->global_shape != it->second.layout->global_shape))) {
+      return ::testing::AssertionFailure() << "layout of " << key << " differs";
     }
   }
   return ::testing::AssertionSuccess();

@@ -7,6 +7,7 @@
 #include "ATen/ops/empty.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "parallel/layout.h"
 
 namespace keel::checkpoint {
 namespace {
@@ -29,7 +30,7 @@ absl::StatusOr<State> RngState::StateDict() const {
   const int64_t n = bytes.numel();
   State state;
   state.tensors[kCpuKey] =
-      TensorRef{bytes.reshape({1, n}), ShardPlacement{{world_size_, n}, {rank_, 0}}};
+      TensorRef{bytes.reshape({1, n}), parallel::BlockLayout({world_size_, n}, {rank_, 0})};
   return state;
 }
 
@@ -56,7 +57,7 @@ absl::Status RngState::LoadStateDict(StateReader& reader) {
   const at::Tensor row = at::empty({1, n}, at::TensorOptions().dtype(at::kByte));
   const std::vector<int64_t> global = {saved_ranks, n};
   KEEL_RETURN_IF_ERROR(
-      reader.ReadTensor(kCpuKey, TensorRef{row, ShardPlacement{global, {rank_, 0}}}));
+      reader.ReadTensor(kCpuKey, TensorRef{row, parallel::BlockLayout(global, {rank_, 0})}));
   if (info == nullptr || info->dtype != at::kByte || info->shape != global || reader.checking()) {
     return absl::OkStatus();  // reported by ReadTensor, or only checking
   }

@@ -213,9 +213,9 @@ TEST(RngStateTest, SavesThisRanksRowOfAPerRankTensor) {
   const int64_t n = generator.get_state().numel();
   EXPECT_EQ(ref.tensor.scalar_type(), at::kByte);
   EXPECT_THAT(ref.tensor.sizes().vec(), ElementsAre(1, n));
-  ASSERT_TRUE(ref.placement.has_value());
-  EXPECT_THAT(ref.placement->global_shape, ElementsAre(3, n));
-  EXPECT_THAT(ref.placement->offsets, ElementsAre(2, 0));
+  ASSERT_TRUE(ref.layout.has_value());
+  EXPECT_THAT(ref.layout->global_shape, ElementsAre(3, n));
+  EXPECT_THAT(ref.layout->offsets, ElementsAre(2, 0));
 }
 
 TEST(RngStateTest, RoundTripReproducesTheSameRandomNumbers) {

@@ -31,6 +31,13 @@ int DimRank(const LayoutDim& dim) { return dim.group == nullptr ? 0 : dim.group-
 
 int DimSize(const LayoutDim& dim) { return dim.group == nullptr ? 1 : dim.group->getSize(); }
 
+TensorLayout BlockLayout(std::vector<int64_t> global_shape, std::vector<int64_t> offsets) {
+  TensorLayout layout;
+  layout.global_shape = std::move(global_shape);
+  layout.offsets = std::move(offsets);
+  return layout;
+}
+
 absl::StatusOr<TensorLayout> EvenlySharded(std::vector<int64_t> global_shape,
                                            std::vector<LayoutDim> dims) {
   for (int64_t size : global_shape) {

@@ -71,6 +71,10 @@ struct TensorLayout {
   std::vector<LayoutDim> dims;
 };
 
+// The block of `global_shape` at `offsets`, with no mesh dimension to describe it (one rank's
+// row of a per-rank table, a block a caller lays out itself).
+TensorLayout BlockLayout(std::vector<int64_t> global_shape, std::vector<int64_t> offsets);
+
 // The layout of a tensor of `global_shape` split evenly along `dims`, in order, as torch.chunk
 // splits (each rank of a dimension of n ranks gets ceil(size / n) of what the outer dimensions
 // left, the last ones fewer or none): the offsets come from each dimension's group rank.

@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "checkpoint/state_dict.h"
 #include "optim/optimizer_kind.h"
+#include "parallel/layout.h"
 #include "torch/optim/adagrad.h"
 #include "torch/optim/adam.h"
 #include "torch/optim/adamw.h"
@@ -75,13 +76,13 @@ inline at::Tensor StateLike(const at::Tensor& param, const StateReader& reader) 
 // Reads the saved tensor `key` into `target`; clears `fits` unless the saved tensor exists
 // with the target's dtype and global shape (the reader reports those differences).
 inline absl::Status ReadInto(StateReader& reader, const std::string& key, const at::Tensor& target,
-                             const std::optional<ShardPlacement>& placement, bool& fits) {
+                             const std::optional<parallel::TensorLayout>& layout, bool& fits) {
   const SavedTensorInfo* info = reader.FindTensor(key);
-  const std::vector<int64_t> global = placement ? placement->global_shape : target.sizes().vec();
+  const std::vector<int64_t> global = layout ? layout->global_shape : target.sizes().vec();
   if (info == nullptr || info->dtype != target.scalar_type() || info->shape != global) {
     fits = false;
   }
-  return reader.ReadTensor(key, TensorRef{target, placement});
+  return reader.ReadTensor(key, TensorRef{target, layout});
 }
 
 // A saved "step" count: false (reported missing) when absent. Errors: kInvalidArgument for one
@@ -131,19 +132,19 @@ struct AdamTraits {
   }
 
   static void Save(const ParamState& s, const std::string& prefix,
-                   const std::optional<ShardPlacement>& placement, State& state, Json& entry) {
+                   const std::optional<parallel::TensorLayout>& layout, State& state, Json& entry) {
     entry["step"] = s.step();
-    state.tensors[prefix + "exp_avg"] = TensorRef{s.exp_avg(), placement};
-    state.tensors[prefix + "exp_avg_sq"] = TensorRef{s.exp_avg_sq(), placement};
+    state.tensors[prefix + "exp_avg"] = TensorRef{s.exp_avg(), layout};
+    state.tensors[prefix + "exp_avg_sq"] = TensorRef{s.exp_avg_sq(), layout};
     if (s.max_exp_avg_sq().defined()) {
-      state.tensors[prefix + "max_exp_avg_sq"] = TensorRef{s.max_exp_avg_sq(), placement};
+      state.tensors[prefix + "max_exp_avg_sq"] = TensorRef{s.max_exp_avg_sq(), layout};
     }
   }
 
   // The saved state of `param`, or nullptr if part of it is missing or does not fit.
   static absl::StatusOr<std::unique_ptr<ParamState>> Load(
       const at::Tensor& param, const Group& group, const Json& entry, const std::string& prefix,
-      const std::optional<ShardPlacement>& placement, StateReader& reader) {
+      const std::optional<parallel::TensorLayout>& layout, StateReader& reader) {
     int64_t step = 0;
     KEEL_ASSIGN_OR_RETURN(bool has_step, ReadStep(entry, prefix, reader, step));
     if (!has_step) return nullptr;
@@ -151,13 +152,13 @@ struct AdamTraits {
     s->step(step);
     bool fits = true;
     s->exp_avg(StateLike(param, reader));
-    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg", s->exp_avg(), placement, fits));
+    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg", s->exp_avg(), layout, fits));
     s->exp_avg_sq(StateLike(param, reader));
-    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg_sq", s->exp_avg_sq(), placement, fits));
+    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "exp_avg_sq", s->exp_avg_sq(), layout, fits));
     if (group.amsgrad || reader.FindTensor(prefix + "max_exp_avg_sq") != nullptr) {
       s->max_exp_avg_sq(StateLike(param, reader));
       KEEL_RETURN_IF_ERROR(
-          ReadInto(reader, prefix + "max_exp_avg_sq", s->max_exp_avg_sq(), placement, fits));
+          ReadInto(reader, prefix + "max_exp_avg_sq", s->max_exp_avg_sq(), layout, fits));
     }
     if (!fits) return nullptr;
     return s;
@@ -192,20 +193,20 @@ struct SgdKind {
   }
 
   static void Save(const ParamState& s, const std::string& prefix,
-                   const std::optional<ShardPlacement>& placement, State& state, Json& entry) {
+                   const std::optional<parallel::TensorLayout>& layout, State& state, Json& entry) {
     if (s.momentum_buffer().defined()) {
-      state.tensors[prefix + "momentum_buffer"] = TensorRef{s.momentum_buffer(), placement};
+      state.tensors[prefix + "momentum_buffer"] = TensorRef{s.momentum_buffer(), layout};
     }
   }
 
   static absl::StatusOr<std::unique_ptr<ParamState>> Load(
       const at::Tensor& param, const Group& group, const Json& entry, const std::string& prefix,
-      const std::optional<ShardPlacement>& placement, StateReader& reader) {
+      const std::optional<parallel::TensorLayout>& layout, StateReader& reader) {
     auto s = std::make_unique<ParamState>();
     bool fits = true;
     s->momentum_buffer(StateLike(param, reader));
     KEEL_RETURN_IF_ERROR(
-        ReadInto(reader, prefix + "momentum_buffer", s->momentum_buffer(), placement, fits));
+        ReadInto(reader, prefix + "momentum_buffer", s->momentum_buffer(), layout, fits));
     if (!fits) return nullptr;
     return s;
   }
@@ -269,21 +270,21 @@ struct RmspropKind {
   }
 
   static void Save(const ParamState& s, const std::string& prefix,
-                   const std::optional<ShardPlacement>& placement, State& state, Json& entry) {
+                   const std::optional<parallel::TensorLayout>& layout, State& state, Json& entry) {
     entry["step"] = s.step();
-    state.tensors[prefix + "square_avg"] = TensorRef{s.square_avg(), placement};
+    state.tensors[prefix + "square_avg"] = TensorRef{s.square_avg(), layout};
     if (s.momentum_buffer().defined()) {
-      state.tensors[prefix + "momentum_buffer"] = TensorRef{s.momentum_buffer(), placement};
+      state.tensors[prefix + "momentum_buffer"] = TensorRef{s.momentum_buffer(), layout};
     }
     if (s.grad_avg().defined()) {
-      state.tensors[prefix + "grad_avg"] = TensorRef{s.grad_avg(), placement};
+      state.tensors[prefix + "grad_avg"] = TensorRef{s.grad_avg(), layout};
     }
   }
 
   // momentum_buffer exists with momentum > 0 and grad_avg when centered, as in PyTorch.
   static absl::StatusOr<std::unique_ptr<ParamState>> Load(
       const at::Tensor& param, const Group& group, const Json& entry, const std::string& prefix,
-      const std::optional<ShardPlacement>& placement, StateReader& reader) {
+      const std::optional<parallel::TensorLayout>& layout, StateReader& reader) {
     int64_t step = 0;
     KEEL_ASSIGN_OR_RETURN(bool has_step, ReadStep(entry, prefix, reader, step));
     if (!has_step) return nullptr;
@@ -291,15 +292,15 @@ struct RmspropKind {
     s->step(step);
     bool fits = true;
     s->square_avg(StateLike(param, reader));
-    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "square_avg", s->square_avg(), placement, fits));
+    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "square_avg", s->square_avg(), layout, fits));
     if (group.momentum > 0 || reader.FindTensor(prefix + "momentum_buffer") != nullptr) {
       s->momentum_buffer(StateLike(param, reader));
       KEEL_RETURN_IF_ERROR(
-          ReadInto(reader, prefix + "momentum_buffer", s->momentum_buffer(), placement, fits));
+          ReadInto(reader, prefix + "momentum_buffer", s->momentum_buffer(), layout, fits));
     }
     if (group.centered || reader.FindTensor(prefix + "grad_avg") != nullptr) {
       s->grad_avg(StateLike(param, reader));
-      KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "grad_avg", s->grad_avg(), placement, fits));
+      KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "grad_avg", s->grad_avg(), layout, fits));
     }
     if (!fits) return nullptr;
     return s;
@@ -325,14 +326,14 @@ struct AdagradKind {
   }
 
   static void Save(const ParamState& s, const std::string& prefix,
-                   const std::optional<ShardPlacement>& placement, State& state, Json& entry) {
+                   const std::optional<parallel::TensorLayout>& layout, State& state, Json& entry) {
     entry["step"] = s.step();
-    state.tensors[prefix + "sum"] = TensorRef{s.sum(), placement};
+    state.tensors[prefix + "sum"] = TensorRef{s.sum(), layout};
   }
 
   static absl::StatusOr<std::unique_ptr<ParamState>> Load(
       const at::Tensor& param, const Group& group, const Json& entry, const std::string& prefix,
-      const std::optional<ShardPlacement>& placement, StateReader& reader) {
+      const std::optional<parallel::TensorLayout>& layout, StateReader& reader) {
     int64_t step = 0;
     KEEL_ASSIGN_OR_RETURN(bool has_step, ReadStep(entry, prefix, reader, step));
     if (!has_step) return nullptr;
@@ -340,7 +341,7 @@ struct AdagradKind {
     s->step(step);
     bool fits = true;
     s->sum(StateLike(param, reader));
-    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "sum", s->sum(), placement, fits));
+    KEEL_RETURN_IF_ERROR(ReadInto(reader, prefix + "sum", s->sum(), layout, fits));
     if (!fits) return nullptr;
     return s;
   }

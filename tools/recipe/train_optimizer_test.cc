@@ -70,7 +70,7 @@ absl::StatusOr<Saved> Train(bool sharded, Rank& r) {
   KEEL_ASSIGN_OR_RETURN(checkpoint::OptimizerState state, optimizer->CheckpointState(nullptr));
   KEEL_ASSIGN_OR_RETURN(checkpoint::State dict, state.StateDict());
   for (const auto& [key, ref] : dict.tensors) {
-    saved.shapes[key] = ref.placement ? ref.placement->global_shape : ref.tensor.sizes().vec();
+    saved.shapes[key] = ref.layout ? ref.layout->global_shape : ref.tensor.sizes().vec();
   }
   saved.values = dict.values.dump();
   saved.description = optimizer->Describe();
