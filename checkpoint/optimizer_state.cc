@@ -265,6 +265,20 @@ absl::StatusOr<OptimizerState> OptimizerState::Create(optim::DistributedOptimize
   return Make(nullptr, std::move(named), optimizer.optimizer(), scheduler, std::move(layouts));
 }
 
+absl::StatusOr<OptimizerState> OptimizerState::Create(optim::DataParallelOptimizer& optimizer,
+                                                      optim::ParamScheduler* scheduler) {
+  if (optim::DistributedOptimizer* sharded = optimizer.sharded()) {
+    return Create(*sharded, scheduler);
+  }
+  NamedTensors named;
+  std::map<std::string, parallel::TensorLayout> layouts;
+  for (const gradients::NamedParameter& p : optimizer.parameters()) {
+    named.emplace_back(p.name, p.param);
+    if (p.layout) layouts[p.name] = *p.layout;
+  }
+  return Make(nullptr, std::move(named), optimizer.optimizer(), scheduler, std::move(layouts));
+}
+
 absl::StatusOr<OptimizerState> OptimizerState::Make(
     torch::nn::Module* model, NamedTensors named, torch::optim::Optimizer& optimizer,
     optim::ParamScheduler* scheduler, std::map<std::string, parallel::TensorLayout> layouts) {

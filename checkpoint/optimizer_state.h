@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/state_dict.h"
+#include "optim/data_parallel_optimizer.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer_kind.h"
 #include "optim/param_scheduler.h"
@@ -74,6 +75,12 @@ class OptimizerState : public Stateful {
   // Requires: `optimizer` and `scheduler` (may be null) outlive this object.
   [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
       optim::DistributedOptimizer& optimizer, optim::ParamScheduler* scheduler = nullptr);
+
+  // The state of a DataParallelOptimizer, sharded or not: as the first Create for its
+  // parameters (by their names, with their layouts), or as the second for its shards.
+  // Errors: as above. Requires: `optimizer` and `scheduler` (may be null) outlive this object.
+  [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
+      optim::DataParallelOptimizer& optimizer, optim::ParamScheduler* scheduler = nullptr);
 
   // Errors: as Create, for parameters added to the model or the optimizer since.
   [[nodiscard]] absl::StatusOr<State> StateDict() const override;

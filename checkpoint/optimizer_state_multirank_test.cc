@@ -15,7 +15,9 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/optimizer_state.h"
 #include "gmock/gmock.h"
+#include "gradients/parameters.h"
 #include "gtest/gtest.h"
+#include "optim/data_parallel_optimizer.h"
 #include "optim/distributed_optimizer.h"
 #include "testing/files.h"
 #include "testing/ranks.h"
@@ -269,6 +271,48 @@ TEST(OptimizerStateShardedTest, EveryKindTheDistributedOptimizerTakesResumesExac
         EXPECT_TRUE(at::equal(resumed[rank][i], continued[rank][i])) << "parameter " << i;
       }
     }
+  }
+}
+
+// A DataParallelOptimizer saves the same checkpoint whether its state is sharded or not: the
+// same keys with the same global shapes, and the same values.
+TEST(OptimizerStateShardedTest, ADataParallelOptimizerSavesAlikeShardedOrNot) {
+  std::vector<std::map<std::string, std::vector<int64_t>>> shapes(4);
+  std::vector<std::string> values(4);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    for (bool shard : {false, true}) {
+      Net net;
+      optim::DataParallelOptimizerOptions options;
+      options.use_distributed_optimizer = shard;
+      KEEL_ASSIGN_OR_RETURN(auto optimizer,
+                            optim::DataParallelOptimizer::Create(
+                                gradients::TrainableParameters({&net}), r.group.get(),
+                                [](const std::vector<gradients::NamedParameter>& params) {
+                                  std::vector<at::Tensor> tensors;
+                                  for (const auto& p : params) tensors.push_back(p.param);
+                                  return std::make_unique<torch::optim::AdamW>(tensors, Options());
+                                },
+                                options));
+      for (int step = 0; step < 2; ++step) {
+        net.Loss((step * 2 + r.rank) * 4).backward();
+        KEEL_RETURN_IF_ERROR(optimizer->Wait());
+        KEEL_RETURN_IF_ERROR(optimizer->Step());
+      }
+      KEEL_ASSIGN_OR_RETURN(OptimizerState state, OptimizerState::Create(*optimizer));
+      KEEL_ASSIGN_OR_RETURN(State dict, state.StateDict());
+      const int slot = r.rank * 2 + (shard ? 1 : 0);
+      for (const auto& [key, ref] : dict.tensors) {
+        shapes[slot][key] = ref.layout ? ref.layout->global_shape : ref.tensor.sizes().vec();
+      }
+      values[slot] = dict.values.dump();
+    }
+    return absl::OkStatus();
+  }));
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    EXPECT_FALSE(shapes[rank * 2].empty());
+    EXPECT_EQ(shapes[rank * 2 + 1], shapes[rank * 2]);
+    EXPECT_EQ(values[rank * 2 + 1], values[rank * 2]);
   }
 }
 

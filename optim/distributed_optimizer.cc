@@ -1,6 +1,5 @@
 #include "optim/distributed_optimizer.h"
 
-#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,36 +8,6 @@
 #include "optim/optimizer_kind.h"
 
 namespace keel::optim {
-namespace {
-
-// Each shard's tensor must be in the optimizer's param groups exactly once.
-absl::Status CheckHoldsEachShardOnce(const torch::optim::Optimizer& optimizer,
-                                     const std::vector<gradients::ParamShard>& shards) {
-  std::unordered_map<const c10::TensorImpl*, int> seen;
-  for (const gradients::ParamShard& shard : shards) seen[shard.tensor.unsafeGetTensorImpl()] = 0;
-  const auto& groups = optimizer.param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) {
-    for (size_t j = 0; j < groups[i].params().size(); ++j) {
-      auto it = seen.find(groups[i].params()[j].unsafeGetTensorImpl());
-      if (it == seen.end() || ++it->second > 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the optimizer's param_groups[", i, "].params[", j, "] is ",
-            it == seen.end() ? "not a shard's tensor" : "a shard's tensor listed twice"));
-      }
-    }
-  }
-  for (const gradients::ParamShard& shard : shards) {
-    if (seen[shard.tensor.unsafeGetTensorImpl()] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("the optimizer does not hold the shard of '",
-                                                     shard.name,
-                                                     "'; its rows would never "
-                                                     "be stepped"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     std::vector<gradients::NamedParameter> parameters, c10d::ProcessGroup& group,
@@ -62,13 +31,11 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Make
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument,
                                        "building the shards' optimizer",
                                        [&] { optimizer = factory(sync->shards()); }));
-  if (optimizer == nullptr) {
-    return absl::InvalidArgumentError("the optimizer factory returned no optimizer");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const gradients::ParamShard& shard : sync->shards()) {
+    tensors.emplace_back(shard.name, shard.tensor);
   }
-  // The table's optimizers are elementwise (LBFGS's step depends on every element) and can
-  // be checkpointed.
-  KEEL_RETURN_IF_ERROR(KindOf(*optimizer).status());
-  KEEL_RETURN_IF_ERROR(CheckHoldsEachShardOnce(*optimizer, sync->shards()));
+  KEEL_RETURN_IF_ERROR(CheckOptimizerHoldsEachOnce(optimizer.get(), tensors, "shard"));
   return std::unique_ptr<DistributedOptimizer>(
       new DistributedOptimizer(std::move(sync), std::move(optimizer)));
 }

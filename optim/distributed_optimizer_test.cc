@@ -150,8 +150,7 @@ TEST_P(DistributedOptimizerTest, MatchesTheSameOptimizerOverWholeParameters) {
         whole->zero_grad();
         KEEL_RETURN_IF_ERROR(Backward(net, *sharded, step, r.rank, world));
         KEEL_RETURN_IF_ERROR(
-            gradients::ClipGradNorm(c.max_norm, sharded->ShardParameters())
-                .status());
+            gradients::ClipGradNorm(c.max_norm, sharded->ShardParameters()).status());
         KEEL_RETURN_IF_ERROR(sharded->Step());
         sharded->ZeroGrad();
       }

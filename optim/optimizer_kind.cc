@@ -1,7 +1,10 @@
 #include "optim/optimizer_kind.h"
 
+#include <unordered_map>
+
 #include "absl/strings/str_cat.h"
 #include "base/enum.h"
+#include "base/status.h"
 #include "torch/optim/adagrad.h"
 #include "torch/optim/adam.h"
 #include "torch/optim/adamw.h"
@@ -41,6 +44,38 @@ absl::StatusOr<OptimizerKind> KindOf(const torch::optim::Optimizer& optimizer) {
 }
 
 absl::string_view OptimizerKindName(OptimizerKind kind) { return base::EnumName(kKinds, kind); }
+
+absl::Status CheckOptimizerHoldsEachOnce(
+    const torch::optim::Optimizer* optimizer,
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors, absl::string_view noun) {
+  if (optimizer == nullptr) {
+    return absl::InvalidArgumentError("the optimizer factory returned no optimizer");
+  }
+  // The table's optimizers are elementwise (LBFGS's step depends on every element), so they
+  // step shards as whole parameters, and checkpoints know them.
+  KEEL_RETURN_IF_ERROR(KindOf(*optimizer).status());
+  std::unordered_map<const c10::TensorImpl*, int> seen;
+  for (const auto& [name, tensor] : tensors) seen[tensor.unsafeGetTensorImpl()] = 0;
+  const auto& groups = optimizer->param_groups();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (size_t j = 0; j < groups[i].params().size(); ++j) {
+      auto it = seen.find(groups[i].params()[j].unsafeGetTensorImpl());
+      if (it == seen.end() || ++it->second > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the optimizer's param_groups[", i, "].params[", j, "] is ",
+                         it == seen.end() ? "not a " : "a ", noun, "'s tensor",
+                         it == seen.end() ? "" : " listed twice"));
+      }
+    }
+  }
+  for (const auto& [name, tensor] : tensors) {
+    if (seen[tensor.unsafeGetTensorImpl()] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the optimizer does not hold the ", noun, " of '", name, "'; it would never be stepped"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 void SetWeightDecay(OptimizerKind kind, torch::optim::OptimizerOptions& options,
                     double weight_decay) {

@@ -8,6 +8,12 @@
 #ifndef KEEL_OPTIM_OPTIMIZER_KIND_H_
 #define KEEL_OPTIM_OPTIMIZER_KIND_H_
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "torch/optim/optimizer.h"
@@ -22,6 +28,14 @@ enum class OptimizerKind { kAdam, kAdamW, kSgd, kRmsprop, kAdagrad };
 
 // "Adam", "AdamW", "SGD", "RMSprop" or "Adagrad".
 absl::string_view OptimizerKindName(OptimizerKind kind);
+
+// OK when `optimizer`, a factory's product, exists, is of the table's kinds, and its param
+// groups hold each of `tensors` exactly once and nothing else. `noun` names a tensor in errors
+// ("shard", "parameter"). Errors: kInvalidArgument naming the group and position of a tensor
+// that is not one of them or is listed twice, or the tensor left out.
+[[nodiscard]] absl::Status CheckOptimizerHoldsEachOnce(
+    const torch::optim::Optimizer* optimizer,
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors, absl::string_view noun);
 
 // Sets the weight decay of param-group options of `kind`'s type.
 // Requires: `options` are `kind`'s options type.

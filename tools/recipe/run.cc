@@ -23,6 +23,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/training_state.h"
 #include "gradients/clip_grad_norm.h"
+#include "optim/data_parallel_optimizer.h"
 #include "optim/param_scheduler.h"
 #include "sampling/megatron_sampler.h"
 #include "sampling/resumable_blend.h"
@@ -34,7 +35,7 @@
 #include "tools/recipe/plot.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/tensorboard.h"
-#include "tools/recipe/train_optimizer.h"
+#include "torch/optim/adamw.h"
 #include "torch/utils.h"
 
 namespace keel::tools::recipe {
@@ -86,6 +87,18 @@ class ConfigState : public checkpoint::Stateful {
 
 constexpr char kConfigState[] = "config";
 
+// AdamW with the run's options, over whatever the data-parallel optimizer steps.
+optim::OptimizerFactory AdamW(const OptimizerOptions& o) {
+  return [o](const std::vector<gradients::NamedParameter>& params) {
+    std::vector<at::Tensor> tensors;
+    for (const gradients::NamedParameter& p : params) tensors.push_back(p.param);
+    return std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(o.lr)
+                                                              .betas({o.beta1, o.beta2})
+                                                              .eps(o.eps)
+                                                              .weight_decay(o.weight_decay));
+  };
+}
+
 }  // namespace
 
 // Everything the run builds, in the order it is built.
@@ -95,7 +108,7 @@ class Run::State {
 
   TrainData data;
   std::optional<Gpt> model;
-  std::unique_ptr<TrainOptimizer> optimizer;
+  std::unique_ptr<optim::DataParallelOptimizer> optimizer;
   std::optional<optim::ParamScheduler> lr_scheduler;
   std::optional<Scheduler> scheduler;
   // The sampler's state before any step, for ResetState.
@@ -176,7 +189,12 @@ absl::Status Run::BuildModel() {
   torch::manual_seed(options_.seed);
   s.model.emplace(options_.model);
   (*s.model)->to(runtime_.device);
-  KEEL_ASSIGN_OR_RETURN(s.optimizer, TrainOptimizer::Create(options_, **s.model, runtime_.group));
+  optim::DataParallelOptimizerOptions optimizer_options;
+  optimizer_options.use_distributed_optimizer = options_.distributed.use_distributed_optimizer;
+  KEEL_ASSIGN_OR_RETURN(s.optimizer,
+                        optim::DataParallelOptimizer::Create(
+                            gradients::TrainableParameters({s.model->get()}), runtime_.group,
+                            AdamW(options_.optimizer), optimizer_options));
   KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
                                                                       s.optimizer->optimizer()));
   return absl::OkStatus();
@@ -188,7 +206,8 @@ absl::Status Run::BuildCheckpointing() {
   checkpoint::ModelStateOptions model_state_options;
   model_state_options.model_save_format = options_.checkpoint.model_save_format;
   s.model_state = std::make_unique<checkpoint::ModelState>(**s.model, model_state_options);
-  KEEL_ASSIGN_OR_RETURN(s.optim_state, s.optimizer->CheckpointState(&*s.lr_scheduler));
+  KEEL_ASSIGN_OR_RETURN(s.optim_state,
+                        checkpoint::OptimizerState::Create(*s.optimizer, &*s.lr_scheduler));
   Scheduler& scheduler = *s.scheduler;
   s.step_state = std::make_unique<checkpoint::ValueState<scheduling::StepSchedulerState>>(
       [&scheduler] { return scheduler.StateDict(); },

@@ -1,0 +1,142 @@
+#include "optim/data_parallel_optimizer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "optim/optimizer_kind.h"
+
+namespace keel::optim {
+namespace {
+
+std::vector<gradients::NamedParameter> AsParameters(
+    const std::vector<gradients::ParamShard>& shards) {
+  std::vector<gradients::NamedParameter> params;
+  for (const gradients::ParamShard& shard : shards) {
+    params.push_back({shard.name, shard.tensor, shard.layout});
+  }
+  return params;
+}
+
+// The factory's optimizer over the parameters themselves, checked.
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildWhole(
+    const std::vector<gradients::NamedParameter>& parameters, const OptimizerFactory& factory) {
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument, "building the optimizer",
+                                       [&] { optimizer = factory(parameters); }));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const gradients::NamedParameter& p : parameters) tensors.emplace_back(p.name, p.param);
+  KEEL_RETURN_IF_ERROR(CheckOptimizerHoldsEachOnce(optimizer.get(), tensors, "parameter"));
+  return optimizer;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Create(
+    std::vector<gradients::NamedParameter> parameters, c10d::ProcessGroup* group,
+    const OptimizerFactory& factory, const DataParallelOptimizerOptions& options) {
+  std::unique_ptr<DataParallelOptimizer> optimizer(
+      new DataParallelOptimizer(std::move(parameters), options));
+  DataParallelOptimizer& o = *optimizer;
+  if (group != nullptr && options.use_distributed_optimizer) {
+    KEEL_ASSIGN_OR_RETURN(o.sharded_,
+                          DistributedOptimizer::Create(
+                              o.parameters_, *group,
+                              [&factory](const std::vector<gradients::ParamShard>& shards) {
+                                return factory(AsParameters(shards));
+                              },
+                              options.sync));
+  } else {
+    KEEL_ASSIGN_OR_RETURN(o.whole_, BuildWhole(o.parameters_, factory));
+    if (group != nullptr) {
+      KEEL_ASSIGN_OR_RETURN(
+          o.sync_, gradients::DataParallelGradSync::Create(o.parameters_, *group, options.sync));
+    }
+  }
+  for (const auto& group_options : o.optimizer().param_groups()) {
+    o.initial_options_.push_back(group_options.options().clone());
+  }
+  return optimizer;
+}
+
+DataParallelOptimizer::DataParallelOptimizer(std::vector<gradients::NamedParameter> parameters,
+                                             const DataParallelOptimizerOptions& options)
+    : parameters_(std::move(parameters)), options_(options) {}
+
+void DataParallelOptimizer::PrepareForGradAccumulation() {
+  if (sharded_) sharded_->PrepareForGradAccumulation();
+  if (sync_) sync_->PrepareForGradAccumulation();
+}
+
+void DataParallelOptimizer::PrepareForFinalBackward() {
+  if (sharded_) sharded_->PrepareForFinalBackward();
+  if (sync_) sync_->PrepareForFinalBackward();
+}
+
+absl::Status DataParallelOptimizer::Wait() {
+  if (sharded_) return sharded_->Wait();
+  if (sync_) return sync_->Wait();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> DataParallelOptimizer::ClipGradNorm(std::optional<double> max_norm) {
+  return gradients::ClipGradNorm(max_norm, sharded_ ? sharded_->ShardParameters() : parameters_,
+                                 options_.clip);
+}
+
+absl::Status DataParallelOptimizer::Step() {
+  if (sharded_) {
+    KEEL_RETURN_IF_ERROR(sharded_->Step());
+    sharded_->ZeroGrad();
+    return absl::OkStatus();
+  }
+  return base::CallTorch(absl::StatusCode::kInternal, "the optimizer step", [&] {
+    whole_->step();
+    whole_->zero_grad();
+  });
+}
+
+void DataParallelOptimizer::SkipStep() {
+  if (sharded_) {
+    sharded_->ZeroGrad();
+  } else {
+    whole_->zero_grad();
+  }
+}
+
+at::Tensor DataParallelOptimizer::LocalGradientSum() const {
+  if (sharded_) return sharded_->grad_sync().LocalGradientSum();
+  if (sync_) return sync_->LocalGradientSum();
+  return at::Tensor();
+}
+
+void DataParallelOptimizer::Reset() {
+  torch::optim::Optimizer& o = optimizer();
+  o.state().clear();
+  for (size_t i = 0; i < o.param_groups().size(); ++i) {
+    o.param_groups()[i].set_options(initial_options_[i]->clone());
+  }
+}
+
+torch::optim::Optimizer& DataParallelOptimizer::optimizer() {
+  return sharded_ ? sharded_->optimizer() : *whole_;
+}
+
+std::string DataParallelOptimizer::Describe() const {
+  const torch::optim::Optimizer& o = sharded_ ? sharded_->optimizer() : *whole_;
+  const absl::StatusOr<OptimizerKind> kind = KindOf(o);
+  const std::string name(kind.ok() ? OptimizerKindName(*kind) : "optimizer");
+  if (!sharded_) return name;
+  const gradients::ShardedGradSync& sync = sharded_->grad_sync();
+  int64_t total = 0;
+  for (const gradients::ParamShard& shard : sync.shards()) {
+    int64_t numel = 1;
+    for (int64_t size : shard.layout.global_shape) numel *= size;
+    total += numel;
+  }
+  return absl::StrCat(name, " sharded over the data-parallel ranks (", sync.shard_numel(), " of ",
+                      total, " parameters' state here)");
+}
+
+}  // namespace keel::optim

@@ -1,0 +1,114 @@
+// The optimizer of a model whose replicas train on data-parallel ranks, as Megatron-Core's
+// get_megatron_optimizer assembles it (megatron/core/optimizer/__init__.py, optimizer.py,
+// distrib_optimizer.py) and NeMo AutoModel's recipes use it: the gradients averaged over the
+// data-parallel group (gradients::DataParallelGradSync), or with use_distributed_optimizer
+// reduce-scattered to row shards whose state only their rank keeps (DistributedOptimizer);
+// clipped by the norm of the whole gradient over every parameter's layout; then stepped. One
+// object for a third party's loop, with the same calls whatever the mode.
+//
+//   auto adamw = [](const std::vector<gradients::NamedParameter>& params) { ... };
+//   KEEL_ASSIGN_OR_RETURN(auto optimizer,
+//                         DataParallelOptimizer::Create(TrainableParameters({model}), dp, adamw));
+//   optimizer->PrepareForGradAccumulation();  // micro-batches; PrepareForFinalBackward last
+//   KEEL_RETURN_IF_ERROR(optimizer->Wait());
+//   KEEL_ASSIGN_OR_RETURN(at::Tensor norm, optimizer->ClipGradNorm(1.0));
+//   KEEL_RETURN_IF_ERROR(optimizer->Step());
+#ifndef KEEL_OPTIM_DATA_PARALLEL_OPTIMIZER_H_
+#define KEEL_OPTIM_DATA_PARALLEL_OPTIMIZER_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gradients/clip_grad_norm.h"
+#include "gradients/dp_sync.h"
+#include "gradients/parameters.h"
+#include "optim/distributed_optimizer.h"
+#include "torch/optim/optimizer.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::optim {
+
+// Builds the LibTorch optimizer over what this rank steps: the parameters, or with the
+// distributed optimizer their shards (each a NamedParameter of the parameter's name, the shard's
+// tensor and layout). It must hold each given tensor exactly once; group them by name as the
+// whole model's optimizer would be (no weight decay on biases, say).
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    const std::vector<gradients::NamedParameter>& params)>;
+
+struct DataParallelOptimizerOptions {
+  // Megatron's use_distributed_optimizer: each rank keeps the state of its shard only (ZeRO
+  // 1-2); nothing to shard without a group. Default: false.
+  bool use_distributed_optimizer = false;
+  // The gradient buckets (bucket_cap_mb, init_sync). Default: DataParallelGradSync's.
+  gradients::DataParallelGradSyncOptions sync;
+  // The clipping norm (norm_type, the pipeline group, ...). Default: ClipGradNorm's.
+  gradients::ClipGradNormOptions clip;
+};
+
+class DataParallelOptimizer {
+ public:
+  // The optimizer over `parameters` (their layouts travel with them), whose gradients average
+  // over `group`; nullptr for one data-parallel rank (nothing to average or shard). The factory
+  // must build an optim::OptimizerKind optimizer. Collective: over `group`. Errors: those of
+  // DataParallelGradSync::Create or DistributedOptimizer::Create; kInvalidArgument for a
+  // factory that returns no optimizer, one outside OptimizerKind's table, or one that does not
+  // hold each given tensor once.
+  // Requires: the parameters' tensors and `group` outlive this object.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> Create(
+      std::vector<gradients::NamedParameter> parameters, c10d::ProcessGroup* group,
+      const OptimizerFactory& factory, const DataParallelOptimizerOptions& options = {});
+
+  // As DataParallelGradSync's (nothing without a group).
+  void PrepareForGradAccumulation();
+  void PrepareForFinalBackward();
+  [[nodiscard]] absl::Status Wait();
+  // gradients::ClipGradNorm over what this rank steps, with its layouts: the norm is the whole
+  // gradient's. Collective: over the layouts' groups and options.clip.pp_group.
+  [[nodiscard]] absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm);
+  // The step (then, sharded, the all-gather of the shards), and the gradients cleared.
+  // Collective. Errors: kInternal when the step throws; DistributedOptimizer::Step's.
+  [[nodiscard]] absl::Status Step();
+  // The gradients cleared without a step: the step is dropped (every rank must drop it).
+  void SkipStep();
+  // The sum of this rank's gradients before the reduction, after Wait (see
+  // DataParallelGradSync::LocalGradientSum); undefined without a group.
+  at::Tensor LocalGradientSum() const;
+  // Back to the state Create made: no optimizer state, every param group's options as built.
+  void Reset();
+
+  // The LibTorch optimizer, whose options a ParamScheduler sets.
+  torch::optim::Optimizer& optimizer();
+  // The parameters as given.
+  const std::vector<gradients::NamedParameter>& parameters() const { return parameters_; }
+  // The distributed optimizer, when the state is sharded; else nullptr.
+  DistributedOptimizer* sharded() { return sharded_.get(); }
+  // "AdamW", or "AdamW sharded over the data-parallel ranks (E of N parameters' state here)".
+  std::string Describe() const;
+
+ private:
+  DataParallelOptimizer(std::vector<gradients::NamedParameter> parameters,
+                        const DataParallelOptimizerOptions& options);
+
+  std::vector<gradients::NamedParameter> parameters_;
+  DataParallelOptimizerOptions options_;
+  // Unsharded: the optimizer over the parameters, and the sync with a group.
+  std::unique_ptr<torch::optim::Optimizer> whole_;
+  std::unique_ptr<gradients::DataParallelGradSync> sync_;
+  // Sharded.
+  std::unique_ptr<DistributedOptimizer> sharded_;
+  // Each param group's options as built, for Reset.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> initial_options_;
+};
+
+}  // namespace keel::optim
+
+#endif  // KEEL_OPTIM_DATA_PARALLEL_OPTIMIZER_H_

@@ -1,0 +1,165 @@
+// The data-parallel optimizer's two paths on real Gloo ranks (threads): the sharded one steps
+// the weights the unsharded one does (to the bit on 2 ranks without clipping), the same as one
+// rank with the whole batch up to summation order; a skipped step changes nothing; Reset goes
+// back to the options as built; a bad factory is refused naming what is wrong.
+#include "optim/data_parallel_optimizer.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gradients/parameters.h"
+#include "gtest/gtest.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+#include "torch/nn/module.h"
+#include "torch/optim/adamw.h"
+#include "torch/optim/lbfgs.h"
+
+namespace keel::optim {
+namespace {
+
+using ::keel::gradients::NamedParameter;
+using ::keel::gradients::TrainableParameters;
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+using ::keel::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// A layer over a 9-row embedding, deterministic without the global generator.
+class Net : public torch::nn::Module {
+ public:
+  Net() {
+    embed_ = register_parameter("embed", at::arange(36, at::kFloat).mul(0.3).sin().view({9, 4}));
+    w_ = register_parameter("w", at::arange(12, at::kFloat).mul(0.7).cos().view({3, 4}));
+    b_ = register_parameter("b", at::zeros({3}));
+  }
+  // Mean squared output of samples [first, first + count).
+  at::Tensor Loss(int64_t first, int64_t count) const {
+    const at::Tensor tokens = at::arange(first, first + count, at::kLong).remainder(9);
+    return embed_.index_select(0, tokens).matmul(w_.t()).add(b_).tanh().pow(2).mean();
+  }
+
+ private:
+  at::Tensor embed_, w_, b_;
+};
+
+// AdamW with no weight decay on biases: two param groups, by name.
+OptimizerFactory AdamW() {
+  return [](const std::vector<NamedParameter>& params) {
+    std::vector<at::Tensor> decayed, biases;
+    for (const NamedParameter& p : params) (p.name == "b" ? biases : decayed).push_back(p.param);
+    std::vector<torch::optim::OptimizerParamGroup> groups = {
+        torch::optim::OptimizerParamGroup(decayed),
+        torch::optim::OptimizerParamGroup(biases,
+                                          std::make_unique<torch::optim::AdamWOptions>(
+                                              torch::optim::AdamWOptions(0.05).weight_decay(0)))};
+    return std::make_unique<torch::optim::AdamW>(
+        groups, torch::optim::AdamWOptions(0.05).weight_decay(0.1));
+  };
+}
+
+std::vector<at::Tensor> Weights(const Net& net) {
+  std::vector<at::Tensor> weights;
+  for (const at::Tensor& p : net.parameters()) weights.push_back(p.detach().clone());
+  return weights;
+}
+
+// Three steps: each of `world` ranks takes 4 samples a step, in two micro-batches.
+absl::StatusOr<std::vector<at::Tensor>> Train(Net& net, DataParallelOptimizer& optimizer, int rank,
+                                              int world) {
+  for (int step = 0; step < 3; ++step) {
+    optimizer.PrepareForGradAccumulation();
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1) optimizer.PrepareForFinalBackward();
+      net.Loss(((step * world + rank) * 2 + k) * 2, 2).div(2).backward();
+    }
+    KEEL_RETURN_IF_ERROR(optimizer.Wait());
+    KEEL_RETURN_IF_ERROR(optimizer.ClipGradNorm(1e9).status());
+    KEEL_RETURN_IF_ERROR(optimizer.Step());
+  }
+  return Weights(net);
+}
+
+TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
+  std::vector<std::vector<at::Tensor>> whole(2), sharded(2);
+  std::vector<std::string> descriptions(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    for (bool shard : {false, true}) {
+      Net net;
+      DataParallelOptimizerOptions options;
+      options.use_distributed_optimizer = shard;
+      KEEL_ASSIGN_OR_RETURN(
+          auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), r.group.get(),
+                                                        AdamW(), options));
+      EXPECT_EQ(optimizer->sharded() != nullptr, shard);
+      KEEL_ASSIGN_OR_RETURN((shard ? sharded : whole)[r.rank], Train(net, *optimizer, r.rank, 2));
+      if (shard) descriptions[r.rank] = optimizer->Describe();
+    }
+    return absl::OkStatus();
+  }));
+  for (int rank = 0; rank < 2; ++rank) {
+    for (size_t i = 0; i < whole[0].size(); ++i) {
+      EXPECT_TRUE(at::equal(whole[rank][i], whole[0][i]));    // the replicas agree
+      EXPECT_TRUE(at::equal(sharded[rank][i], whole[0][i]));  // a + b is b + a: to the bit
+    }
+  }
+  // 36 + 12 + 3 = 51 elements, about half of each bucket on each rank.
+  EXPECT_THAT(descriptions[0], HasSubstr("AdamW sharded over the data-parallel ranks ("));
+  EXPECT_THAT(descriptions[0], HasSubstr(" of 51 parameters' state here)"));
+
+  // One rank, no group: nothing to average.
+  Net net;
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto alone, DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr, AdamW()));
+  EXPECT_EQ(alone->Describe(), "AdamW");
+  EXPECT_FALSE(alone->LocalGradientSum().defined());
+}
+
+TEST(DataParallelOptimizerTest, SkipStepChangesNothingAndResetRestoresTheOptions) {
+  Net net;
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr, AdamW()));
+  const std::vector<at::Tensor> before = Weights(net);
+  net.Loss(0, 4).backward();
+  optimizer->SkipStep();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(Weights(net)[i], before[i]));
+  EXPECT_TRUE(optimizer->optimizer().state().empty());
+
+  net.Loss(0, 4).backward();
+  KEEL_ASSERT_OK(optimizer->Step());
+  optimizer->optimizer().param_groups()[0].options().set_lr(7.0);  // as a schedule would
+  EXPECT_FALSE(optimizer->optimizer().state().empty());
+  optimizer->Reset();
+  EXPECT_TRUE(optimizer->optimizer().state().empty());
+  EXPECT_EQ(optimizer->optimizer().param_groups()[0].options().get_lr(), 0.05);
+  EXPECT_EQ(
+      static_cast<torch::optim::AdamWOptions&>(optimizer->optimizer().param_groups()[1].options())
+          .weight_decay(),
+      0.0);
+}
+
+TEST(DataParallelOptimizerTest, AFactoryThatDoesNotHoldEachParameterOnceIsRefused) {
+  Net net;
+  EXPECT_THAT(DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr,
+                                            [](const std::vector<NamedParameter>& params) {
+                                              return std::make_unique<torch::optim::AdamW>(
+                                                  std::vector<at::Tensor>{params[0].param});
+                                            }),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("does not hold the parameter of 'w'")));
+  EXPECT_THAT(DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr,
+                                            [](const std::vector<NamedParameter>& params) {
+                                              std::vector<at::Tensor> tensors;
+                                              for (const auto& p : params)
+                                                tensors.push_back(p.param);
+                                              return std::make_unique<torch::optim::LBFGS>(tensors);
+                                            }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("LBFGS")));
+}
+
+}  // namespace
+}  // namespace keel::optim
