@@ -80,9 +80,12 @@ absl::Status DataParallelOptimizer::Wait() {
   return absl::OkStatus();
 }
 
+std::vector<gradients::NamedParameter> DataParallelOptimizer::StepParameters() const {
+  return sharded_ ? sharded_->ShardParameters() : parameters_;
+}
+
 absl::StatusOr<at::Tensor> DataParallelOptimizer::ClipGradNorm(std::optional<double> max_norm) {
-  return gradients::ClipGradNorm(max_norm, sharded_ ? sharded_->ShardParameters() : parameters_,
-                                 options_.clip);
+  return gradients::ClipGradNorm(max_norm, StepParameters(), options_.clip);
 }
 
 absl::Status DataParallelOptimizer::Step() {

@@ -71,7 +71,10 @@ class DataParallelOptimizer {
   void PrepareForGradAccumulation();
   void PrepareForFinalBackward();
   [[nodiscard]] absl::Status Wait();
-  // gradients::ClipGradNorm over what this rank steps, with its layouts: the norm is the whole
+  // What this rank steps: the parameters, or with the distributed optimizer their shards, each
+  // with its layout.
+  std::vector<gradients::NamedParameter> StepParameters() const;
+  // gradients::ClipGradNorm over StepParameters(), with their layouts: the norm is the whole
   // gradient's. Collective: over the layouts' groups and options.clip.pp_group.
   [[nodiscard]] absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm);
   // The step (then, sharded, the all-gather of the shards), and the gradients cleared.

@@ -42,6 +42,7 @@ std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps,
                                           "model.hidden_size=64",
                                           "model.ffn_hidden_size=256",
                                           "lr_scheduler.lr_warmup_steps=4",
+                                          "clip_grad.check_norm_every_steps=1",
                                           "logging.log_every_steps=1"};
   assignments.insert(assignments.end(), more.begin(), more.end());
   std::vector<std::string> args = {"--config=" + Absolute(absl::GetFlag(FLAGS_config))};

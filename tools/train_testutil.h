@@ -31,7 +31,8 @@ std::string Absolute(const std::string& path);
 
 // A model and batch small enough for many runs in a test: 2 layers of width 64 over 64-token
 // windows, 8 samples a step in micro-batches of 4; validation every 8 steps and an
-// (asynchronous) checkpoint every 3, so that runs cross both; a progress line every step.
+// (asynchronous) checkpoint every 3, so that runs cross both; a progress line every step; the
+// gradient norm checked against every rank's blocks at every step.
 // `more` are further section.field=value assignments, applied after these.
 std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps,
                                   const std::vector<std::string>& more = {});

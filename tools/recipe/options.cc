@@ -206,6 +206,7 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   return {{"seed", options.seed},
           {"local_batch_size", options.local_batch_size},
           {"max_norm", base::ToJson(options.max_norm)},
+          {"check_norm_every_steps", options.check_norm_every_steps},
           {"step_scheduler", base::WriteJsonFields(options.step_scheduler)},
           {"data", std::move(data)},
           {"sampler", base::WriteJsonFields(options.sampler)},
@@ -250,6 +251,10 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(ReadOptimizer(config.optimizer(), options.optimizer));
   KEEL_RETURN_IF_ERROR(CopyFields(config.lr_scheduler(), options.lr_scheduler));
   if (config.clip_grad().has_max_norm()) options.max_norm = config.clip_grad().max_norm();
+  options.check_norm_every_steps = config.clip_grad().check_norm_every_steps();
+  KEEL_RETURN_IF_ERROR(Require(options.check_norm_every_steps >= 0,
+                               "clip_grad.check_norm_every_steps", options.check_norm_every_steps,
+                               "must be >= 0 (0: never)"));
   options.checkpoint.checkpoint_dir = base::JoinPath(options.run_dir, "checkpoints");
   KEEL_RETURN_IF_ERROR(CopyFields(config.checkpoint(), options.checkpoint));
   KEEL_RETURN_IF_ERROR(ReadDistributed(config.distributed(), options.distributed));

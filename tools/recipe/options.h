@@ -177,6 +177,9 @@ struct TrainOptions {
   }();
   // Gradient-norm clipping threshold; infinity clips nothing (the norm is still logged).
   double max_norm = std::numeric_limits<double>::infinity();
+  // clip_grad.check_norm_every_steps, Keel's: every N-th step the norm is checked against one
+  // computed from every rank's gradient blocks counted once; 0: never. Default: 0.
+  int64_t check_norm_every_steps = 0;
   // checkpoint_dir defaults to <run_dir>/checkpoints.
   checkpoint::CheckpointerOptions checkpoint;
   DistributedOptions distributed;

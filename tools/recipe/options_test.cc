@@ -98,6 +98,8 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.expert_model_parallel_size=4"}, "distributed.expert_model_parallel_size (4)"},
       {{"distributed.virtual_pipeline_model_parallel_size=2"},
        "distributed.virtual_pipeline_model_parallel_size (2)"},
+      {{"clip_grad.check_norm_every_steps=-1"},
+       "clip_grad.check_norm_every_steps (-1) must be >= 0 (0: never)"},
       {{"numerics.on_nonfinite=ignore"},
        "numerics.on_nonfinite: \"ignore\" is not one of \"stop\", \"skip\""},
       {{"numerics.max_consecutive_skipped_steps=0"},

@@ -1,5 +1,6 @@
 #include "tools/recipe/run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -23,6 +24,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/training_state.h"
 #include "gradients/clip_grad_norm.h"
+#include "gradients/norm_check.h"
 #include "optim/data_parallel_optimizer.h"
 #include "optim/param_scheduler.h"
 #include "sampling/megatron_sampler.h"
@@ -406,6 +408,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   }
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
+  KEEL_RETURN_IF_ERROR(CheckNorm(grad_norm.item<double>()));
   at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
   KEEL_RETURN_IF_ERROR(ReduceOverRanks(step_loss, base::Reduce::kSum, runtime_, "step loss"));
   output.loss = step_loss.item<double>() / label_tokens;
@@ -423,6 +426,23 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   KEEL_RETURN_IF_ERROR(s.optimizer->Step());
   KEEL_RETURN_IF_ERROR(s.Bookkept([&] { return s.lr_scheduler->Step(1); }));
   return output;
+}
+
+absl::Status Run::CheckNorm(double norm) {
+  const int64_t every = options_.check_norm_every_steps;
+  const int64_t step = state_->scheduler->step() + 1;
+  if (every == 0 || step % every != 0 || !std::isfinite(norm)) return absl::OkStatus();
+  KEEL_ASSIGN_OR_RETURN(
+      gradients::NormCheck check,
+      gradients::CheckGradNorm(state_->optimizer->StepParameters(), runtime_.control_group));
+  // The gradients are clipped by then: their norm is the norm times the clip coefficient.
+  const double clipped = norm * std::min(1.0, options_.max_norm / (norm + 1e-6));
+  if (check.Agrees(clipped)) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "step ", step, ": the gradient norm of the layouts' reductions (", clipped,
+      " after clipping) differs from the norm of every rank's gradient blocks counted once (",
+      check.norm, ")", check.problems.empty() ? "" : ": ", absl::StrJoin(check.problems, "; "),
+      " (clip_grad.check_norm_every_steps: a parameter's layout is wrong)"));
 }
 
 absl::StatusOr<std::optional<double>> Run::Validate() {

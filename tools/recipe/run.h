@@ -117,6 +117,10 @@ class Run {
   // the checkpoint's key layout) on every rank, all agreeing on the outcome.
   absl::Status LoadPretrained();
   absl::Status OpenOutputs();
+  // clip_grad.check_norm_every_steps: on those steps, `norm` (ClipGradNorm's) against the
+  // norm of every rank's gradient blocks; an error naming the parameters when they differ.
+  // Collective: over the control group, on those steps.
+  absl::Status CheckNorm(double norm);
   // Validation, logging and the checkpoint after a step.
   absl::Status AfterStep(StepMetrics& metrics);
   absl::Status Record(const StepMetrics& metrics);
