@@ -98,7 +98,9 @@ struct ResumeResult {
 // Each rank writes the blocks it holds into its own shard file; a block held by several ranks
 // (a replicated tensor) is written once, the work balanced by bytes. Rank 0 writes the
 // manifest once every rank's file is durable, then renames the directory into place. Every
-// rank returns the same status. Non-tensor values are taken from rank 0.
+// rank returns the same status. An object's non-tensor values are written once when every
+// rank's are equal, else once per rank (pipeline or expert stages); a load gives each rank its
+// own when as many ranks load as saved (StateReader::Values, ValuesOfEachRank).
 class Checkpointer {
  public:
   // `group` is the ranks that checkpoint together, a group that runs collectives on CPU
@@ -121,7 +123,8 @@ class Checkpointer {
   // Save returns. Either way a previous asynchronous save is finished first and its error returned.
   // Collective: over the group (an asynchronous save goes on on a background thread).
   // Errors: kAlreadyExists if the step directory exists; kInvalidArgument if ranks disagree on
-  // a tensor; kResourceExhausted for a full disk; kUnavailable for peers; what StateDict() returns.
+  // a tensor or save different objects; kResourceExhausted for a full disk; kUnavailable for peers;
+  // what StateDict() returns.
   [[nodiscard]] absl::Status Save(const Statefuls& statefuls, int64_t step, int64_t epoch);
   // Finishes the in-flight asynchronous save, if any, and returns its status. Collective: when
   // a save is in flight, its remaining exchanges.
@@ -156,7 +159,9 @@ class Checkpointer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Loads the checkpoint at `path` into `statefuls` in this process, without collectives.
+// Loads the checkpoint at `path` into `statefuls` in this process, without collectives, as
+// one rank of one: values saved per rank by several ranks reach an object only through
+// StateReader::ValuesOfEachRank.
 // Errors: kNotFound (no checkpoint at `path`); kDataLoss naming the file and tensor for corrupt,
 // truncated or missing data; kFailedPrecondition for a newer format version; kInvalidArgument
 // listing missing/unexpected keys and mismatches when strict.
@@ -184,10 +189,13 @@ struct VerifyProblem {
 struct VerifyReport {
   // Step and epoch are those of the manifest (0 if it could not be read).
   CheckpointInfo checkpoint;
-  // What the manifest lists: files, their total bytes, tensors.
+  // What the manifest lists: files, their total bytes, tensors, objects, and the objects whose
+  // ranks saved different values (held per rank).
   int64_t files = 0;
   int64_t bytes = 0;
   int64_t tensors = 0;
+  int64_t objects = 0;
+  int64_t objects_with_values_per_rank = 0;
   // Every problem found; none when the checkpoint verified.
   std::vector<VerifyProblem> problems;
 
@@ -196,10 +204,11 @@ struct VerifyReport {
   absl::Status ToStatus() const;
 };
 
-// Checks the checkpoint at `path` without loading it: a corrupt manifest, a missing or
-// resized shard file, and (kChecksums) any chunk or file whose bytes fail their checksum are
-// problems in the report. Errors: kNotFound when `path` holds no checkpoint;
-// kFailedPrecondition for a newer format version; failures to read.
+// Checks the checkpoint at `path` without loading it: a corrupt manifest (values per rank
+// included: one entry per rank, in rank order), a missing or resized shard file, and (kChecksums)
+// any chunk or file whose bytes fail their checksum are problems in the report. Errors: kNotFound
+// when `path` holds no checkpoint; kFailedPrecondition for a newer format version; failures to
+// read.
 [[nodiscard]] absl::StatusOr<VerifyReport> Verify(const std::string& path, VerifyLevel level);
 
 struct FindResult {

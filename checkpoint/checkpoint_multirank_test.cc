@@ -1,5 +1,6 @@
 // Distributed save and load over real c10d Gloo groups (ranks on threads): every rank writes
-// its blocks, replicated tensors once, and any world size loads any other's checkpoint.
+// its blocks, replicated tensors once, values once or per rank, and any world size loads any
+// other's checkpoint.
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -11,10 +12,12 @@
 
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_testutil.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/layout.h"
@@ -22,16 +25,24 @@
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
+ABSL_FLAG(std::string, v1_checkpoint, "",
+          "manifest.pb of checkpoint/testdata/v1_three_ranks, written by a Keel before values "
+          "per rank.");
+
 namespace keel::checkpoint {
 namespace {
 
+using ::keel::base::Json;
+using ::keel::checkpoint::testing::EachRankValues;
 using ::keel::checkpoint::testing::TensorsState;
 using ::keel::testing::FlipBit;
 using ::keel::testing::IsOk;
 using ::keel::testing::NewTempDir;
+using ::keel::testing::ReadFileOrFail;
 using ::keel::testing::RunOnRanks;
 using ::keel::testing::StatusIs;
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // The full tensors of the run, the same on every rank and in every test (made once, from
@@ -126,7 +137,7 @@ TEST(CheckpointMultiRankTest, SavesWithNRanksAndLoadsWithM) {
           SCOPED_TRACE(absl::StrCat("rank ", r, " ", name));
           EXPECT_TRUE(at::equal(loaded[r].tensors.at(name).tensor, ref.tensor));
         }
-        EXPECT_EQ(loaded[r].values["world"], saving);  // values come from saving rank 0
+        EXPECT_EQ(loaded[r].values["world"], saving);  // every saving rank's, saved once
       }
     }
   }
@@ -339,6 +350,220 @@ TEST(CheckpointMultiRankTest, EveryRankReturnsTheSameErrorForACheckpointDecision
                                  HasSubstr("model/b: shape [6] in the checkpoint, [5] here"))));
     }
   }
+}
+
+// Values per rank. The states of rank `rank` in these tests: "model", rows [2 * rank, 2 *
+// rank + 2) of a [6, 2] tensor, with values every rank shares; "stage", values of its own, as
+// a pipeline stage's param groups are. checkpoint/testdata/v1_three_ranks was saved from them
+// on 3 ranks by a Keel before values per rank, which kept rank 0's "stage" values only.
+const Json& ModelValues() {
+  static const Json* const values = new Json{{"layers", 3}, {"name", "v1"}};
+  return *values;
+}
+
+Json StageValues(int rank) { return {{"stage", rank}, {"params", {10 * rank, 10 * rank + 1}}}; }
+
+// Rank `rank` of `world`'s block of the [6, 2] tensor, arange(12) when `fill` is false.
+TensorsState ModelOf(int rank, int world, bool fill = false) {
+  const auto [begin, rows] = ChunkOf(6, rank, world);
+  TensorsState model;
+  const at::Tensor block = at::arange(12, at::kFloat).view({6, 2}).narrow(0, begin, rows);
+  model.tensors["w"] = {fill ? at::full_like(block, -1) : block.clone(),
+                        parallel::BlockLayout({6, 2}, {begin, 0})};
+  model.values = ModelValues();
+  return model;
+}
+
+std::string V1Checkpoint() {
+  return std::filesystem::path(absl::GetFlag(FLAGS_v1_checkpoint)).parent_path().string();
+}
+
+// Saves "model" and "stage" (each rank's stage values, or rank 0's on every rank) as step 7
+// on 3 ranks; returns the checkpoint's path.
+std::string SaveThreeStages(const std::string& name, bool rank0_stage_everywhere = false) {
+  const std::string dir = NewTempDir(name);
+  EXPECT_THAT(RunOnRanks(3,
+                         [&](keel::testing::Rank& r) -> absl::Status {
+                           CheckpointerOptions options;
+                           options.checkpoint_dir = dir;
+                           KEEL_ASSIGN_OR_RETURN(auto checkpointer,
+                                                 Checkpointer::Create(options, r.group.get()));
+                           TensorsState model = ModelOf(r.rank, 3);
+                           TensorsState stage;
+                           stage.values = StageValues(rank0_stage_everywhere ? 0 : r.rank);
+                           return checkpointer->Save({{"model", &model}, {"stage", &stage}}, 7,
+                                                     /*epoch=*/1);
+                         }),
+              IsOk());
+  return dir + "/step_0000000007";
+}
+
+// What one of the ranks loading a checkpoint got: "model", and "stage" read as one rank's values
+// (`stage`, the load's status in `one_rank`) and then, in a second load, as every rank's.
+struct Loaded {
+  absl::Status one_rank;
+  TensorsState model;
+  TensorsState stage;
+  EachRankValues each_rank;
+};
+
+std::vector<Loaded> LoadOnRanks(const std::string& path, int loading) {
+  std::vector<Loaded> loaded(loading);
+  const std::string unused = NewTempDir("unused");
+  EXPECT_THAT(
+      RunOnRanks(
+          loading,
+          [&](keel::testing::Rank& r) -> absl::Status {
+            CheckpointerOptions options;
+            options.checkpoint_dir = unused;
+            KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+            Loaded& mine = loaded[r.rank];
+            mine.model = ModelOf(r.rank, loading, /*fill=*/true);
+            mine.model.values = Json::object();
+            mine.stage.values = {{"untouched", true}};
+            mine.one_rank =
+                checkpointer->Load(path, {{"model", &mine.model}, {"stage", &mine.stage}}).status();
+            return checkpointer->Load(path, {{"model", &mine.model}, {"stage", &mine.each_rank}})
+                .status();
+          }),
+      IsOk());
+  return loaded;
+}
+
+// Rank `rank` of `loading` got its block of the tensor and the values saved once.
+void ExpectModel(const Loaded& loaded, int rank, int loading) {
+  EXPECT_EQ(loaded.model.values, ModelValues());
+  EXPECT_TRUE(at::equal(loaded.model.tensors.at("w").tensor,
+                        ModelOf(rank, loading).tensors.at("w").tensor));
+}
+
+TEST(CheckpointValuesTest, ValuesThatDifferAreSavedPerRankAndEqualOnesOnce) {
+  const std::string path = SaveThreeStages("per_rank");
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(path));
+  EXPECT_EQ(manifest.format_version(), 2u);  // a Keel reading versions up to 1 refuses it
+  ASSERT_EQ(manifest.objects_size(), 2);
+  const ObjectEntry& model = manifest.objects(0);  // sorted by name
+  EXPECT_EQ(model.name(), "model");
+  EXPECT_TRUE(model.has_value());
+  EXPECT_EQ(model.rank_values_size(), 0);
+  const ObjectEntry& stage = manifest.objects(1);
+  EXPECT_FALSE(stage.has_value());
+  ASSERT_EQ(stage.rank_values_size(), 3);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(stage.rank_values(r).rank(), r);
+  KEEL_ASSERT_OK_AND_ASSIGN(VerifyReport report, Verify(path, VerifyLevel::kChecksums));
+  EXPECT_TRUE(report.ok()) << report.ToStatus();
+  EXPECT_EQ(report.objects, 2);
+  EXPECT_EQ(report.objects_with_values_per_rank, 1);
+
+  KEEL_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(path));
+  KEEL_ASSERT_OK_AND_ASSIGN(Json model_values, reader->ReadValues("model"));
+  EXPECT_EQ(model_values, ModelValues());
+  EXPECT_THAT(reader->ReadValues("stage"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("\"stage\" holds different values on each of its 3 ranks")));
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<Json> stage_each, reader->ReadValuesOfEachRank("stage"));
+  EXPECT_THAT(stage_each, ElementsAre(StageValues(0), StageValues(1), StageValues(2)));
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<Json> model_each, reader->ReadValuesOfEachRank("model"));
+  EXPECT_THAT(model_each, ElementsAre(ModelValues(), ModelValues(), ModelValues()));
+  EXPECT_THAT(reader->ReadValuesOfEachRank("absent"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no object \"absent\"")));
+
+  // As many ranks load as saved: each gets its own.
+  const std::vector<Loaded> loaded = LoadOnRanks(path, 3);
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    KEEL_EXPECT_OK(loaded[r].one_rank);
+    EXPECT_EQ(loaded[r].stage.values, StageValues(r));
+    EXPECT_THAT(loaded[r].each_rank.each_rank,
+                ElementsAre(StageValues(0), StageValues(1), StageValues(2)));
+    ExpectModel(loaded[r], r, 3);
+  }
+}
+
+// Another number of ranks: values saved once still go to every rank; values saved per rank
+// reach an object only as every rank's (ValuesOfEachRank), and one that reads a single rank's
+// is refused on every rank before anything changes.
+TEST(CheckpointValuesTest, OtherWorldSizesGetValuesPerRankOnlyAsEveryRanks) {
+  const std::string path = SaveThreeStages("per_rank_reshard");
+  for (int loading : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(loading, " ranks load"));
+    const std::vector<Loaded> loaded = LoadOnRanks(path, loading);
+    for (int r = 0; r < loading; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      EXPECT_THAT(loaded[r].one_rank,
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr(absl::StrCat("stage: its values differ per rank, saved by 3 "
+                                                  "ranks and loaded by ",
+                                                  loading))));
+      EXPECT_EQ(loaded[r].stage.values, (Json{{"untouched", true}}));
+      EXPECT_THAT(loaded[r].each_rank.each_rank,
+                  ElementsAre(StageValues(0), StageValues(1), StageValues(2)));
+      EXPECT_EQ(loaded[r].each_rank.saved_world_size, 3);
+      ExpectModel(loaded[r], r, loading);
+    }
+  }
+  // A load in one process is one rank's of one.
+  TensorsState model = ModelOf(0, 1, /*fill=*/true);
+  EachRankValues stage;
+  KEEL_ASSERT_OK(LoadCheckpoint(path, {{"model", &model}, {"stage", &stage}}).status());
+  EXPECT_THAT(stage.each_rank, ElementsAre(StageValues(0), StageValues(1), StageValues(2)));
+}
+
+// Checkpoints whose ranks' values are all equal (every single-rank and data-parallel one) are
+// written exactly as before values per rank: the same bytes as the older Keel's, whose "stage"
+// held rank 0's values.
+TEST(CheckpointValuesTest, EqualValuesAreWrittenByteForByteAsByAnOlderKeel) {
+  const std::string path = SaveThreeStages("as_before", /*rank0_stage_everywhere=*/true);
+  for (const char* file : {"manifest.pb", "__0.keel", "__1.keel", "__2.keel"}) {
+    SCOPED_TRACE(file);
+    const std::string expected = ReadFileOrFail(absl::StrCat(V1Checkpoint(), "/", file));
+    ASSERT_FALSE(expected.empty());
+    EXPECT_EQ(ReadFileOrFail(absl::StrCat(path, "/", file)), expected);
+  }
+}
+
+// The older Keel saved one "stage" entry, rank 0's: every rank gets it, as before.
+TEST(CheckpointValuesTest, ACheckpointOfAnOlderKeelLoadsAsBefore) {
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(V1Checkpoint()));
+  EXPECT_EQ(manifest.format_version(), 1u);
+  for (int loading : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat(loading, " ranks load"));
+    const std::vector<Loaded> loaded = LoadOnRanks(V1Checkpoint(), loading);
+    for (int r = 0; r < loading; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      KEEL_EXPECT_OK(loaded[r].one_rank);
+      EXPECT_EQ(loaded[r].stage.values, StageValues(0));
+      EXPECT_THAT(loaded[r].each_rank.each_rank,
+                  ElementsAre(StageValues(0), StageValues(0), StageValues(0)));
+      ExpectModel(loaded[r], r, loading);
+    }
+  }
+  KEEL_ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(V1Checkpoint()));
+  KEEL_ASSERT_OK_AND_ASSIGN(Json stage_values, reader->ReadValues("stage"));
+  EXPECT_EQ(stage_values, StageValues(0));
+}
+
+TEST(CheckpointValuesTest, RanksSavingDifferentObjectsIsAnError) {
+  const std::string dir = NewTempDir("different_objects");
+  std::vector<absl::Status> statuses(3);
+  KEEL_ASSERT_OK(RunOnRanks(3, [&](keel::testing::Rank& r) -> absl::Status {
+    CheckpointerOptions options;
+    options.checkpoint_dir = dir;
+    KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+    TensorsState model = ModelOf(r.rank, 3);
+    TensorsState stage;
+    Statefuls statefuls = {{"model", &model}};
+    if (r.rank != 1) statefuls["stage"] = &stage;
+    statuses[r.rank] = checkpointer->Save(statefuls, 1, 0);
+    return absl::OkStatus();
+  }));
+  for (const absl::Status& status : statuses) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("object \"stage\" is saved by ranks 0, 2 of 3, not by "
+                                           "every rank: every rank must save the same objects")));
+  }
+  KEEL_ASSERT_OK_AND_ASSIGN(FindResult found, FindLatest(dir));
+  EXPECT_FALSE(found.latest.has_value());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/json.h"
 #include "checkpoint/checkpoint_testutil.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
@@ -234,6 +235,21 @@ TEST(CheckpointTest, CreateRejectsBadOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("keep_every_n_steps (-2)")));
 }
 
+// Replaces the manifest of the checkpoint at `path` with `manifest`, framed as manifest.pb is:
+// "KEELMFST", the body length and the body's XXH3-64 (uint64 little-endian each), the body.
+void RewriteManifest(const std::string& path, const Manifest& manifest) {
+  std::string body;
+  manifest.SerializeToString(&body);
+  std::string bytes = "KEELMFST";
+  auto put = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(body.size());
+  put(XXH3_64bits(body.data(), body.size()));
+  bytes += body;
+  std::ofstream(path + "/manifest.pb", std::ios::trunc | std::ios::binary) << bytes;
+}
+
 class SavedCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -360,24 +376,70 @@ TEST_F(SavedCheckpointTest, GarbageManifestIsDataLoss) {
 }
 
 TEST_F(SavedCheckpointTest, ManifestFromTheFutureIsRefused) {
-  // Rewrite the manifest as a later Keel would: same content, format version 2.
+  // Rewrite the manifest as a later Keel would: same content, format version 3 (this Keel
+  // reads 1, and 2 for values per rank).
   Manifest future = manifest_;
-  future.set_format_version(2);
+  future.set_format_version(3);
   future.set_keel_version("9.0.0");
-  std::string body;
-  future.SerializeToString(&body);
-  // manifest.pb framing: "KEELMFST", body length and XXH3-64 of the body (uint64 LE each).
-  std::string bytes = "KEELMFST";
-  auto put = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  };
-  put(body.size());
-  put(XXH3_64bits(body.data(), body.size()));
-  bytes += body;
-  std::ofstream(path_ + "/manifest.pb", std::ios::trunc | std::ios::binary) << bytes;
+  RewriteManifest(path_, future);
   EXPECT_THAT(ReadManifest(path_), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                            AllOf(HasSubstr("format version 2"), HasSubstr("9.0.0"),
-                                                  HasSubstr("reads versions up to 1"))));
+                                            AllOf(HasSubstr("format version 3"), HasSubstr("9.0.0"),
+                                                  HasSubstr("reads versions up to 2"))));
+}
+
+// Values per rank: one entry per rank of world_size, in rank order, never beside values saved
+// once, and only from format version 2 (a Keel of version 1 refuses them rather than reading
+// the shared entry alone).
+TEST_F(SavedCheckpointTest, ValuesPerRankMustBeOnePerRankInOrder) {
+  auto per_rank = [&](int world_size, std::vector<int> ranks, uint32_t version) {
+    Manifest manifest = manifest_;
+    manifest.set_format_version(version);
+    manifest.set_world_size(world_size);
+    ObjectEntry& object = *manifest.mutable_objects(0);
+    for (int rank : ranks) {
+      RankValue* entry = object.add_rank_values();
+      entry->set_rank(rank);
+      *entry->mutable_value() = object.value();
+    }
+    object.clear_value();
+    return manifest;
+  };
+  Manifest both = per_rank(2, {0, 1}, 2);
+  *both.mutable_objects(0)->mutable_value() = manifest_.objects(0).value();
+  Manifest twice = manifest_;
+  *twice.add_objects() = manifest_.objects(0);
+  Manifest no_world = manifest_;
+  no_world.set_world_size(0);
+  const std::vector<std::pair<Manifest, std::string>> cases = {
+      {per_rank(2, {0, 1}, 1), "object \"model\" has values per rank, which format version 1"},
+      {per_rank(3, {0, 1}, 2), "object \"model\" has the values of 2 ranks, the world size is 3"},
+      {per_rank(2, {1, 0}, 2), "object \"model\": entry 0 of its per-rank values is rank 1, not 0"},
+      {both, "object \"model\" has values both once and per rank"},
+      {twice, "object \"model\" appears twice"},
+      {no_world, "has world size 0; it must be >= 1"}};
+  for (const auto& [manifest, message] : cases) {
+    SCOPED_TRACE(message);
+    RewriteManifest(path_, manifest);
+    EXPECT_THAT(ReadManifest(path_), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(message)));
+  }
+  RewriteManifest(path_, per_rank(2, {0, 1}, 2));
+  KEEL_EXPECT_OK(ReadManifest(path_).status());
+}
+
+// States held in memory are one rank's: each object's values are its one saving rank's.
+TEST(StateReaderTest, ValuesOfEachRankInMemoryAreTheOneSavingRanks) {
+  testing::EachRankValues source;
+  source.values = {{"step", 3}};
+  KEEL_ASSERT_OK_AND_ASSIGN(State saved, source.StateDict());
+  testing::EachRankValues target, absent;
+  LoadOptions options;
+  options.strict = false;
+  KEEL_ASSERT_OK_AND_ASSIGN(LoadReport report, LoadFromMemory({{"a", &target}, {"b", &absent}},
+                                                              {{"a", std::move(saved)}}, options));
+  EXPECT_THAT(target.each_rank, ElementsAre(base::Json{{"step", 3}}));
+  EXPECT_EQ(target.saved_world_size, 1);
+  EXPECT_THAT(absent.each_rank, IsEmpty());
+  EXPECT_THAT(report.missing_keys, ElementsAre("b"));
 }
 
 TEST(FindLatestTest, IgnoresUnfinishedSavesAndEmptyDirectories) {

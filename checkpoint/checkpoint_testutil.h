@@ -1,10 +1,11 @@
-// A plain Stateful over named tensors and values, for the checkpoint tests.
+// Plain Statefuls over named tensors and values, for the checkpoint tests.
 #ifndef KEEL_CHECKPOINT_CHECKPOINT_TESTUTIL_H_
 #define KEEL_CHECKPOINT_CHECKPOINT_TESTUTIL_H_
 
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "base/json.h"
@@ -40,6 +41,30 @@ class TensorsState : public Stateful {
       copy.tensors[key] = {at::full_like(ref.tensor, fill), ref.layout};
     }
     return copy;
+  }
+};
+
+// Saves `values`; a load keeps what StateReader::ValuesOfEachRank offers (every saving rank's
+// values), and the saved world size, for a test to look at, as an object that merges values
+// saved per rank would read them.
+class EachRankValues : public Stateful {
+ public:
+  base::Json values = base::Json::object();
+  std::vector<base::Json> each_rank;
+  int saved_world_size = 0;
+
+  absl::StatusOr<State> StateDict() const override {
+    State state;
+    state.values = values;
+    return state;
+  }
+
+  absl::Status LoadStateDict(StateReader& reader) override {
+    std::vector<base::Json> each = reader.ValuesOfEachRank();
+    if (reader.checking()) return absl::OkStatus();
+    each_rank = std::move(each);
+    saved_world_size = reader.saved_world_size();
+    return absl::OkStatus();
   }
 };
 

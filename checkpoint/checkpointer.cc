@@ -3,9 +3,10 @@
 // A checkpoint of step S is the directory <checkpoint_dir>/step_<S> (10 digits). A directory has
 // that name only once every byte in it is durable, so whatever moment a crash or kill -9 hits,
 // a reader finds complete checkpoints or none:
-//   1. Plan. Every rank describes the blocks it holds; all ranks gather every description and
-//      compute the same write plan (identical blocks written once, largest first, by the
-//      least-loaded holder). Rank 0 clears a leftover of an earlier crash and creates the
+//   1. Plan. Every rank describes the blocks it holds and its objects' values; all ranks gather
+//      every description and compute the same write plan (identical blocks written once,
+//      largest first, by the least-loaded holder; an object's values once when every rank's
+//      are equal, else per rank). Rank 0 clears a leftover of an earlier crash and creates the
 //      temporary directory .step_<S>.tmp, which no reader takes for a checkpoint.
 //   2. Shards. Each rank writes its blocks into .step_<S>.tmp/__<rank>.keel (or .safetensors),
 //      hashing each byte while copying it, and fsyncs the file. The files and chunks with their
@@ -155,6 +156,15 @@ absl::Status DescribeBlock(const std::string& full, const TensorRef& ref, Tensor
   return absl::OkStatus();
 }
 
+// Loads the checkpoint at `path` into `statefuls` as rank `rank` of `world_size`, without
+// collectives.
+absl::StatusOr<LoadReport> LoadAs(const std::string& path, const Statefuls& statefuls,
+                                  const LoadOptions& options, int rank, int world_size) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<internal::DiskSavedState> saved,
+                        internal::DiskSavedState::Open(path, rank, world_size));
+  return internal::LoadStatefuls(statefuls, *saved, options);
+}
+
 // Rank 0: lists every tensor of every rank's plan once (without chunks), sorted by name.
 void ListTensors(const std::vector<Manifest>& local_plans, Manifest& manifest) {
   std::set<std::string> listed;
@@ -202,11 +212,16 @@ class Checkpointer::Impl {
       }
     }
     absl::StatusOr<std::vector<std::vector<std::string>>> plan = internal::PlanWrites(local_plans);
-    if (!plan.ok()) {
+    absl::StatusOr<std::vector<ObjectEntry>> objects = internal::PlanValues(local_plans);
+    if (const absl::Status planned = plan.ok() ? objects.status() : plan.status(); !planned.ok()) {
       if (rank_ == 0) base::RemoveTree(save->temporary_dir).IgnoreError();
-      return base::Annotate(plan.status(), absl::StrCat("saving ", save->final_dir));
+      return base::Annotate(planned, absl::StrCat("saving ", save->final_dir));
     }
-    if (rank_ == 0) ListTensors(local_plans, save->manifest);
+    if (rank_ == 0) {
+      ListTensors(local_plans, save->manifest);
+      for (ObjectEntry& object : *objects) *save->manifest.add_objects() = std::move(object);
+      save->manifest.set_format_version(internal::LowestFormatVersion(save->manifest));
+    }
     absl::Status staged = Stage(states, local, (*plan)[rank_], *save);
     if (!options_.is_async || !staged.ok()) {
       return Finish(WriteAndCommit(*save, staged, group_), *save);
@@ -226,7 +241,7 @@ class Checkpointer::Impl {
 
   absl::StatusOr<LoadReport> Load(const std::string& path, const Statefuls& statefuls,
                                   const LoadOptions& options) {
-    absl::StatusOr<LoadReport> report = LoadCheckpoint(path, statefuls, options);
+    absl::StatusOr<LoadReport> report = LoadAs(path, statefuls, options, rank_, world_size_);
     KEEL_RETURN_IF_ERROR(base::AgreeOnStatus(report.status(), group_, "checkpoint load"));
     loaded_ = path;
     return report;
@@ -336,9 +351,9 @@ class Checkpointer::Impl {
     return save;
   }
 
-  // Step 1 before the exchange: collects the states, describes this rank's blocks and (rank 0)
-  // starts the manifest and makes the temporary directory. The exchange's agreement covers
-  // its failures.
+  // Step 1 before the exchange: collects the states, describes this rank's blocks and values
+  // and (rank 0) starts the manifest and makes the temporary directory. The exchange's
+  // agreement covers its failures.
   absl::Status Prepare(const Statefuls& statefuls, int64_t step, int64_t epoch, PendingSave& save,
                        std::map<std::string, State>& states, Manifest& local) {
     if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step (", step, ") must be >= 0"));
@@ -353,22 +368,19 @@ class Checkpointer::Impl {
         KEEL_RETURN_IF_ERROR(
             DescribeBlock(absl::StrCat(name, "/", key), ref, *local.add_tensors()));
       }
+      ObjectEntry* object = local.add_objects();
+      object->set_name(name);
+      internal::JsonToValue(state->values, *object->mutable_value());
       states[name] = *std::move(state);
     }
     if (rank_ != 0) return absl::OkStatus();
     Manifest& manifest = save.manifest;
-    manifest.set_format_version(internal::kFormatVersion);
     manifest.set_keel_version(internal::kKeelVersion);
     manifest.set_step(step);
     manifest.set_epoch(epoch);
     manifest.set_world_size(world_size_);
     manifest.set_shard_format(save.format == SerializationFormat::kKeel ? ShardFormat::KEEL
                                                                         : ShardFormat::SAFETENSORS);
-    for (const auto& [name, state] : states) {
-      ObjectEntry* object = manifest.add_objects();
-      object->set_name(name);
-      internal::JsonToValue(state.values, *object->mutable_value());
-    }
     KEEL_RETURN_IF_ERROR(base::MakeDirectories(options_.checkpoint_dir));
     if (base::PathExists(save.final_dir)) {
       return absl::AlreadyExistsError(
@@ -487,9 +499,7 @@ std::optional<std::string> Checkpointer::last_saved() const { return impl_->last
 
 absl::StatusOr<LoadReport> LoadCheckpoint(const std::string& path, const Statefuls& statefuls,
                                           const LoadOptions& options) {
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<internal::DiskSavedState> saved,
-                        internal::DiskSavedState::Open(path));
-  return internal::LoadStatefuls(statefuls, *saved, options);
+  return LoadAs(path, statefuls, options, /*rank=*/0, /*world_size=*/1);
 }
 
 }  // namespace keel::checkpoint

@@ -1,5 +1,7 @@
 #include "checkpoint/manifest.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/status.h"
@@ -19,6 +21,11 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& path) {
   }
   KEEL_RETURN_IF_ERROR(bytes.status());
   return internal::DecodeManifest(*bytes, manifest_path);
+}
+
+int64_t ObjectsWithValuesPerRank(const Manifest& manifest) {
+  return std::count_if(manifest.objects().begin(), manifest.objects().end(),
+                       [](const ObjectEntry& object) { return !object.rank_values().empty(); });
 }
 
 }  // namespace keel::checkpoint

@@ -8,6 +8,7 @@
 #ifndef KEEL_CHECKPOINT_MANIFEST_H_
 #define KEEL_CHECKPOINT_MANIFEST_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -22,6 +23,9 @@ std::string ManifestPath(const std::string& path);
 // Errors: kNotFound (no checkpoint at `path`); kDataLoss naming the file for corrupt or
 // truncated bytes; kFailedPrecondition for a format version newer than this Keel's.
 [[nodiscard]] absl::StatusOr<Manifest> ReadManifest(const std::string& path);
+
+// The number of objects of `manifest` whose ranks saved different values, held per rank.
+int64_t ObjectsWithValuesPerRank(const Manifest& manifest);
 
 }  // namespace keel::checkpoint
 

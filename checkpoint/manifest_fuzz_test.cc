@@ -76,6 +76,15 @@ void CheckManifest(const Manifest& manifest) {
     }
     Require(covered == volume);
   }
+  Require(manifest.world_size() >= 1);
+  names.clear();
+  for (const ObjectEntry& object : manifest.objects()) {
+    Require(names.insert(object.name()).second);
+    if (object.rank_values().empty()) continue;
+    Require(manifest.format_version() >= internal::kPerRankValuesVersion);
+    Require(!object.has_value() && object.rank_values_size() == manifest.world_size());
+    for (int r = 0; r < object.rank_values_size(); ++r) Require(object.rank_values(r).rank() == r);
+  }
 }
 
 std::string Frame(absl::string_view body) {
@@ -115,10 +124,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 namespace keel::checkpoint {
 namespace {
 
-// A valid manifest: a sharded F32 [4, 6] in two chunks, a replicated scalar, values.
+// A valid manifest: a sharded F32 [4, 6] in two chunks, a replicated scalar, values saved
+// once and values per rank.
 Manifest ValidManifest() {
   Manifest manifest;
-  manifest.set_format_version(1);
+  manifest.set_format_version(2);
   manifest.set_keel_version("0.1.0");
   manifest.set_step(7);
   manifest.set_world_size(2);
@@ -154,6 +164,13 @@ Manifest ValidManifest() {
   ObjectEntry* object = manifest.add_objects();
   object->set_name("model");
   internal::JsonToValue(base::Json{{"lr", 0.5}, {"ids", {1, 2}}}, *object->mutable_value());
+  ObjectEntry* optim = manifest.add_objects();
+  optim->set_name("optim");
+  for (int rank = 0; rank < 2; ++rank) {
+    RankValue* entry = optim->add_rank_values();
+    entry->set_rank(rank);
+    internal::JsonToValue(base::Json{{"params", {rank}}}, *entry->mutable_value());
+  }
   return manifest;
 }
 

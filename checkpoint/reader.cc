@@ -1,6 +1,8 @@
 #include "checkpoint/reader.h"
 
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,13 @@
 #include "checkpoint/state_dict.h"
 
 namespace keel::checkpoint {
+namespace {
+
+absl::Status NoObject(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat("no object \"", name, "\" in the checkpoint"));
+}
+
+}  // namespace
 
 class CheckpointReader::Impl {
  public:
@@ -44,10 +53,20 @@ absl::StatusOr<at::Tensor> CheckpointReader::ReadTensor(const std::string& name)
 
 absl::StatusOr<base::Json> CheckpointReader::ReadValues(const std::string& name) const {
   auto it = impl_->saved->values().find(name);
-  if (it == impl_->saved->values().end()) {
-    return absl::NotFoundError(absl::StrCat("no object \"", name, "\" in the checkpoint"));
+  if (it == impl_->saved->values().end()) return NoObject(name);
+  if (it->second.size() != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("object \"", name, "\" holds different values on each of its ",
+                     it->second.size(), " ranks; read them with ReadValuesOfEachRank"));
   }
-  return it->second;
+  return it->second[0];
+}
+
+absl::StatusOr<std::vector<base::Json>> CheckpointReader::ReadValuesOfEachRank(
+    const std::string& name) const {
+  std::optional<std::vector<base::Json>> values = impl_->saved->ValuesOfEachRank(name);
+  if (!values) return NoObject(name);
+  return *std::move(values);
 }
 
 }  // namespace keel::checkpoint

@@ -54,7 +54,7 @@ class MemorySavedState : public internal::SavedState {
  public:
   explicit MemorySavedState(const std::map<std::string, State>& saved) {
     for (const auto& [name, state] : saved) {
-      values_[name] = state.values;
+      values_[name] = {state.values};
       for (const auto& [key, ref] : state.tensors) {
         internal::SavedTensor& tensor = tensors_[absl::StrCat(name, "/", key)];
         internal::SavedChunk chunk;
@@ -81,6 +81,12 @@ class MemorySavedState : public internal::SavedState {
  private:
   std::vector<at::Tensor> sources_;
 };
+
+// Appends `line` to `lines` unless it is there already (a value asked for twice, or by both
+// passes of a strict load).
+void RecordOnce(std::vector<std::string>& lines, const std::string& line) {
+  if (std::find(lines.begin(), lines.end(), line) == lines.end()) lines.push_back(line);
+}
 
 }  // namespace
 
@@ -196,15 +202,33 @@ void StateReader::Skip(const std::string& key) { saved_.MarkRead(absl::StrCat(sc
 const base::Json& StateReader::Values() {
   static const base::Json* const kEmpty = new base::Json(base::Json::object());
   auto it = saved_.values().find(scope_);
-  if (it != saved_.values().end()) return it->second;
-  if (std::find(report_.missing_keys.begin(), report_.missing_keys.end(), scope_) ==
-      report_.missing_keys.end()) {
-    report_.missing_keys.push_back(scope_);
+  if (it == saved_.values().end()) {
+    RecordOnce(report_.missing_keys, scope_);
+    return *kEmpty;
   }
+  const std::vector<base::Json>& values = it->second;
+  if (values.size() == 1) return values[0];
+  if (saved_.saved_world_size() == saved_.loading_world_size()) {
+    return values[saved_.loading_rank()];
+  }
+  RecordOnce(
+      report_.mismatches,
+      absl::StrCat(scope_, ": its values differ per rank, saved by ", saved_.saved_world_size(),
+                   " ranks and loaded by ", saved_.loading_world_size(),
+                   ", and the object reads one rank's (StateReader::Values), not each "
+                   "rank's to merge (ValuesOfEachRank)"));
   return *kEmpty;
 }
 
 bool StateReader::HasValues() const { return saved_.values().count(scope_) > 0; }
+
+std::vector<base::Json> StateReader::ValuesOfEachRank() {
+  std::optional<std::vector<base::Json>> values = saved_.ValuesOfEachRank(scope_);
+  if (!values) RecordOnce(report_.missing_keys, scope_);
+  return values.value_or(std::vector<base::Json>());
+}
+
+int StateReader::saved_world_size() const { return saved_.saved_world_size(); }
 
 void StateReader::ReportMissing(const std::string& key) {
   report_.missing_keys.push_back(absl::StrCat(scope_, "/", key));

@@ -113,12 +113,24 @@ class StateReader {
   // Leaves the saved tensor `key` unread on purpose: it is not reported as unexpected.
   void Skip(const std::string& key);
 
-  // The values this object saved: a JSON object, empty if the checkpoint holds nothing
-  // under this object's name (then "<name>" is recorded as missing, once).
+  // The values this object saved for this rank: a JSON object. Values every saving rank saved
+  // alike are saved once and given to every rank; values that differed are saved per rank,
+  // and a rank gets the entry of its own rank when as many ranks load as saved (taken for the
+  // same layout). Empty if the checkpoint holds nothing under this object's name (then
+  // "<name>" is recorded as missing, once), or if it holds values per rank saved by another
+  // number of ranks (then a mismatch is recorded, once: such an object must merge them from
+  // ValuesOfEachRank).
   const base::Json& Values();
   // Whether the checkpoint holds anything under this object's name, without reporting it
   // missing: for an object added to a program after checkpoints were written without it.
   bool HasValues() const;
+  // Every saving rank's values, in rank order: saved_world_size() JSON objects (values saved
+  // once count as every rank's), for an object that merges or splits its values when the
+  // number of ranks changed. Empty if the checkpoint holds nothing under this object's name
+  // (then "<name>" is recorded as missing, once).
+  std::vector<base::Json> ValuesOfEachRank();
+  // The number of ranks that saved the checkpoint (1 for states held in memory).
+  int saved_world_size() const;
   // Record differences an object finds in its own values, as "<name>/<key>".
   void ReportMissing(const std::string& key);
   void ReportUnexpected(const std::string& key);
@@ -140,9 +152,9 @@ class Stateful {
   // returning and an asynchronous one copies them first.
   [[nodiscard]] virtual absl::StatusOr<State> StateDict() const = 0;
   // Restores the state from `reader`, in place. A strict load calls it twice: first with
-  // reader.checking() true, when it must read what it would read (ReadTensor, Values) and
-  // change nothing, so that a checkpoint that does not fit is refused before any object
-  // changes; then for real.
+  // reader.checking() true, when it must read what it would read (ReadTensor, Values,
+  // ValuesOfEachRank) and change nothing, so that a checkpoint that does not fit is refused
+  // before any object changes; then for real.
   [[nodiscard]] virtual absl::Status LoadStateDict(StateReader& reader) = 0;
 };
 

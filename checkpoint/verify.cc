@@ -145,6 +145,8 @@ absl::StatusOr<VerifyReport> Verify(const std::string& path, VerifyLevel level) 
   report.checkpoint.epoch = manifest->epoch();
   report.files = manifest->files_size();
   report.tensors = manifest->tensors_size();
+  report.objects = manifest->objects_size();
+  report.objects_with_values_per_rank = ObjectsWithValuesPerRank(*manifest);
   for (int f = 0; f < manifest->files_size(); ++f) {
     const FileEntry& file = manifest->files(f);
     const std::string file_path = base::JoinPath(path, file.name());

@@ -99,6 +99,33 @@ void PrintTable(const std::vector<std::string>& header, const std::vector<bool>&
   for (const auto& row : rows) print(row);
 }
 
+// The objects' values: one row per object, or, when some object holds values per rank, a
+// "rank" column with one row per rank of those ("all" for values saved once).
+absl::Status PrintObjects(const CheckpointReader& reader) {
+  const Manifest& manifest = reader.manifest();
+  const bool per_rank = checkpoint::ObjectsWithValuesPerRank(manifest) > 0;
+  std::vector<std::vector<std::string>> rows;
+  for (const checkpoint::ObjectEntry& object : manifest.objects()) {
+    if (object.rank_values().empty()) {
+      KEEL_ASSIGN_OR_RETURN(Json values, reader.ReadValues(object.name()));
+      rows.push_back({object.name(), values.dump()});
+      if (per_rank) rows.back().insert(rows.back().begin() + 1, "all");
+      continue;
+    }
+    KEEL_ASSIGN_OR_RETURN(std::vector<Json> each, reader.ReadValuesOfEachRank(object.name()));
+    for (size_t rank = 0; rank < each.size(); ++rank) {
+      rows.push_back({object.name(), absl::StrCat(rank), each[rank].dump()});
+    }
+  }
+  std::cout << "objects:\n";
+  if (per_rank) {
+    PrintTable({"name", "rank", "values"}, {false, true, false}, rows);
+  } else {
+    PrintTable({"name", "values"}, {false, false}, rows);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> Inspect(const std::string& dir) {
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
   const Manifest& manifest = reader->manifest();
@@ -128,17 +155,14 @@ absl::StatusOr<int> Inspect(const std::string& dir) {
   std::cout << "files:\n";
   PrintTable({"name", "rank", "bytes"}, {false, true, true}, rows);
 
-  rows.clear();
-  for (const checkpoint::ObjectEntry& object : manifest.objects()) {
-    KEEL_ASSIGN_OR_RETURN(Json values, reader->ReadValues(object.name()));
-    rows.push_back({object.name(), values.dump()});
-  }
-  std::cout << "objects:\n";
-  PrintTable({"name", "values"}, {false, false}, rows);
-
+  KEEL_RETURN_IF_ERROR(PrintObjects(*reader));
   std::cout << "total: " << manifest.tensors_size() << " tensors, " << tensor_bytes
             << " tensor bytes; " << manifest.files_size() << " files, " << file_bytes
-            << " bytes on disk; " << manifest.objects_size() << " objects\n";
+            << " bytes on disk; " << manifest.objects_size() << " objects";
+  if (const int64_t per_rank = checkpoint::ObjectsWithValuesPerRank(manifest); per_rank > 0) {
+    std::cout << " (" << per_rank << " with values per rank)";
+  }
+  std::cout << "\n";
   return cli::kExitSuccess;
 }
 
@@ -170,7 +194,11 @@ absl::StatusOr<int> Verify(const std::string& dir) {
     return cli::kExitFailure;
   }
   std::cout << "OK: " << report.files << " files, " << report.tensors << " tensors, "
-            << report.bytes << " bytes verified\n";
+            << report.bytes << " bytes verified; " << report.objects << " objects";
+  if (report.objects_with_values_per_rank > 0) {
+    std::cout << " (" << report.objects_with_values_per_rank << " with values per rank)";
+  }
+  std::cout << "\n";
   return cli::kExitSuccess;
 }
 
@@ -214,6 +242,35 @@ void DiffValues(const std::string& path, const Json& a, const Json& b,
     return;
   }
   lines.push_back(absl::StrCat(path, ": ", a.dump(), " in A, ", b.dump(), " in B"));
+}
+
+// The differences of `object`'s values between checkpoints `a` and `b`: compared as a whole
+// when each saved them once, else rank by rank ("<object>[rank r]").
+absl::StatusOr<std::vector<std::string>> DiffObject(const std::string& object,
+                                                    const CheckpointReader& a,
+                                                    const CheckpointReader& b) {
+  absl::StatusOr<std::vector<Json>> a_each = a.ReadValuesOfEachRank(object);
+  absl::StatusOr<std::vector<Json>> b_each = b.ReadValuesOfEachRank(object);
+  std::vector<std::string> lines;
+  if (!a_each.ok() || !b_each.ok()) {
+    if (a_each.ok() == b_each.ok()) return a_each.status();
+    lines.push_back(absl::StrCat(object, ": only in ", a_each.ok() ? "A" : "B"));
+    return lines;
+  }
+  absl::StatusOr<Json> a_once = a.ReadValues(object);
+  absl::StatusOr<Json> b_once = b.ReadValues(object);
+  if (a_once.ok() && b_once.ok()) {
+    DiffValues(object, *a_once, *b_once, lines);
+  } else if (a_each->size() != b_each->size()) {
+    lines.push_back(absl::StrCat(object, ": values of ", a_each->size(), " ranks in A, ",
+                                 b_each->size(), " in B"));
+  } else {
+    for (size_t rank = 0; rank < a_each->size(); ++rank) {
+      DiffValues(absl::StrCat(object, "[rank ", rank, "]"), (*a_each)[rank], (*b_each)[rank],
+                 lines);
+    }
+  }
+  return lines;
 }
 
 absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path) {
@@ -262,16 +319,7 @@ absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path) {
   for (const auto& object : a->manifest().objects()) objects.insert(object.name());
   for (const auto& object : b->manifest().objects()) objects.insert(object.name());
   for (const std::string& object : objects) {
-    absl::StatusOr<Json> a_values = a->ReadValues(object);
-    absl::StatusOr<Json> b_values = b->ReadValues(object);
-    std::vector<std::string> lines;
-    if (a_values.ok() && b_values.ok()) {
-      DiffValues(object, *a_values, *b_values, lines);
-    } else if (a_values.ok() != b_values.ok()) {
-      lines.push_back(absl::StrCat(object, ": only in ", a_values.ok() ? "A" : "B"));
-    } else {
-      return a_values.status();
-    }
+    KEEL_ASSIGN_OR_RETURN(std::vector<std::string> lines, DiffObject(object, *a, *b));
     for (const std::string& line : lines) std::cout << "values " << line << "\n";
     differences += static_cast<int>(lines.size());
   }

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
+#include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
 ABSL_FLAG(std::string, ckpt, "", "Path of the //tools:ckpt binary.");
@@ -155,6 +156,61 @@ TEST(CkptToolTest, DiffFindsIdenticalAndChangedCheckpoints) {
       AllOf(HasSubstr("tensor model/extra: only in B"), HasSubstr("tensor model/w: max |A-B| 3,"),
             HasSubstr("values model.lr: 0.5 in A, 0.25 in B"),
             HasSubstr("3 differences; 1 tensors identical"), Not(HasSubstr("tensor model/b"))));
+}
+
+// Saves Model() as "model" (values alike on every rank) and "stage" ({"stage": <rank> +
+// stage_offset} for ranks above 0) on 2 ranks as step `step` under `run_dir`.
+absl::StatusOr<std::string> SaveStages(const std::string& run_dir, int64_t step,
+                                       int stage_offset = 0) {
+  const PlainState saved = Model();  // here: ranks are threads, and Model() seeds torch
+  KEEL_RETURN_IF_ERROR(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+    CheckpointerOptions options;
+    options.checkpoint_dir = run_dir;
+    KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+    PlainState model = saved;
+    PlainState stage;
+    stage.values = {{"stage", r.rank == 0 ? 0 : r.rank + stage_offset}};
+    return checkpointer->Save({{"model", &model}, {"stage", &stage}}, step, /*epoch=*/1);
+  }));
+  return absl::StrFormat("%s/step_%010d", run_dir, step);
+}
+
+TEST(CkptToolTest, InspectAndVerifyShowValuesPerRank) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string path, SaveStages(NewDir("per_rank"), 3));
+  ToolResult result = RunCkpt(absl::StrCat("inspect ", path));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              AllOf(HasSubstr("world size 2, format KEEL, Keel 0.1.0 (format version 2)\n"),
+                    HasSubstr("objects:\n"
+                              "  name   rank  values\n"
+                              "  model   all  {\"lr\":0.5,\"name\":\"gpt\"}\n"
+                              "  stage     0  {\"stage\":0}\n"
+                              "  stage     1  {\"stage\":1}\n"),
+                    HasSubstr(" bytes on disk; 2 objects (1 with values per rank)\n")));
+  result = RunCkpt(absl::StrCat("verify ", path));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr(" bytes verified; 2 objects (1 with values per rank)\n"));
+}
+
+TEST(CkptToolTest, DiffComparesValuesPerRankRankByRank) {
+  const std::string run = NewDir("diff_per_rank");
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string a, SaveStages(run, 1));
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string b, SaveStages(run, 2, /*stage_offset=*/4));
+  ToolResult result = RunCkpt(absl::StrCat("diff ", a, " ", b));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("values stage[rank 1].stage: 1 in A, 5 in B\n"),
+                                   HasSubstr("1 differences; 2 tensors identical")));
+
+  PlainState stage;
+  stage.values = {{"stage", 0}};
+  CheckpointerOptions options;
+  options.checkpoint_dir = run;
+  KEEL_ASSERT_OK_AND_ASSIGN(auto checkpointer, Checkpointer::Create(options, nullptr));
+  PlainState model = Model();
+  KEEL_ASSERT_OK(checkpointer->Save({{"model", &model}, {"stage", &stage}}, 3, /*epoch=*/1));
+  result = RunCkpt(absl::StrCat("diff ", a, " ", run, "/step_0000000003"));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("values stage: values of 2 ranks in A, 1 in B\n"));
 }
 
 TEST(CkptToolTest, ExportSafetensorsWritesTheShardsAndIndex) {

@@ -14,9 +14,13 @@
 
 namespace keel::checkpoint::internal {
 
-absl::StatusOr<std::unique_ptr<DiskSavedState>> DiskSavedState::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<DiskSavedState>> DiskSavedState::Open(const std::string& path,
+                                                                     int loading_rank,
+                                                                     int loading_world_size) {
   KEEL_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(path));
   auto state = std::unique_ptr<DiskSavedState>(new DiskSavedState(path, std::move(manifest)));
+  state->loading_rank_ = loading_rank;
+  state->loading_world_size_ = loading_world_size;
   KEEL_RETURN_IF_ERROR(state->Index());
   return state;
 }
@@ -56,13 +60,20 @@ absl::Status DiskSavedState::Index() {
       tensor.chunks.push_back(std::move(saved));
     }
   }
+  saved_world_size_ = manifest_.world_size();
   for (const ObjectEntry& object : manifest_.objects()) {
-    absl::StatusOr<base::Json> values = ValueToJson(object.value());
-    if (!values.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(path_, ": object \"", object.name(), "\": ", values.status().message()));
-    }
-    values_[object.name()] = *std::move(values);
+    std::vector<base::Json>& values = values_[object.name()];
+    auto add = [&](const Value& value) -> absl::Status {
+      absl::StatusOr<base::Json> json = ValueToJson(value);
+      if (!json.ok()) {
+        return absl::DataLossError(
+            absl::StrCat(path_, ": object \"", object.name(), "\": ", json.status().message()));
+      }
+      values.push_back(*std::move(json));
+      return absl::OkStatus();
+    };
+    if (object.rank_values().empty()) KEEL_RETURN_IF_ERROR(add(object.value()));
+    for (const RankValue& entry : object.rank_values()) KEEL_RETURN_IF_ERROR(add(entry.value()));
   }
   return absl::OkStatus();
 }

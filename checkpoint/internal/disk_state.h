@@ -1,5 +1,6 @@
-// A checkpoint directory as a SavedState: the manifest's tensors and values, with chunk bytes
-// read by pread (segments in parallel) and checked against their XXH3-64 checksums.
+// A checkpoint directory as a SavedState: the manifest's tensors and values (once or per
+// rank), with chunk bytes read by pread (segments in parallel) and checked against their
+// XXH3-64 checksums.
 #ifndef KEEL_CHECKPOINT_INTERNAL_DISK_STATE_H_
 #define KEEL_CHECKPOINT_INTERNAL_DISK_STATE_H_
 
@@ -18,9 +19,10 @@ namespace keel::checkpoint::internal {
 
 class DiskSavedState : public SavedState {
  public:
+  // The checkpoint at `path`, loaded by rank `loading_rank` of `loading_world_size`.
   // Errors: as ReadManifest; kDataLoss for values the manifest cannot hold.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DiskSavedState>> Open(
-      const std::string& path);
+      const std::string& path, int loading_rank = 0, int loading_world_size = 1);
 
   const Manifest& manifest() const { return manifest_; }
 

@@ -89,7 +89,41 @@ absl::Status CheckTensor(const Manifest& manifest, const TensorEntry& tensor,
   return absl::OkStatus();
 }
 
+// Where an object's values are: once, or one entry per rank of world_size in rank order, only
+// in a manifest whose version holds them.
+absl::Status CheckObject(const Manifest& manifest, const ObjectEntry& object,
+                         const std::string& path) {
+  if (object.rank_values().empty()) return absl::OkStatus();
+  const std::string where = absl::StrCat(path, ": object \"", object.name(), "\"");
+  if (manifest.format_version() < kPerRankValuesVersion) {
+    return absl::DataLossError(absl::StrCat(where, " has values per rank, which format version ",
+                                            manifest.format_version(), " does not hold"));
+  }
+  if (object.has_value()) {
+    return absl::DataLossError(absl::StrCat(where, " has values both once and per rank"));
+  }
+  if (object.rank_values_size() != manifest.world_size()) {
+    return absl::DataLossError(absl::StrCat(where, " has the values of ", object.rank_values_size(),
+                                            " ranks, the world size is ", manifest.world_size()));
+  }
+  for (int r = 0; r < object.rank_values_size(); ++r) {
+    if (object.rank_values(r).rank() != r) {
+      return absl::DataLossError(absl::StrCat(where, ": entry ", r,
+                                              " of its per-rank values is rank ",
+                                              object.rank_values(r).rank(), ", not ", r));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+uint32_t LowestFormatVersion(const Manifest& manifest) {
+  for (const ObjectEntry& object : manifest.objects()) {
+    if (!object.rank_values().empty()) return kPerRankValuesVersion;
+  }
+  return 1;
+}
 
 std::string EncodeManifest(const Manifest& manifest) {
   std::string body;
@@ -130,6 +164,10 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, const std::stri
   if (manifest.format_version() == 0) {
     return absl::DataLossError(absl::StrCat(path, " has no format version"));
   }
+  if (manifest.world_size() < 1) {
+    return absl::DataLossError(
+        absl::StrCat(path, " has world size ", manifest.world_size(), "; it must be >= 1"));
+  }
   std::set<std::string> names;
   for (const FileEntry& file : manifest.files()) {
     if (file.name().empty() || file.name().find('/') != std::string::npos ||
@@ -145,6 +183,14 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, const std::stri
           absl::StrCat(path, ": tensor \"", tensor.name(), "\" appears twice"));
     }
     KEEL_RETURN_IF_ERROR(CheckTensor(manifest, tensor, path));
+  }
+  names.clear();
+  for (const ObjectEntry& object : manifest.objects()) {
+    if (!names.insert(object.name()).second) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": object \"", object.name(), "\" appears twice"));
+    }
+    KEEL_RETURN_IF_ERROR(CheckObject(manifest, object, path));
   }
   return manifest;
 }

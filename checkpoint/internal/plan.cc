@@ -121,4 +121,44 @@ absl::StatusOr<std::vector<std::vector<std::string>>> PlanWrites(
   return writes;
 }
 
+absl::StatusOr<std::vector<ObjectEntry>> PlanValues(const std::vector<Manifest>& local_plans) {
+  const int world = static_cast<int>(local_plans.size());
+  std::map<std::string, std::vector<int>> holders;
+  for (int rank = 0; rank < world; ++rank) {
+    for (const ObjectEntry& object : local_plans[rank].objects()) {
+      holders[object.name()].push_back(rank);
+    }
+  }
+  for (const auto& [name, ranks] : holders) {
+    if (static_cast<int>(ranks.size()) == world) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("object \"", name, "\" is saved by rank", ranks.size() > 1 ? "s " : " ",
+                     absl::StrJoin(ranks, ", "), " of ", world,
+                     ", not by every rank: every rank must save the same objects"));
+  }
+  // Every rank holds every name once, sorted (Statefuls is a map): entry i is the same object
+  // on every rank.
+  std::vector<ObjectEntry> objects;
+  for (int i = 0; world > 0 && i < local_plans[0].objects_size(); ++i) {
+    const ObjectEntry& first = local_plans[0].objects(i);
+    const std::string bytes = first.value().SerializeAsString();
+    bool equal = true;
+    for (int rank = 1; rank < world && equal; ++rank) {
+      equal = local_plans[rank].objects(i).value().SerializeAsString() == bytes;
+    }
+    ObjectEntry& object = objects.emplace_back();
+    object.set_name(first.name());
+    if (equal) {
+      *object.mutable_value() = first.value();
+      continue;
+    }
+    for (int rank = 0; rank < world; ++rank) {
+      RankValue* entry = object.add_rank_values();
+      entry->set_rank(rank);
+      *entry->mutable_value() = local_plans[rank].objects(i).value();
+    }
+  }
+  return objects;
+}
+
 }  // namespace keel::checkpoint::internal

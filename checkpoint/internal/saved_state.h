@@ -1,12 +1,14 @@
-// What a load reads from: saved tensors as chunks plus each object's values, held in memory
-// or described by a manifest on disk. The matching rules (missing keys, shape and dtype checks,
-// overlap of chunks with the requested block) live once, in state_dict.cc.
+// What a load reads from: saved tensors as chunks plus each object's values (once, or per
+// saving rank), held in memory or described by a manifest on disk, and which rank of how many
+// loads them. The matching rules (missing keys, shape and dtype checks, overlap of chunks with
+// the requested block, whose values a rank gets) live once, in state_dict.cc.
 #ifndef KEEL_CHECKPOINT_INTERNAL_SAVED_STATE_H_
 #define KEEL_CHECKPOINT_INTERNAL_SAVED_STATE_H_
 
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,8 +39,22 @@ class SavedState {
 
   // Saved tensors by full key ("<object>/<key>").
   const std::map<std::string, SavedTensor>& tensors() const { return tensors_; }
-  // Saved values by object name.
-  const std::map<std::string, base::Json>& values() const { return values_; }
+  // Saved values by object name: one entry when every saving rank saved the same, else one
+  // per saving rank, in rank order.
+  const std::map<std::string, std::vector<base::Json>>& values() const { return values_; }
+  // Every saving rank's values of object `name` (a single entry stands for every rank), or
+  // nullopt when nothing was saved under `name`.
+  std::optional<std::vector<base::Json>> ValuesOfEachRank(const std::string& name) const {
+    auto it = values_.find(name);
+    if (it == values_.end()) return std::nullopt;
+    if (it->second.size() != 1) return it->second;
+    return std::vector<base::Json>(saved_world_size_, it->second[0]);
+  }
+  // The number of ranks that saved the state.
+  int saved_world_size() const { return saved_world_size_; }
+  // The rank that loads, of how many ranks loading together.
+  int loading_rank() const { return loading_rank_; }
+  int loading_world_size() const { return loading_world_size_; }
 
   // Copies a chunk's bytes (chunk volume x element size) into `out`, checked against what
   // was saved. Errors: kDataLoss naming the file and tensor; kInternal for I/O failures.
@@ -62,7 +78,10 @@ class SavedState {
 
  protected:
   std::map<std::string, SavedTensor> tensors_;
-  std::map<std::string, base::Json> values_;
+  std::map<std::string, std::vector<base::Json>> values_;
+  int saved_world_size_ = 1;
+  int loading_rank_ = 0;
+  int loading_world_size_ = 1;
 
  private:
   mutable std::mutex mutex_;
