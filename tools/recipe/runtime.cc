@@ -44,7 +44,9 @@ void ProcessGroups::Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime
   runtime.dp_size = mesh_.GroupSize(parallel::GroupKind::kDp);
   runtime.mesh = &mesh_;
   runtime.device = device_;
-  runtime.group = mesh_.Group(parallel::GroupKind::kDp);
+  // Megatron's DDP reduces dense gradients over dp with cp (get_data_parallel_group(
+  // with_context_parallel=True)).
+  runtime.group = mesh_.Group(parallel::GroupKind::kDpCp);
   runtime.control_group = mesh_.control_group();
   runtime.checkpoint_group = mesh_.checkpoint_group();
 }
