@@ -27,6 +27,15 @@ std::vector<int64_t> Split(const std::vector<int64_t>& global_shape,
 
 }  // namespace
 
+at::Tensor BlockOf(const at::Tensor& whole, const TensorLayout& layout,
+                   at::IntArrayRef block_shape) {
+  at::Tensor block = whole;
+  for (int64_t d = 0; d < whole.dim(); ++d) {
+    block = block.narrow(d, layout.offsets[d], block_shape[d]);
+  }
+  return block;
+}
+
 int DimRank(const LayoutDim& dim) { return dim.group == nullptr ? 0 : dim.group->getRank(); }
 
 int DimSize(const LayoutDim& dim) { return dim.group == nullptr ? 1 : dim.group->getSize(); }

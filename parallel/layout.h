@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 
 namespace c10d {
@@ -84,6 +85,11 @@ TensorLayout BlockLayout(std::vector<int64_t> global_shape, std::vector<int64_t>
 
 // The extent of this rank's block in an evenly sharded layout (EvenlySharded's split).
 std::vector<int64_t> EvenShardShape(const TensorLayout& layout);
+
+// The block of `whole` (a tensor of layout.global_shape) that starts at layout.offsets and is
+// `block_shape` large: a view. Requires: the block lies inside `whole`.
+at::Tensor BlockOf(const at::Tensor& whole, const TensorLayout& layout,
+                   at::IntArrayRef block_shape);
 
 // This rank's index along `dim` and the number of ranks there (0 and 1 without a group).
 int DimRank(const LayoutDim& dim);

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -53,6 +54,15 @@ TEST(EvenlyShardedTest, EachRankGetsItsTorchChunk) {
   EXPECT_THAT(shapes[1], ElementsAre(2, 5));  // rows 4..7: rank 1 gets 6..7
   EXPECT_THAT(offsets[2], ElementsAre(8 + 2, 0));
   EXPECT_THAT(shapes[2], ElementsAre(0, 5));  // rows 8..9, chunks of 1: rank 2 gets none
+}
+
+TEST(LayoutTest, BlockOfIsAViewOfTheBlockAtTheOffsets) {
+  const at::Tensor whole = at::arange(24, at::kFloat).view({4, 6});
+  const at::Tensor block = BlockOf(whole, BlockLayout({4, 6}, {2, 3}), {2, 2});
+  EXPECT_TRUE(at::equal(block, at::tensor({15.0f, 16.0f, 21.0f, 22.0f}).view({2, 2})));
+  block.fill_(-1);  // a view: writes land in the whole tensor
+  EXPECT_EQ(whole[2][3].item<float>(), -1);
+  EXPECT_EQ(whole[2][2].item<float>(), 14);
 }
 
 }  // namespace

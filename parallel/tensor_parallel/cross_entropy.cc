@@ -1,0 +1,71 @@
+#include "parallel/tensor_parallel/cross_entropy.h"
+
+#include <cstdint>
+
+#include "ATen/ATen.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "torch/csrc/autograd/custom_function.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+
+namespace keel::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct VocabParallel : torch::autograd::Function<VocabParallel> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& target, int64_t encoded_group) {
+    auto* group = reinterpret_cast<c10d::ProcessGroup*>(encoded_group);
+    const int64_t vocab = logits.size(-1);
+    const int64_t rank = group == nullptr ? 0 : group->getRank();
+    const at::Tensor rows = logits.reshape({-1, vocab});
+    const at::Tensor flat_target = target.reshape({-1});
+
+    // Shifted by the maximum over the whole vocabulary, for exp.
+    at::Tensor max = std::get<0>(rows.max(-1)).contiguous();
+    AllReduceInPlace(max, group, /*max=*/true);
+    const at::Tensor shifted = rows - max.unsqueeze(-1);
+
+    // The target's logit, on the rank whose slice holds it (zero elsewhere), summed.
+    const int64_t begin = rank * vocab;
+    const at::Tensor outside = flat_target.lt(begin).logical_or(flat_target.ge(begin + vocab));
+    const at::Tensor local_target = (flat_target - begin).masked_fill(outside, 0);
+    at::Tensor predicted = shifted.gather(-1, local_target.unsqueeze(-1))
+                               .squeeze(-1)
+                               .masked_fill(outside, 0)
+                               .contiguous();
+    AllReduceInPlace(predicted, group);
+
+    const at::Tensor exp = shifted.exp();
+    at::Tensor sum_exp = exp.sum(-1).contiguous();
+    AllReduceInPlace(sum_exp, group);
+    const at::Tensor loss = sum_exp.log() - predicted;
+
+    ctx->save_for_backward({exp / sum_exp.unsqueeze(-1), local_target, outside});
+    ctx->saved_data["shape"] = logits.sizes().vec();
+    return loss.view(target.sizes());
+  }
+
+  // d loss / d logits = softmax - one_hot(target), on this rank's slice.
+  static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& softmax = saved[0];
+    const at::Tensor& local_target = saved[1];
+    const at::Tensor& outside = saved[2];
+    at::Tensor grad = softmax.clone();
+    grad.scatter_add_(-1, local_target.unsqueeze(-1),
+                      outside.logical_not().to(grad.scalar_type()).neg().unsqueeze(-1));
+    grad.mul_(grad_output[0].reshape({-1}).unsqueeze(-1));
+    return {grad.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target,
+                                     c10d::ProcessGroup* group) {
+  return VocabParallel::apply(logits, target, reinterpret_cast<intptr_t>(group));
+}
+
+}  // namespace keel::parallel

@@ -1,0 +1,160 @@
+#include "parallel/tensor_parallel/layers.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+
+namespace keel::parallel {
+namespace {
+
+int Size(c10d::ProcessGroup* tp) { return tp == nullptr ? 1 : tp->getSize(); }
+bool Parallel(c10d::ProcessGroup* tp) { return Size(tp) > 1; }
+
+// The layout of a tensor of `global_shape` split evenly along `dim` over `tp`.
+TensorLayout ShardedOver(c10d::ProcessGroup* tp, std::vector<int64_t> global_shape, int64_t dim) {
+  // The dimension exists: EvenlySharded cannot fail here.
+  return *EvenlySharded(std::move(global_shape), {{"tp", tp, Placement::Shard(dim)}});
+}
+
+}  // namespace
+
+std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& module) {
+  std::map<std::string, TensorLayout> layouts;
+  auto add = [&](const torch::nn::Module& part, const std::string& prefix) {
+    const auto* laid_out = dynamic_cast<const LaidOut*>(&part);
+    if (laid_out == nullptr) return;
+    for (const auto& [name, layout] : laid_out->LocalLayouts()) layouts[prefix + name] = layout;
+  };
+  // Not named_modules(include_self = true): that needs the module in a shared_ptr, which a
+  // module's constructor does not have yet.
+  add(module, "");
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    add(*item.value(), item.key() + ".");
+  }
+  return layouts;
+}
+
+absl::Status CopyFromWholeModel(torch::nn::Module& model, const torch::nn::Module& whole) {
+  const std::map<std::string, TensorLayout> layouts = ParameterLayouts(model);
+  const auto sources = whole.named_parameters(/*recurse=*/true);
+  at::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor* source = sources.find(item.key());
+    if (source == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the whole model has no parameter '", item.key(), "'"));
+    }
+    at::Tensor& target = item.value();
+    auto it = layouts.find(item.key());
+    const bool fits = it == layouts.end() ? source->sizes() == target.sizes()
+                                          : source->sizes().vec() == it->second.global_shape;
+    if (!fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", item.key(), "': the whole model's is [",
+          absl::StrJoin(source->sizes(), ", "), "], this model's block is [",
+          absl::StrJoin(target.sizes(), ", "), "]",
+          it == layouts.end()
+              ? ""
+              : absl::StrCat(" of [", absl::StrJoin(it->second.global_shape, ", "), "]")));
+    }
+    target.copy_(it == layouts.end() ? *source : BlockOf(*source, it->second, target.sizes()));
+  }
+  return absl::OkStatus();
+}
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t input_size, int64_t output_size,
+                                                   c10d::ProcessGroup* tp, bool bias,
+                                                   bool gather_output)
+    : input_size_(input_size), output_size_(output_size), tp_(tp), gather_output_(gather_output) {
+  weight_ = register_parameter("weight", at::zeros({output_size / Size(tp), input_size}));
+  if (bias) bias_ = register_parameter("bias", at::zeros({output_size / Size(tp)}));
+}
+
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
+  const at::Tensor output = at::linear(CopyToTensorParallelRegion(input, tp_), weight_, bias_);
+  return gather_output_ ? GatherFromTensorParallelRegion(output, tp_) : output;
+}
+
+std::map<std::string, TensorLayout> ColumnParallelLinearImpl::LocalLayouts() const {
+  if (!Parallel(tp_)) return {};
+  std::map<std::string, TensorLayout> layouts = {
+      {"weight", ShardedOver(tp_, {output_size_, input_size_}, 0)}};
+  if (bias_.defined()) layouts["bias"] = ShardedOver(tp_, {output_size_}, 0);
+  return layouts;
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(int64_t input_size, int64_t output_size,
+                                             c10d::ProcessGroup* tp, bool bias,
+                                             bool input_is_parallel)
+    : input_size_(input_size),
+      output_size_(output_size),
+      tp_(tp),
+      input_is_parallel_(input_is_parallel) {
+  weight_ = register_parameter("weight", at::zeros({output_size, input_size / Size(tp)}));
+  if (bias) bias_ = register_parameter("bias", at::zeros({output_size}));
+}
+
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+  // One rank: the ordinary layer's fused bias addition, to the bit.
+  if (!Parallel(tp_)) return at::linear(input, weight_, bias_);
+  const at::Tensor local = input_is_parallel_ ? input : ScatterToTensorParallelRegion(input, tp_);
+  const at::Tensor output = ReduceFromTensorParallelRegion(at::linear(local, weight_), tp_);
+  return bias_.defined() ? output + bias_ : output;
+}
+
+std::map<std::string, TensorLayout> RowParallelLinearImpl::LocalLayouts() const {
+  if (!Parallel(tp_)) return {};
+  return {{"weight", ShardedOver(tp_, {output_size_, input_size_}, 1)}};
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
+                                                       int64_t embedding_dim,
+                                                       c10d::ProcessGroup* tp)
+    : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim), tp_(tp) {
+  weight_ = register_parameter("weight", at::zeros({num_embeddings / Size(tp), embedding_dim}));
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
+  if (!Parallel(tp_)) return at::embedding(weight_, tokens);
+  const int64_t rows = weight_.size(0);
+  const int64_t begin = tp_->getRank() * rows;
+  const at::Tensor outside = tokens.lt(begin).logical_or(tokens.ge(begin + rows));
+  const at::Tensor local = at::embedding(weight_, (tokens - begin).masked_fill(outside, 0))
+                               .masked_fill(outside.unsqueeze(-1), 0);
+  return ReduceFromTensorParallelRegion(local, tp_);
+}
+
+std::map<std::string, TensorLayout> VocabParallelEmbeddingImpl::LocalLayouts() const {
+  if (!Parallel(tp_)) return {};
+  return {{"weight", ShardedOver(tp_, {num_embeddings_, embedding_dim_}, 0)}};
+}
+
+ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads,
+                                                     c10d::ProcessGroup* tp)
+    : local_heads_(num_heads / Size(tp)), head_dim_(hidden_size / num_heads) {
+  qkv_ = register_module("qkv", ColumnParallelLinear(hidden_size, 3 * hidden_size, tp));
+  proj_ = register_module("proj", RowParallelLinear(hidden_size, hidden_size, tp));
+}
+
+at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& causal_mask) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  // [batch, seq, local heads, (q, k, v), head_dim] -> each [batch, local heads, seq, head_dim].
+  const at::Tensor qkv = qkv_->forward(x).view({batch, seq, local_heads_, 3, head_dim_});
+  auto part = [&](int64_t i) { return qkv.select(3, i).transpose(1, 2); };
+  at::Tensor scores =
+      at::matmul(part(0), part(1).transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+  scores = scores.masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
+  const at::Tensor attended = at::matmul(at::softmax(scores, -1), part(2))
+                                  .transpose(1, 2)
+                                  .contiguous()
+                                  .view({batch, seq, local_heads_ * head_dim_});
+  return proj_->forward(attended);
+}
+
+}  // namespace keel::parallel

@@ -1,0 +1,128 @@
+// Tensor-parallel layers after Megatron-Core's tensor_parallel/layers.py and its attention:
+// each holds its slice of the weights of the whole layer and reports each parameter's layout
+// over the mesh (parallel::TensorLayout), so clipping, the gradient syncs and checkpoints
+// handle them as the whole tensors they are. With no group (nullptr) or a group of one they
+// compute what the ordinary layer does. The layers allocate zeros: a model copies its weights
+// in, as Megatron's master-weight initialisation does, from a whole model
+// (CopyFromWholeModel), so the weights at tp = N are exactly the tp = 1 weights, sliced.
+//
+//   ColumnParallelLinear fc(hidden, ffn, tp);        // weight [ffn / tp, hidden]
+//   RowParallelLinear proj(ffn, hidden, tp);         // weight [hidden, ffn / tp]
+//   at::Tensor y = proj->forward(at::gelu(fc->forward(x)));  // x and y whole on every rank
+//   std::map<std::string, TensorLayout> layouts = ParameterLayouts(*model);
+#ifndef KEEL_PARALLEL_TENSOR_PARALLEL_LAYERS_H_
+#define KEEL_PARALLEL_TENSOR_PARALLEL_LAYERS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "parallel/layout.h"
+#include "torch/nn/module.h"
+#include "torch/nn/pimpl.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::parallel {
+
+// A module whose own parameters (not its children's) have layouts over the mesh.
+class LaidOut {
+ public:
+  virtual ~LaidOut() = default;
+  // Each laid-out parameter's layout, by its name in this module ("weight").
+  virtual std::map<std::string, TensorLayout> LocalLayouts() const = 0;
+};
+
+// The layouts of every parameter of `module` that a LaidOut submodule lays out, by fully
+// qualified name; the other parameters are whole on every rank.
+std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& module);
+
+// Copies each parameter of `model` from the parameter of the same name in `whole` (the same
+// model without tensor parallelism): the block its layout names, or all of it. Errors:
+// kInvalidArgument naming a parameter that `whole` lacks or whose shape does not hold the
+// block.
+[[nodiscard]] absl::Status CopyFromWholeModel(torch::nn::Module& model,
+                                              const torch::nn::Module& whole);
+
+// Y = X A^T + b with A's rows (the output features) split over `tp`: weight [out / tp, in],
+// bias [out / tp]. The input is whole on every rank; the output is this rank's features, or
+// with gather_output all of them.
+class ColumnParallelLinearImpl : public torch::nn::Module, public LaidOut {
+ public:
+  // Requires: tp's size divides output_size.
+  ColumnParallelLinearImpl(int64_t input_size, int64_t output_size, c10d::ProcessGroup* tp,
+                           bool bias = true, bool gather_output = false);
+  at::Tensor forward(const at::Tensor& input);
+  std::map<std::string, TensorLayout> LocalLayouts() const override;
+
+ private:
+  int64_t input_size_, output_size_;
+  c10d::ProcessGroup* tp_;
+  bool gather_output_;
+  at::Tensor weight_, bias_;
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+// Y = X A^T + b with A's columns (the input features) split over `tp`: weight [out, in / tp],
+// bias [out] whole. The input is this rank's features (with input_is_parallel) or whole; the
+// output, summed over the group, is whole on every rank, the bias added after the sum.
+class RowParallelLinearImpl : public torch::nn::Module, public LaidOut {
+ public:
+  // Requires: tp's size divides input_size.
+  RowParallelLinearImpl(int64_t input_size, int64_t output_size, c10d::ProcessGroup* tp,
+                        bool bias = true, bool input_is_parallel = true);
+  at::Tensor forward(const at::Tensor& input);
+  std::map<std::string, TensorLayout> LocalLayouts() const override;
+
+ private:
+  int64_t input_size_, output_size_;
+  c10d::ProcessGroup* tp_;
+  bool input_is_parallel_;
+  at::Tensor weight_, bias_;
+};
+TORCH_MODULE(RowParallelLinear);
+
+// An embedding whose vocabulary is split over `tp`: weight [vocab / tp, dim], rank r holding
+// rows [r x vocab / tp, (r + 1) x vocab / tp); each rank looks up the tokens of its slice and
+// the sum over the group gives every rank the whole embedding.
+class VocabParallelEmbeddingImpl : public torch::nn::Module, public LaidOut {
+ public:
+  // Requires: tp's size divides num_embeddings (pad the vocabulary first).
+  VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, c10d::ProcessGroup* tp);
+  at::Tensor forward(const at::Tensor& tokens);
+  std::map<std::string, TensorLayout> LocalLayouts() const override;
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  int64_t num_embeddings_, embedding_dim_;
+  c10d::ProcessGroup* tp_;
+  at::Tensor weight_;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// Causal self-attention with its heads split over `tp`: "qkv" a column-parallel projection
+// whose rows go head by head ([q, k, v] of head 0, then of head 1, ...: Megatron's fused
+// linear_qkv, so that each rank's rows are its heads'), the attention of this rank's heads,
+// and "proj" a row-parallel projection back to the whole hidden size.
+class ParallelSelfAttentionImpl : public torch::nn::Module {
+ public:
+  // Requires: tp's size divides num_heads, which divides hidden_size.
+  ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads, c10d::ProcessGroup* tp);
+  // `x` [batch, seq, hidden] whole; `causal_mask` [seq, seq], true where a position may not
+  // look. Returns [batch, seq, hidden], whole.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask);
+
+ private:
+  int64_t local_heads_, head_dim_;
+  ColumnParallelLinear qkv_{nullptr};
+  RowParallelLinear proj_{nullptr};
+};
+TORCH_MODULE(ParallelSelfAttention);
+
+}  // namespace keel::parallel
+
+#endif  // KEEL_PARALLEL_TENSOR_PARALLEL_LAYERS_H_

@@ -1,0 +1,171 @@
+// Tensor parallelism on real Gloo ranks (threads): the collectives and their gradients, and a
+// small model of every layer (vocabulary-parallel embedding, attention with its heads split,
+// column- and row-parallel MLP, a vocabulary-parallel head and cross-entropy) on 2 ranks,
+// its weights copied from the same model on one rank, gives that model's loss and, slice for
+// slice, its gradients.
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/layout.h"
+#include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/tensor_parallel/layers.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+
+namespace keel::parallel {
+namespace {
+
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+using ::testing::ElementsAre;
+using ::testing::Pair;
+
+TEST(MappingsTest, EachCollectiveAndItsGradient) {
+  const double seconds_before = TensorParallelCollectiveSeconds();
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    c10d::ProcessGroup* tp = r.group.get();
+    const double k = r.rank + 1;  // rank 0 holds 1s, rank 1 holds 2s
+    at::Tensor x = at::full({2, 4}, k).requires_grad_(true);
+    // Copy: identity forward; backward sums the ranks' gradients (1 + 2 = 3 per element).
+    (CopyToTensorParallelRegion(x, tp) * k).sum().backward();
+    EXPECT_TRUE(at::equal(x.grad(), at::full({2, 4}, 3.0)));
+    x.mutable_grad().reset();
+    // Reduce: the sum forward; identity backward.
+    at::Tensor reduced = ReduceFromTensorParallelRegion(x, tp);
+    EXPECT_TRUE(at::equal(reduced, at::full({2, 4}, 3.0)));
+    (reduced * k).sum().backward();
+    EXPECT_TRUE(at::equal(x.grad(), at::full({2, 4}, k)));
+    x.mutable_grad().reset();
+    // Scatter then gather: this rank's half of the last dimension, then all of it back.
+    at::Tensor whole = at::arange(8, at::kFloat).view({2, 4}).requires_grad_(true);
+    at::Tensor half = ScatterToTensorParallelRegion(whole, tp);
+    EXPECT_TRUE(at::equal(half, whole.detach().narrow(1, 2 * r.rank, 2)));
+    at::Tensor back = GatherFromTensorParallelRegion(half, tp);
+    EXPECT_TRUE(at::equal(back, whole.detach()));
+    (back * k).sum().backward();  // each rank's gradient of its half is its own k
+    EXPECT_TRUE(at::equal(whole.grad().narrow(1, 2 * r.rank, 2), at::full({2, 2}, k)));
+    return absl::OkStatus();
+  }));
+  EXPECT_GT(TensorParallelCollectiveSeconds(), seconds_before);  // the time they took counts
+}
+
+// Every layer of tensor_parallel, and the vocabulary-parallel loss.
+class TinyImpl : public torch::nn::Module {
+ public:
+  explicit TinyImpl(c10d::ProcessGroup* tp) : tp_(tp) {
+    embed_ = register_module("embed", VocabParallelEmbedding(16, 8, tp));
+    attn_ = register_module("attn", ParallelSelfAttention(8, 4, tp));
+    fc_ = register_module("fc", ColumnParallelLinear(8, 12, tp));
+    proj_ = register_module("proj", RowParallelLinear(12, 8, tp));
+    head_ = register_module("head", ColumnParallelLinear(8, 16, tp, /*bias=*/false));
+  }
+  at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& targets) {
+    const int64_t seq = tokens.size(1);
+    const at::Tensor mask = at::ones({seq, seq}, at::kBool).triu(1);
+    at::Tensor x = embed_->forward(tokens);
+    x = x + attn_->forward(x, mask);
+    x = x + proj_->forward(at::gelu(fc_->forward(x)));
+    return VocabParallelCrossEntropy(head_->forward(x), targets, tp_).sum();
+  }
+
+ private:
+  c10d::ProcessGroup* tp_;
+  VocabParallelEmbedding embed_{nullptr};
+  ParallelSelfAttention attn_{nullptr};
+  ColumnParallelLinear fc_{nullptr};
+  RowParallelLinear proj_{nullptr};
+  ColumnParallelLinear head_{nullptr};
+};
+TORCH_MODULE(Tiny);
+
+// A model on one rank. (A bare nullptr would make the holder empty: name the null group.)
+Tiny OneRank() {
+  c10d::ProcessGroup* const no_group = nullptr;
+  return Tiny(no_group);
+}
+
+Tiny WholeModel() {
+  Tiny whole = OneRank();
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/11);
+  at::NoGradGuard no_grad;
+  for (at::Tensor& p : whole->parameters()) p.normal_(0.0, 0.3, generator);
+  return whole;
+}
+
+const at::Tensor& Tokens() {
+  static const at::Tensor* const tokens =
+      new at::Tensor(at::arange(12, at::kLong).mul(7).remainder(16).view({2, 6}));
+  return *tokens;
+}
+
+TEST(TensorParallelLayersTest, TwoRanksGiveTheWholeModelsLossAndGradients) {
+  Tiny whole = WholeModel();
+  const at::Tensor targets = Tokens().roll(-1, 1);
+  const at::Tensor whole_loss = whole->Loss(Tokens(), targets);
+  whole_loss.backward();
+  std::vector<double> losses(2);
+  std::vector<std::map<std::string, std::string>> mismatches(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    Tiny model(r.group.get());
+    KEEL_RETURN_IF_ERROR(CopyFromWholeModel(*model, *whole));
+    const at::Tensor loss = model->Loss(Tokens(), targets);
+    loss.backward();
+    losses[r.rank] = loss.item<double>();
+    const std::map<std::string, TensorLayout> layouts = ParameterLayouts(*model);
+    const auto whole_params = whole->named_parameters();
+    for (const auto& item : model->named_parameters()) {
+      at::Tensor expected = whole_params[item.key()].grad();
+      if (auto it = layouts.find(item.key()); it != layouts.end()) {
+        expected = BlockOf(expected, it->second, item.value().sizes());
+      }
+      if (!at::allclose(item.value().grad(), expected, /*rtol=*/1e-5, /*atol=*/1e-6)) {
+        mismatches[r.rank][item.key()] = "gradient differs";
+      }
+    }
+    return absl::OkStatus();
+  }));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NEAR(losses[rank], whole_loss.item<double>(),
+                1e-6 * std::abs(whole_loss.item<double>()));
+    EXPECT_TRUE(mismatches[rank].empty()) << mismatches[rank].begin()->first;
+  }
+}
+
+TEST(TensorParallelLayersTest, OneRankIsTheOrdinaryCrossEntropy) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/2);
+  const at::Tensor logits = at::randn({3, 5, 16}, generator, at::kFloat);
+  const at::Tensor target = at::arange(15, at::kLong).remainder(16).view({3, 5});
+  const at::Tensor ours = VocabParallelCrossEntropy(logits, target, nullptr);
+  const at::Tensor reference =
+      at::cross_entropy_loss(logits.view({-1, 16}), target.view({-1}), {}, at::Reduction::None);
+  EXPECT_TRUE(at::allclose(ours.view({-1}), reference, /*rtol=*/1e-6, /*atol=*/1e-6));
+}
+
+TEST(TensorParallelLayersTest, LayoutsNameTheShardedParametersOnly) {
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    Tiny model(r.group.get());
+    const std::map<std::string, TensorLayout> layouts = ParameterLayouts(*model);
+    std::vector<std::string> names;
+    for (const auto& [name, layout] : layouts) names.push_back(name);
+    // proj.bias and attn.proj.bias are whole (added after the sum); nothing else is.
+    EXPECT_THAT(names,
+                ElementsAre("attn.proj.weight", "attn.qkv.bias", "attn.qkv.weight", "embed.weight",
+                            "fc.bias", "fc.weight", "head.weight", "proj.weight"));
+    EXPECT_EQ(layouts.at("proj.weight").global_shape, (std::vector<int64_t>{8, 12}));
+    EXPECT_EQ(layouts.at("proj.weight").offsets, (std::vector<int64_t>{0, 6 * r.rank}));
+    EXPECT_EQ(layouts.at("embed.weight").offsets, (std::vector<int64_t>{8 * r.rank, 0}));
+    EXPECT_TRUE(ParameterLayouts(*OneRank()).empty());  // one rank: nothing to lay out
+    return absl::OkStatus();
+  }));
+}
+
+}  // namespace
+}  // namespace keel::parallel
