@@ -10,6 +10,7 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "checkpoint/safetensors.h"
+#include "parallel/layout.h"
 #include "torch/types.h"
 
 namespace keel::checkpoint {
@@ -68,7 +69,8 @@ std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry
   std::vector<std::string> problems;
   for (const auto& [key, ref] : expected.tensors) {
     const auto it = in_files.find(key);
-    const std::vector<int64_t> shape(ref.tensor.sizes().begin(), ref.tensor.sizes().end());
+    const std::vector<int64_t> shape =
+        ref.layout.has_value() ? ref.layout->global_shape : ref.tensor.sizes().vec();
     if (it == in_files.end()) {
       problems.push_back(absl::StrCat("missing tensor \"", key, "\" (the model's is ",
                                       Describe(shape, ref.tensor.scalar_type()), ")"));
@@ -129,13 +131,20 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
         tied_in_files[name] = std::move(tensor);
         continue;
       }
-      expected.tensors.at(name).tensor.copy_(tensor);
+      const TensorRef& ref = expected.tensors.at(name);
+      ref.tensor.copy_(ref.layout.has_value()
+                           ? parallel::BlockOf(tensor, *ref.layout, ref.tensor.sizes())
+                           : tensor);
       ++result.num_tensors;
     }
     result.files.push_back(path);
   }
   for (const auto& [name, tensor] : tied_in_files) {
-    if (!at::equal(tensor, expected.tensors.at(tied.at(name)).tensor.cpu())) {
+    const TensorRef& ref = expected.tensors.at(tied.at(name));
+    const at::Tensor block = ref.layout.has_value()
+                                 ? parallel::BlockOf(tensor, *ref.layout, ref.tensor.sizes())
+                                 : tensor;
+    if (!at::equal(block, ref.tensor.cpu())) {
       return absl::FailedPreconditionError(
           absl::StrCat(directory, ": \"", name, "\" is tied to \"", tied.at(name),
                        "\" in the model, but the files hold different values for the two"));

@@ -31,7 +31,8 @@ struct HfImportResult {
 // Copies every tensor of the directory into the parameter or buffer of `model` that
 // ModelState(model, options) keys alike, in place. Strict: before anything is copied, every
 // key of the model must be in the files and every tensor of the files must be a key of the
-// model (or a tied lm_head weight), with the same shape and dtype.
+// model (or a tied lm_head weight), with the same shape and dtype. A tensor that
+// options.layouts lays out is compared with its global shape and gets its block.
 // Errors: kNotFound for a missing directory, a directory with neither file, or a shard that
 // the index names but that is missing; kDataLoss for an index that is not a
 // {"weight_map": {name: file}} object or names a tensor its file lacks, and as

@@ -12,6 +12,7 @@
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
 #include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "torch/nn/module.h"
@@ -99,6 +100,31 @@ TEST(HfImportTest, ASingleFileWithTheTiedHeadLoadsAndTheHeadIsChecked) {
               StatusIs(StatusCode::kFailedPrecondition,
                        HasSubstr("\"lm_head.weight\" is tied to \"wte\" in the model, but the "
                                  "files hold different values")));
+}
+
+// A sharded model (rows 6..9 of the embedding and its tied head, columns 2..3 of the
+// projection) reads its blocks of the whole tensors the files hold.
+TEST(HfImportTest, ALaidOutParameterReadsItsBlockOfTheWholeTensor) {
+  const std::string dir = NewTempDir("hf_blocks");
+  TinyModel source(5);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(source)) tensors.emplace_back(name, tensor);
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  torch::nn::Module part;
+  const at::Tensor wte = part.register_parameter("wte", at::zeros({4, 4}));
+  const at::Tensor w = part.register_parameter("proj_w", at::zeros({4, 2}));
+  const at::Tensor b = part.register_parameter("proj_b", at::zeros({4}));
+  part.register_buffer("scale", at::zeros({1}, at::kDouble));
+  part.register_module("lm_head", std::make_shared<TinyModel::Head>(wte));
+  ModelStateOptions options;
+  options.layouts = {{"wte", parallel::BlockLayout({10, 4}, {6, 0})},
+                     {"lm_head.weight", parallel::BlockLayout({10, 4}, {6, 0})},
+                     {"proj_w", parallel::BlockLayout({4, 4}, {0, 2})}};
+  KEEL_ASSERT_OK_AND_ASSIGN(HfImportResult result, LoadHfSafetensors(dir, part, options));
+  EXPECT_THAT(result.tied_checked, ElementsAre("lm_head.weight"));
+  EXPECT_TRUE(at::equal(wte, source.wte.narrow(0, 6, 4)));
+  EXPECT_TRUE(at::equal(w, source.w.narrow(1, 2, 2)));
+  EXPECT_TRUE(at::equal(b, source.b));
 }
 
 TEST(HfImportTest, EveryMismatchIsNamedAndNothingIsCopied) {

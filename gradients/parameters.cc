@@ -20,4 +20,14 @@ std::vector<NamedParameter> TrainableParameters(
   return parameters;
 }
 
+std::vector<NamedParameter> TrainableParameters(
+    const std::vector<torch::nn::Module*>& model_parts,
+    const std::map<std::string, parallel::TensorLayout>& layouts) {
+  std::vector<NamedParameter> parameters = TrainableParameters(model_parts);
+  for (NamedParameter& p : parameters) {
+    if (auto it = layouts.find(p.name); it != layouts.end()) p.layout = it->second;
+  }
+  return parameters;
+}
+
 }  // namespace keel::gradients

@@ -2,11 +2,12 @@
 // gradient syncs and the distributed optimizer take, so that they can work on part of a model
 // (the dense parameters over dp, the experts over expert dp) and know each one's layout.
 //
-//   std::vector<keel::gradients::NamedParameter> params = TrainableParameters({model.get()});
-//   params[0].layout = tp_layout;  // a tensor-parallel weight
+//   std::vector<keel::gradients::NamedParameter> params =
+//       TrainableParameters({model.get()}, keel::parallel::ParameterLayouts(*model));
 #ifndef KEEL_GRADIENTS_PARAMETERS_H_
 #define KEEL_GRADIENTS_PARAMETERS_H_
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ struct NamedParameter {
 // name as Python's named_parameters() gives them (a tied weight is counted once), without
 // layouts.
 std::vector<NamedParameter> TrainableParameters(const std::vector<torch::nn::Module*>& model_parts);
+
+// As above, each parameter with its layout in `layouts` by name, if any (a model's
+// parallel::ParameterLayouts); layouts of other names are ignored.
+std::vector<NamedParameter> TrainableParameters(
+    const std::vector<torch::nn::Module*>& model_parts,
+    const std::map<std::string, parallel::TensorLayout>& layouts);
 
 }  // namespace keel::gradients
 
