@@ -66,10 +66,13 @@ double UnigramEntropy() {
 }
 
 // `bazel run //tools:train` as the README promises: the default config, unchanged. The loss
-// starts at that of a uniform guess, ln 256 = 5.55 nats (the tied lm_head's N(0, 0.02) weights
-// give logits of standard deviation 0.02 * sqrt(128) = 0.23, adding about 0.03), and must end
-// below the corpus' unigram entropy (3.2 nats): the model has learnt context, not only
-// byte frequencies.
+// starts near that of a uniform guess, ln 256 = 5.55 nats: the tied lm_head's N(0, 0.02)
+// weights give logits of standard deviation 0.02 * sqrt(128) = 0.23, and through the residual
+// stream each position's logits lean towards its own byte, which text often repeats. Measured
+// on the first batch over seeds 0-39 of the initialisation: 5.51 +- 0.04 (5.41 to 5.59; the
+// default seed gives 5.44), so the test allows 0.2 around ln 256. The loss must end below the
+// corpus' unigram entropy (3.2 nats): the model has learnt context, not only byte
+// frequencies.
 TEST(TrainTest, DefaultRunLearnsMoreThanByteFrequencies) {
   const std::string run_dir = NewTempDir("default");
   SubprocessOptions options = ChildOptions(run_dir + "/stderr");
@@ -82,7 +85,7 @@ TEST(TrainTest, DefaultRunLearnsMoreThanByteFrequencies) {
 
   const std::vector<StepMetrics> metrics = Metrics(run_dir);
   ASSERT_EQ(metrics.size(), 200u);
-  EXPECT_NEAR(metrics.front().loss, std::log(256.0), 0.1);
+  EXPECT_NEAR(metrics.front().loss, std::log(256.0), 0.2);
   double last_losses = 0;
   for (size_t i = metrics.size() - 10; i < metrics.size(); ++i) last_losses += metrics[i].loss;
   last_losses /= 10;
@@ -439,7 +442,7 @@ TEST(TrainGpuTest, TrainsOnTheGpuWithNccl) {
   ASSERT_EQ(child.Wait(), 0) << child.Stderr();
   const std::vector<StepMetrics> metrics = Metrics(run_dir);
   ASSERT_EQ(metrics.size(), 24u);
-  EXPECT_NEAR(metrics.front().loss, std::log(256.0), 0.1);
+  EXPECT_NEAR(metrics.front().loss, std::log(256.0), 0.2);
   EXPECT_LT(metrics.back().loss, 4.0);
   EXPECT_THAT(LatestCheckpoint(run_dir), HasSubstr("step_0000000024"));
 }
@@ -555,7 +558,13 @@ TEST(TrainTest, ExitCodesNameTheProblem) {
       {{"--set", "data.prefix=" + garbage}, 1, garbage},
       {{"--set", "distributed.tensor_model_parallel_size=2"},
        2,
-       "distributed.tensor_model_parallel_size (2)"},
+       "world_size (1) is not divisible by tensor_model_parallel_size (2)"},
+      {{"--set", "distributed.tensor_model_parallel_size=3"},
+       2,
+       "distributed.tensor_model_parallel_size (3) must divide model.num_attention_heads (4)"},
+      {{"--set", "distributed.tensor_model_parallel_size=2", "--set", "model.ffn_hidden_size=255"},
+       2,
+       "distributed.tensor_model_parallel_size (2) must divide model.ffn_hidden_size (255)"},
       {{"--set", "distributed.order=tp-dp-dp"}, 2, "distributed"},
       {{"--set", "numerics.on_nonfinite=ignore"}, 2, "numerics.on_nonfinite"},
   };

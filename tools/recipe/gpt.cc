@@ -1,81 +1,75 @@
 #include "tools/recipe/gpt.h"
 
-#include <cmath>
-#include <memory>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "ATen/ATen.h"
-#include "torch/nn/functional/activation.h"
-#include "torch/nn/modules/linear.h"
+#include "absl/status/status.h"
+#include "c10/util/Exception.h"
+#include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::tools::recipe {
 namespace {
 
+int64_t SizeOf(c10d::ProcessGroup* tp) { return tp == nullptr ? 1 : tp->getSize(); }
+
+torch::nn::LayerNorm Norm(int64_t hidden_size) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden_size}));
+}
+
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GptOptions& options)
-      : heads_(options.num_attention_heads),
-        ln_1_(register_module(
-            "ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.hidden_size})))),
-        qkv_(register_module("qkv",
-                             torch::nn::Linear(options.hidden_size, 3 * options.hidden_size))),
-        attn_proj_(register_module("attn_proj",
-                                   torch::nn::Linear(options.hidden_size, options.hidden_size))),
-        ln_2_(register_module(
-            "ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.hidden_size})))),
-        fc_(register_module("fc", torch::nn::Linear(options.hidden_size, options.ffn_hidden_size))),
+  BlockImpl(const GptOptions& options, c10d::ProcessGroup* tp)
+      : ln_1_(register_module("ln_1", Norm(options.hidden_size))),
+        attn_(register_module("attn", parallel::ParallelSelfAttention(
+                                          options.hidden_size, options.num_attention_heads, tp))),
+        ln_2_(register_module("ln_2", Norm(options.hidden_size))),
+        fc_(register_module("fc", parallel::ColumnParallelLinear(options.hidden_size,
+                                                                 options.ffn_hidden_size, tp))),
         mlp_proj_(register_module(
-            "mlp_proj", torch::nn::Linear(options.ffn_hidden_size, options.hidden_size))) {}
+            "mlp_proj",
+            parallel::RowParallelLinear(options.ffn_hidden_size, options.hidden_size, tp))) {}
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
-    const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
-    const int64_t head_dim = hidden / heads_;
-    std::vector<at::Tensor> qkv = qkv_->forward(ln_1_->forward(x)).chunk(3, /*dim=*/-1);
-    auto heads = [&](const at::Tensor& t) {
-      return t.view({batch, seq, heads_, head_dim}).transpose(1, 2);
-    };
-    at::Tensor scores = at::matmul(heads(qkv[0]), heads(qkv[1]).transpose(-2, -1)) /
-                        std::sqrt(static_cast<double>(head_dim));
-    scores = scores.masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
-    at::Tensor attended = at::matmul(at::softmax(scores, -1), heads(qkv[2]));
-    attended = attended.transpose(1, 2).contiguous().view({batch, seq, hidden});
-    at::Tensor h = x + attn_proj_->forward(attended);
+    const at::Tensor h = x + attn_->forward(ln_1_->forward(x), causal_mask);
     return h + mlp_proj_->forward(at::gelu(fc_->forward(ln_2_->forward(h))));
   }
 
  private:
-  int64_t heads_;
   torch::nn::LayerNorm ln_1_;
-  torch::nn::Linear qkv_;
-  torch::nn::Linear attn_proj_;
+  parallel::ParallelSelfAttention attn_;
   torch::nn::LayerNorm ln_2_;
-  torch::nn::Linear fc_;
-  torch::nn::Linear mlp_proj_;
+  parallel::ColumnParallelLinear fc_;
+  parallel::RowParallelLinear mlp_proj_;
 };
 
 TORCH_MODULE(Block);
 
-// The output projection, holding the embedding's weight itself (a tie, not a copy).
-class LmHeadImpl : public torch::nn::Module {
+// The output projection, holding the embedding's weight itself (a tie, not a copy), with its
+// layout.
+class LmHeadImpl : public torch::nn::Module, public parallel::LaidOut {
  public:
-  explicit LmHeadImpl(const at::Tensor& tied) { register_parameter("weight", tied); }
+  explicit LmHeadImpl(parallel::VocabParallelEmbedding tied) : tied_(std::move(tied)) {
+    register_parameter("weight", tied_->weight());
+  }
+  std::map<std::string, parallel::TensorLayout> LocalLayouts() const override {
+    return tied_->LocalLayouts();
+  }
+
+ private:
+  parallel::VocabParallelEmbedding tied_;
 };
 
 TORCH_MODULE(LmHead);
 
-}  // namespace
-
-GptImpl::GptImpl(const GptOptions& options) : options_(options) {
-  wte_ = register_module("wte", torch::nn::Embedding(options.vocab_size, options.hidden_size));
-  wpe_ = register_module("wpe",
-                         torch::nn::Embedding(options.max_sequence_length, options.hidden_size));
-  blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < options.num_layers; ++i) blocks_->push_back(Block(options));
-  ln_f_ = register_module("ln_f",
-                          torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.hidden_size})));
-  // GPT-2's initialisation: N(0, 0.02) for embeddings and projection weights, zero biases
-  // (LayerNorms keep their ones and zeros).
+// GPT-2's initialisation, in named_parameters() order: N(0, 0.02) for embeddings and projection
+// weights, zero biases; LayerNorms keep their ones and zeros.
+void InitialiseLikeGpt2(torch::nn::Module& model) {
   at::NoGradGuard no_grad;
-  for (auto& parameter : named_parameters()) {
+  for (auto& parameter : model.named_parameters()) {
     if (parameter.key().find("ln_") != std::string::npos) continue;
     if (parameter.key().find(".bias") != std::string::npos) {
       parameter.value().zero_();
@@ -83,8 +77,40 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
       parameter.value().normal_(0.0, 0.02);
     }
   }
-  lm_head_weight_ = wte_->weight;
-  register_module("lm_head", LmHead(lm_head_weight_));
+}
+
+}  // namespace
+
+int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size) {
+  const int64_t multiple = options.make_vocab_size_divisible_by * tp_size;
+  return (options.vocab_size + multiple - 1) / multiple * multiple;
+}
+
+GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp)
+    : GptImpl(options, tp, PaddedVocabSize(options, SizeOf(tp))) {}
+
+GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size)
+    : tp_(tp) {
+  // The layers allocate zeros and draw nothing: the generator's draws are GPT-2's
+  // initialisation alone, the same at every tensor-parallel size.
+  wte_ = register_module(
+      "wte", parallel::VocabParallelEmbedding(padded_vocab_size, options.hidden_size, tp));
+  // The positions are not split: an embedding with no group.
+  wpe_ = register_module("wpe", parallel::VocabParallelEmbedding(options.max_sequence_length,
+                                                                 options.hidden_size, nullptr));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < options.num_layers; ++i) blocks_->push_back(Block(options, tp));
+  ln_f_ = register_module("ln_f", Norm(options.hidden_size));
+  if (SizeOf(tp) == 1) {
+    InitialiseLikeGpt2(*this);
+  } else {
+    // Megatron's master-weight path: the whole model's weights (with this model's padded
+    // vocabulary), this rank's slice of them.
+    const GptImpl whole(options, nullptr, padded_vocab_size);
+    const absl::Status copied = parallel::CopyFromWholeModel(*this, whole);
+    TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
+  }
+  register_module("lm_head", LmHead(wte_));
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {
@@ -94,7 +120,16 @@ at::Tensor GptImpl::forward(const at::Tensor& tokens) {
   const at::Tensor causal_mask =
       at::ones({seq, seq}, tokens.options().dtype(at::kBool)).triu(/*diagonal=*/1);
   for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x, causal_mask);
-  return at::linear(ln_f_->forward(x), lm_head_weight_);
+  // A column-parallel lm_head: the hidden states go whole to every rank's vocabulary slice.
+  return at::linear(parallel::CopyToTensorParallelRegion(ln_f_->forward(x), tp_), wte_->weight());
+}
+
+at::Tensor GptImpl::TokenLosses(const at::Tensor& tokens, const at::Tensor& labels) {
+  return parallel::VocabParallelCrossEntropy(forward(tokens), labels, tp_);
+}
+
+std::map<std::string, parallel::TensorLayout> GptImpl::Layouts() const {
+  return parallel::ParameterLayouts(*this);
 }
 
 }  // namespace keel::tools::recipe

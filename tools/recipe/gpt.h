@@ -1,28 +1,44 @@
 // The trainer's default model: a small GPT-style decoder-only transformer (pre-LayerNorm
 // blocks of causal self-attention and a GELU MLP, learned positions) whose lm_head shares its
-// weight with the input embedding, so the tied-weight checkpoint path is exercised.
+// weight with the input embedding, so the tied-weight checkpoint path is exercised. It is
+// built from Megatron-style tensor-parallel layers (parallel/tensor_parallel): over a
+// tensor-parallel group of N ranks each holds 1/N of the heads, of the MLP and of the
+// (padded) vocabulary, and computes what the model on one rank computes. Whatever the group,
+// the weights are those of the model on one rank after the same seed, sliced.
 //
 //   keel::tools::recipe::GptOptions options;  // config.proto's model section
-//   keel::tools::recipe::Gpt model(options);
-//   at::Tensor logits = model->forward(tokens);  // [batch, seq] int64 -> [batch, seq, vocab]
+//   torch::manual_seed(seed);
+//   keel::tools::recipe::Gpt model(options, tp);  // tp: nullptr for one rank
+//   at::Tensor losses = model->TokenLosses(tokens, labels);  // [batch, seq]
 #ifndef KEEL_TOOLS_RECIPE_GPT_H_
 #define KEEL_TOOLS_RECIPE_GPT_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "ATen/core/Tensor.h"
 #include "base/fields.h"
+#include "parallel/layout.h"
+#include "parallel/tensor_parallel/layers.h"
 #include "torch/nn/module.h"
 #include "torch/nn/modules/container/modulelist.h"
-#include "torch/nn/modules/embedding.h"
 #include "torch/nn/modules/normalization.h"
 #include "torch/nn/pimpl.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
 
 namespace keel::tools::recipe {
 
 struct GptOptions {
   // Tokens of the vocabulary (256 for bytes). Default: 256.
   int64_t vocab_size = 256;
+  // The embedding and the lm_head hold the vocabulary rounded up to a multiple of this times
+  // the tensor-parallel size, as Megatron's make_vocab_size_divisible_by (the padding rows are
+  // trained like the others; no label names them). Default: 128, Megatron's.
+  int64_t make_vocab_size_divisible_by = 128;
   // Width of the residual stream. Default: 128.
   int64_t hidden_size = 128;
   int64_t num_layers = 4;
@@ -40,27 +56,46 @@ void VisitFields(O& o, V&& v) {
   v("num_layers", o.num_layers);
   v("num_attention_heads", o.num_attention_heads);
   v("ffn_hidden_size", o.ffn_hidden_size);
+  v("make_vocab_size_divisible_by", o.make_vocab_size_divisible_by);
 }
+
+// The rows of the embedding at tensor-parallel size `tp_size`: vocab_size rounded up to a
+// multiple of make_vocab_size_divisible_by x tp_size (Megatron's _vocab_size_with_padding).
+int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size);
 
 class GptImpl : public torch::nn::Module {
  public:
-  // Requires: hidden_size divisible by num_attention_heads, all sizes positive (checked by
-  // the caller's config validation).
-  explicit GptImpl(const GptOptions& options);
+  // Draws the weights of the model on one rank from the default generator (GPT-2's
+  // initialisation: N(0, 0.02) for embeddings and projection weights, zero biases, LayerNorms
+  // at (1, 0)) and keeps this rank's slice of them. Requires: all sizes positive; tp's size
+  // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size (checked by
+  // the caller's config validation); `tp` (nullptr: one rank) outlives the model.
+  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp);
 
-  // Logits for every position of `tokens` ([batch, seq], seq <= max_sequence_length).
+  // This rank's slice of the logits for every position of `tokens` ([batch, seq] int64,
+  // seq <= max_sequence_length): [batch, seq, padded vocabulary / tp].
   at::Tensor forward(const at::Tensor& tokens);
 
+  // The cross-entropy of predicting `labels` ([batch, seq]) at every position, [batch, seq],
+  // equal on every rank of the group (parallel::VocabParallelCrossEntropy).
+  // Collective over `tp`, forward and backward (see parallel/tensor_parallel/mappings.h).
+  at::Tensor TokenLosses(const at::Tensor& tokens, const at::Tensor& labels);
+
+  // The layouts of this rank's sharded parameters, by name (empty on one rank).
+  std::map<std::string, parallel::TensorLayout> Layouts() const;
+
   // lm_head.weight: the same tensor as wte.weight.
-  const at::Tensor& lm_head_weight() const { return lm_head_weight_; }
+  const at::Tensor& lm_head_weight() const { return wte_->weight(); }
 
  private:
-  GptOptions options_;
-  torch::nn::Embedding wte_{nullptr};
-  torch::nn::Embedding wpe_{nullptr};
+  // The model with `padded_vocab_size` rows of vocabulary.
+  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size);
+
+  c10d::ProcessGroup* tp_;
+  parallel::VocabParallelEmbedding wte_{nullptr};
+  parallel::VocabParallelEmbedding wpe_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm ln_f_{nullptr};
-  at::Tensor lm_head_weight_;
 };
 
 TORCH_MODULE(Gpt);

@@ -1,9 +1,19 @@
 #include "tools/recipe/gpt.h"
 
+#include <array>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ATen/ATen.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/layout.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
 #include "torch/utils.h"
 
 namespace keel::tools::recipe {
@@ -21,7 +31,7 @@ GptOptions Small() {
 
 TEST(GptTest, LmHeadIsTheInputEmbeddingItself) {
   torch::manual_seed(0);
-  Gpt model(Small());
+  Gpt model(Small(), nullptr);
   const auto parameters = model->named_parameters();
   ASSERT_TRUE(parameters.contains("lm_head.weight"));
   ASSERT_TRUE(parameters.contains("wte.weight"));
@@ -34,7 +44,7 @@ TEST(GptTest, LmHeadIsTheInputEmbeddingItself) {
 
 TEST(GptTest, LogitsHaveTheVocabularyAndDependOnlyOnEarlierTokens) {
   torch::manual_seed(0);
-  Gpt model(Small());
+  Gpt model(Small(), nullptr);
   const at::Tensor tokens = at::randint(256, {2, 12}, at::kLong);
   const at::Tensor logits = model->forward(tokens);
   EXPECT_EQ(logits.sizes(), (at::IntArrayRef{2, 12, 256}));
@@ -50,7 +60,7 @@ TEST(GptTest, LogitsHaveTheVocabularyAndDependOnlyOnEarlierTokens) {
 // biases at 0.
 TEST(GptTest, InitialisesLikeGpt2) {
   torch::manual_seed(0);
-  Gpt model(Small());
+  Gpt model(Small(), nullptr);
   for (const auto& parameter : model->named_parameters()) {
     SCOPED_TRACE(parameter.key());
     const std::string& name = parameter.key();
@@ -66,6 +76,96 @@ TEST(GptTest, InitialisesLikeGpt2) {
       EXPECT_NEAR(value.mean().item<double>(), 0.0, 0.004);
     }
   }
+}
+
+TEST(GptTest, PadsTheVocabularyAsMegatron) {
+  GptOptions options;
+  for (const auto& [vocab, divisible_by, tp, padded] :
+       std::vector<std::array<int64_t, 4>>{{256, 128, 1, 256},
+                                           {256, 128, 2, 256},
+                                           {300, 128, 1, 384},
+                                           {300, 128, 2, 512},
+                                           {300, 1, 1, 300},
+                                           {301, 1, 2, 302},
+                                           {50257, 128, 8, 51200}}) {
+    options.vocab_size = vocab;
+    options.make_vocab_size_divisible_by = divisible_by;
+    EXPECT_EQ(PaddedVocabSize(options, tp), padded) << vocab << " " << divisible_by << " " << tp;
+  }
+}
+
+// This rank's block of `whole` (all of it without a layout).
+at::Tensor Slice(const at::Tensor& whole,
+                 const std::map<std::string, parallel::TensorLayout>& layouts,
+                 const std::string& name, at::IntArrayRef shape) {
+  auto it = layouts.find(name);
+  return it == layouts.end() ? whole : parallel::BlockOf(whole, it->second, shape);
+}
+
+// The layout must not change the numbers: on 2 ranks each holds exactly its slice of the
+// one-rank model's weights, and computes that model's losses and, slice for slice, gradients.
+TEST(GptTest, TwoTensorParallelRanksComputeTheOneRankModel) {
+  GptOptions options = Small();
+  options.num_layers = 1;
+  torch::manual_seed(5);
+  Gpt whole(options, nullptr);
+  const at::Tensor tokens = at::randint(256, {2, 10}, at::kLong);
+  const at::Tensor labels = tokens.roll(-1, 1);
+  const at::Tensor whole_losses = whole->TokenLosses(tokens, labels);
+  whole_losses.sum().backward();
+  std::mutex generator;  // the ranks are threads sharing the default generator
+  std::vector<std::vector<std::string>> differing(2);
+  KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+    std::optional<Gpt> model;
+    {
+      std::lock_guard<std::mutex> lock(generator);
+      torch::manual_seed(5);
+      model.emplace(options, r.group.get());
+    }
+    const std::map<std::string, parallel::TensorLayout> layouts = (*model)->Layouts();
+    const at::Tensor losses = (*model)->TokenLosses(tokens, labels);
+    losses.sum().backward();
+    if (!at::allclose(losses, whole_losses, /*rtol=*/1e-6, /*atol=*/0)) {
+      differing[r.rank].push_back("losses");
+    }
+    const auto expected = whole->named_parameters();
+    for (const auto& item : (*model)->named_parameters()) {
+      const at::IntArrayRef shape = item.value().sizes();
+      if (!at::equal(item.value(), Slice(expected[item.key()], layouts, item.key(), shape))) {
+        differing[r.rank].push_back(item.key() + " (weights)");
+      }
+      if (!at::allclose(item.value().grad(),
+                        Slice(expected[item.key()].grad(), layouts, item.key(), shape),
+                        /*rtol=*/1e-4, /*atol=*/1e-7)) {
+        differing[r.rank].push_back(item.key() + " (gradient)");
+      }
+    }
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(differing[0], ::testing::IsEmpty());
+  EXPECT_THAT(differing[1], ::testing::IsEmpty());
+}
+
+TEST(GptTest, LaysOutTheHeadsTheMlpAndTheTiedVocabulary) {
+  KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+    GptOptions options = Small();
+    options.num_layers = 1;
+    Gpt model(options, r.group.get());
+    const std::map<std::string, parallel::TensorLayout> layouts = model->Layouts();
+    std::vector<std::string> names;
+    for (const auto& [name, layout] : layouts) names.push_back(name);
+    EXPECT_THAT(names, ::testing::ElementsAre("blocks.0.attn.proj.weight", "blocks.0.attn.qkv.bias",
+                                              "blocks.0.attn.qkv.weight", "blocks.0.fc.bias",
+                                              "blocks.0.fc.weight", "blocks.0.mlp_proj.weight",
+                                              "lm_head.weight", "wte.weight"));
+    EXPECT_EQ(layouts.at("wte.weight").global_shape, (std::vector<int64_t>{256, 32}));
+    EXPECT_EQ(layouts.at("wte.weight").offsets, (std::vector<int64_t>{128 * r.rank, 0}));
+    EXPECT_EQ(layouts.at("lm_head.weight").offsets, layouts.at("wte.weight").offsets);
+    EXPECT_EQ(layouts.at("blocks.0.attn.qkv.weight").offsets,
+              (std::vector<int64_t>{48 * r.rank, 0}));  // heads 0-1, then 2-3: 2 x 3 x 8 rows
+    EXPECT_TRUE(model->lm_head_weight().is_same(model->named_parameters()["lm_head.weight"]));
+    return absl::OkStatus();
+  }));
 }
 
 }  // namespace

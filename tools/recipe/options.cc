@@ -29,11 +29,13 @@ absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
   options.pretrained_path = config.model().pretrained_path();
   options.model.max_sequence_length = options.data.dataset.sequence_length;
   const GptOptions& m = options.model;
-  for (auto [field, value] : {std::pair{"model.vocab_size", m.vocab_size},
-                              {"model.hidden_size", m.hidden_size},
-                              {"model.num_layers", m.num_layers},
-                              {"model.num_attention_heads", m.num_attention_heads},
-                              {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
+  for (auto [field, value] :
+       {std::pair{"model.vocab_size", m.vocab_size},
+        {"model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
+        {"model.hidden_size", m.hidden_size},
+        {"model.num_layers", m.num_layers},
+        {"model.num_attention_heads", m.num_attention_heads},
+        {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
     KEEL_RETURN_IF_ERROR(Require(value > 0, field, value, "must be > 0"));
   }
   return Require(
@@ -58,8 +60,7 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
 // checkpoints, the data-parallel coordinates) is general.
 absl::Status RefuseModelParallelism(const parallel::ModelParallelOptions& p) {
   for (const auto& [field, size] :
-       {std::pair{"tensor_model_parallel_size", std::optional(p.tensor_model_parallel_size)},
-        {"pipeline_model_parallel_size", std::optional(p.pipeline_model_parallel_size)},
+       {std::pair{"pipeline_model_parallel_size", std::optional(p.pipeline_model_parallel_size)},
         {"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
         {"context_parallel_size", std::optional(p.context_parallel_size)},
         {"expert_model_parallel_size", std::optional(p.expert_model_parallel_size)},
@@ -67,8 +68,8 @@ absl::Status RefuseModelParallelism(const parallel::ModelParallelOptions& p) {
     if (size.value_or(1) == 1) continue;
     return absl::InvalidArgumentError(
         absl::StrCat("distributed.", field, " (", *size,
-                     "): the trainer's model runs data-parallel only for "
-                     "now; allowed: 1"));
+                     "): the trainer's model runs data- and tensor-parallel only for now; "
+                     "allowed: 1"));
   }
   return absl::OkStatus();
 }
@@ -155,11 +156,12 @@ std::string Working(int64_t limit, Fits fits) {
   return sizes.empty() ? "none" : absl::StrJoin(sizes, ", ");
 }
 
-// The fields a resume cannot change: the model's shapes and vocabulary.
+// The fields a resume cannot change: the model's shapes and vocabulary, and how its fused
+// qkv weight is laid out (checkpoints before tensor parallelism have none).
 constexpr const char* kModelShapeFields[] = {
-    "model.vocab_size",          "model.hidden_size",     "model.num_layers",
-    "model.num_attention_heads", "model.ffn_hidden_size", "model.max_sequence_length",
-    "data.sequence_length",
+    "model.vocab_size",          "model.padded_vocab_size", "model.hidden_size",
+    "model.num_layers",          "model.num_attention_heads", "model.ffn_hidden_size",
+    "model.max_sequence_length", "model.qkv_rows",          "data.sequence_length",
 };
 
 // Adds "<prefix><key>" lines for every leaf where `saved` and `current` differ.
@@ -181,6 +183,24 @@ void Diff(const base::Json& saved, const base::Json& current, const std::string&
       field, absl::StrCat(field, ": ", text(saved), " in the checkpoint, ", text(current), " now"));
 }
 
+// The tensor-parallel size splits the attention heads and the MLP evenly (the vocabulary is
+// padded to fit).
+absl::Status CheckTensorParallelModel(const TrainOptions& options) {
+  const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
+  const GptOptions& m = options.model;
+  KEEL_RETURN_IF_ERROR(
+      Require(tp > 0, "distributed.tensor_model_parallel_size", tp, "must be > 0"));
+  for (auto [field, value] : {std::pair{"model.num_attention_heads", m.num_attention_heads},
+                              {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
+    if (value % tp == 0) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed.tensor_model_parallel_size (", tp, ") must divide ", field, " (",
+                     value, "): each tensor-parallel rank holds an equal share; sizes that do: ",
+                     Working(value, [value](int64_t n) { return value % n == 0; })));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool AbslParseFlag(absl::string_view text, NonFinitePolicy* out, std::string* error) {
@@ -194,6 +214,9 @@ std::string AbslUnparseFlag(NonFinitePolicy policy) {
 base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json model = base::WriteJsonFields(options.model);
   model["max_sequence_length"] = options.model.max_sequence_length;
+  model["padded_vocab_size"] =
+      PaddedVocabSize(options.model, options.distributed.parallel.tensor_model_parallel_size);
+  model["qkv_rows"] = "q, k, v of each head in turn";
   model["pretrained_path"] = options.pretrained_path;
   base::Json data = base::WriteJsonFields(options.data.dataset);
   data["prefix"] = options.data.prefix;
@@ -258,6 +281,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   options.checkpoint.checkpoint_dir = base::JoinPath(options.run_dir, "checkpoints");
   KEEL_RETURN_IF_ERROR(CopyFields(config.checkpoint(), options.checkpoint));
   KEEL_RETURN_IF_ERROR(ReadDistributed(config.distributed(), options.distributed));
+  KEEL_RETURN_IF_ERROR(CheckTensorParallelModel(options));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
   return options;

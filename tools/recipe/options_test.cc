@@ -92,9 +92,19 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.backend=mpi"}, "distributed.backend \"mpi\" is not one of \"gloo\", \"nccl\""},
       {{"distributed.timeout_seconds=0"}, "distributed.timeout_seconds (0) must be > 0"},
       {{"logging.log_every_steps=0"}, "logging.log_every_steps (0) must be > 0"},
-      {{"distributed.tensor_model_parallel_size=2"},
-       "distributed.tensor_model_parallel_size (2): the trainer's model runs data-parallel only "
-       "for now; allowed: 1"},
+      {{"distributed.pipeline_model_parallel_size=2"},
+       "distributed.pipeline_model_parallel_size (2): the trainer's model runs data- and "
+       "tensor-parallel only for now; allowed: 1"},
+      {{"distributed.tensor_model_parallel_size=3"},
+       "distributed.tensor_model_parallel_size (3) must divide model.num_attention_heads (4): "
+       "each tensor-parallel rank holds an equal share; sizes that do: 1, 2, 4"},
+      {{"distributed.tensor_model_parallel_size=4", "model.ffn_hidden_size=6"},
+       "distributed.tensor_model_parallel_size (4) must divide model.ffn_hidden_size (6): each "
+       "tensor-parallel rank holds an equal share; sizes that do: 1, 2, 3, 6"},
+      {{"distributed.tensor_model_parallel_size=0"},
+       "distributed.tensor_model_parallel_size (0) must be > 0"},
+      {{"model.make_vocab_size_divisible_by=0"},
+       "model.make_vocab_size_divisible_by (0) must be > 0"},
       {{"distributed.expert_model_parallel_size=4"}, "distributed.expert_model_parallel_size (4)"},
       {{"distributed.virtual_pipeline_model_parallel_size=2"},
        "distributed.virtual_pipeline_model_parallel_size (2)"},

@@ -17,6 +17,7 @@
 #include "base/files.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "c10/util/accumulate.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/model_state.h"
@@ -27,6 +28,8 @@
 #include "gradients/norm_check.h"
 #include "optim/data_parallel_optimizer.h"
 #include "optim/param_scheduler.h"
+#include "parallel/device_mesh.h"
+#include "parallel/tensor_parallel/mappings.h"
 #include "sampling/megatron_sampler.h"
 #include "sampling/resumable_blend.h"
 #include "scheduling/step_scheduler.h"
@@ -53,15 +56,10 @@ double NowSeconds() {
 }
 
 // The summed cross-entropy of next-token prediction over the labels of `batch` that count.
+// Collective over the tensor-parallel group (forward and backward).
 at::Tensor SummedTokenLoss(Gpt& model, const TokenBatch& batch) {
-  const at::Tensor logits = model->forward(batch.inputs);
-  const at::Tensor flat = logits.reshape({-1, logits.size(-1)});
-  if (!batch.loss_mask.defined()) {
-    return at::cross_entropy_loss(flat, batch.labels.reshape({-1}), {}, at::Reduction::Sum);
-  }
-  const at::Tensor losses =
-      at::cross_entropy_loss(flat, batch.labels.reshape({-1}), {}, at::Reduction::None);
-  return (losses * batch.loss_mask.reshape({-1})).sum();
+  const at::Tensor losses = model->TokenLosses(batch.inputs, batch.labels);
+  return batch.loss_mask.defined() ? (losses * batch.loss_mask).sum() : losses.sum();
 }
 
 // Labels of `batch` that count.
@@ -137,6 +135,8 @@ class Run::State {
   Clock::duration gradient_wait{};
   // Label tokens since the last progress line, and when it was.
   Clock::time_point loop_start;
+  // parallel::TensorParallelCollectiveSeconds() when the loop started.
+  double tensor_parallel_start = 0.0;
   Clock::time_point interval_start;
   int64_t interval_tokens = 0;
 
@@ -185,18 +185,19 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
 }
 
 // The model (initialised on the CPU from the default generator, seeded here, so every device
-// starts from the same weights), AdamW with the data-parallel sync, and the LR schedule.
+// and every tensor-parallel size starts from the same weights), AdamW with the data-parallel
+// sync over the parameters' layouts, and the LR schedule.
 absl::Status Run::BuildModel() {
   State& s = *state_;
   torch::manual_seed(options_.seed);
-  s.model.emplace(options_.model);
+  s.model.emplace(options_.model, runtime_.tp_group);
   (*s.model)->to(runtime_.device);
   optim::DataParallelOptimizerOptions optimizer_options;
   optimizer_options.use_distributed_optimizer = options_.distributed.use_distributed_optimizer;
   KEEL_ASSIGN_OR_RETURN(s.optimizer,
                         optim::DataParallelOptimizer::Create(
-                            gradients::TrainableParameters({s.model->get()}), runtime_.group,
-                            AdamW(options_.optimizer), optimizer_options));
+                            gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts()),
+                            runtime_.group, AdamW(options_.optimizer), optimizer_options));
   KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
                                                                       s.optimizer->optimizer()));
   return absl::OkStatus();
@@ -207,6 +208,7 @@ absl::Status Run::BuildCheckpointing() {
   State& s = *state_;
   checkpoint::ModelStateOptions model_state_options;
   model_state_options.model_save_format = options_.checkpoint.model_save_format;
+  model_state_options.layouts = (*s.model)->Layouts();
   s.model_state = std::make_unique<checkpoint::ModelState>(**s.model, model_state_options);
   KEEL_ASSIGN_OR_RETURN(s.optim_state,
                         checkpoint::OptimizerState::Create(*s.optimizer, &*s.lr_scheduler));
@@ -342,6 +344,7 @@ absl::Status Run::LoadPretrained() {
   if (options_.pretrained_path.empty()) return absl::OkStatus();
   checkpoint::ModelStateOptions layout;
   layout.model_save_format = options_.checkpoint.model_save_format;
+  layout.layouts = (*state_->model)->Layouts();
   absl::StatusOr<checkpoint::HfImportResult> loaded =
       checkpoint::LoadHfSafetensors(options_.pretrained_path, **state_->model, layout);
   KEEL_RETURN_IF_ERROR(AgreeOverRanks(base::Annotate(loaded.status(), "model.pretrained_path"),
@@ -363,7 +366,7 @@ absl::Status Run::ResetState() {
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
-  Gpt fresh(options_.model);
+  Gpt fresh(options_.model, runtime_.tp_group);
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
     at::NoGradGuard no_grad;
     auto live = (*s.model)->named_parameters();
@@ -390,8 +393,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
     batches.push_back(std::move(batch));
   }
   at::Tensor global_tokens = at::full({1}, local_tokens, at::kLong);
-  KEEL_RETURN_IF_ERROR(
-      ReduceOverRanks(global_tokens, base::Reduce::kSum, runtime_, "label-token count"));
+  KEEL_RETURN_IF_ERROR(SumOverData(global_tokens, runtime_, "label-token count"));
   StepOutput output;
   output.label_tokens = global_tokens.item<int64_t>();
   const double label_tokens = static_cast<double>(output.label_tokens);
@@ -401,16 +403,21 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   for (size_t i = 0; i < batches.size(); ++i) {
     if (i + 1 == batches.size()) s.optimizer->PrepareForFinalBackward();
     if (!batches[i].defined()) continue;
-    const at::Tensor loss = SummedTokenLoss(*s.model, batches[i]);
-    loss_sum += loss.item<double>();
-    // Gradients are averaged over the data-parallel ranks: scale so they sum to d(mean loss).
-    (loss * (static_cast<double>(runtime_.dp_size) / label_tokens)).backward();
+    KEEL_RETURN_IF_ERROR(base::CallTorch(
+        absl::StatusCode::kInternal, absl::StrCat("micro-batch ", i + 1, "'s forward and backward"),
+        [&] {
+          const at::Tensor loss = SummedTokenLoss(*s.model, batches[i]);
+          loss_sum += loss.item<double>();
+          // Gradients are averaged over the data-parallel ranks: scale so they sum to
+          // d(mean loss).
+          (loss * (static_cast<double>(runtime_.dp_size) / label_tokens)).backward();
+        }));
   }
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
   KEEL_RETURN_IF_ERROR(CheckNorm(grad_norm.item<double>()));
   at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
-  KEEL_RETURN_IF_ERROR(ReduceOverRanks(step_loss, base::Reduce::kSum, runtime_, "step loss"));
+  KEEL_RETURN_IF_ERROR(SumOverData(step_loss, runtime_, "step loss"));
   output.loss = step_loss.item<double>() / label_tokens;
   output.grad_norm = grad_norm.item<double>();
 
@@ -465,7 +472,9 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
     KEEL_ASSIGN_OR_RETURN(TokenBatch batch, splits.Batch(indices, /*validation=*/true));
     if (batch.defined()) {
       batch = batch.To(runtime_.device);
-      loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
+      KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "validation forward", [&] {
+        loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
+      }));
       tokens += LabelTokens(batch);
     }
     if (s.scheduler->PollPreemption()) {
@@ -477,7 +486,7 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
     }
   }
   at::Tensor totals = at::tensor({loss_sum, static_cast<double>(tokens)}, at::kDouble);
-  KEEL_RETURN_IF_ERROR(ReduceOverRanks(totals, base::Reduce::kSum, runtime_, "validation loss"));
+  KEEL_RETURN_IF_ERROR(SumOverData(totals, runtime_, "validation loss"));
   const double total_tokens = totals[1].item<double>();
   return total_tokens > 0 ? totals[0].item<double>() / total_tokens
                           : std::numeric_limits<double>::quiet_NaN();
@@ -494,13 +503,17 @@ absl::Status Run::OpenOutputs() {
         s.tensorboard,
         TensorBoardWriter::Create(base::JoinPath(options_.run_dir, "tensorboard"), NowSeconds()));
   }
-  const std::vector<gradients::NamedParameter> trainable =
-      gradients::TrainableParameters({s.model->get()});
-  int64_t parameters = 0;
-  for (const auto& p : trainable) parameters += p.param.numel();
-  *runtime_.log << "model: " << trainable.size() << " tensors, " << parameters << " parameters, "
-                << s.optimizer->Describe() << "; " << s.data.splits.train_size() << " training and "
-                << s.data.splits.val_size() << " validation windows of "
+  const std::vector<gradients::NamedParameter>& trainable = s.optimizer->parameters();
+  int64_t parameters = 0;  // of the whole model
+  for (const auto& p : trainable) {
+    parameters += p.layout ? c10::multiply_integers(p.layout->global_shape) : p.param.numel();
+  }
+  const int tp = runtime_.mesh == nullptr ? 1 : runtime_.mesh->GroupSize(parallel::GroupKind::kTp);
+  *runtime_.log << "model: " << trainable.size() << " tensors, " << parameters << " parameters"
+                << (tp > 1 ? absl::StrCat(" (1/", tp, " of most on each tensor-parallel rank)")
+                           : "")
+                << ", " << s.optimizer->Describe() << "; " << s.data.splits.train_size()
+                << " training and " << s.data.splits.val_size() << " validation windows of "
                 << options_.data.dataset.sequence_length << " tokens; " << s.scheduler->max_steps()
                 << " steps of " << options_.step_scheduler.global_batch_size << " samples ("
                 << s.scheduler->grad_acc_steps() << " micro-batches of "
@@ -557,6 +570,7 @@ absl::Status Run::Loop() {
   Scheduler& scheduler = *s.scheduler;
   KEEL_RETURN_IF_ERROR(OpenOutputs());
   s.loop_start = s.interval_start = Clock::now();
+  s.tensor_parallel_start = parallel::TensorParallelCollectiveSeconds();
   result_.final_loss = std::numeric_limits<double>::quiet_NaN();
   for (int64_t epoch : scheduler.Epochs()) {
     scheduler.SetEpoch(epoch);
@@ -591,6 +605,8 @@ absl::StatusOr<TrainResult> Run::Finish() {
   result_.loop_seconds = Seconds(Clock::now() - s.loop_start);
   result_.bookkeeping_seconds = Seconds(s.bookkeeping);
   result_.gradient_wait_seconds = Seconds(s.gradient_wait);
+  result_.tensor_parallel_seconds =
+      parallel::TensorParallelCollectiveSeconds() - s.tensor_parallel_start;
   if (runtime_.rank != 0) return result_;
   std::ostream& log = *runtime_.log;
   if (s.checkpointer->last_saved()) log << "checkpoint: " << *s.checkpointer->last_saved() << "\n";
@@ -601,7 +617,12 @@ absl::StatusOr<TrainResult> Run::Finish() {
   log << (result_.preempted ? "preempted" : "done") << " at step " << result_.final_step
       << "; bookkeeping " << 100.0 * result_.bookkeeping_seconds / result_.loop_seconds << "% of "
       << result_.loop_seconds << " s; waiting for gradients "
-      << 100.0 * result_.gradient_wait_seconds / result_.loop_seconds << "%\n";
+      << 100.0 * result_.gradient_wait_seconds / result_.loop_seconds << "%";
+  if (result_.tensor_parallel_seconds > 0) {
+    log << "; tensor-parallel collectives "
+        << 100.0 * result_.tensor_parallel_seconds / result_.loop_seconds << "%";
+  }
+  log << "\n";
   return result_;
 }
 

@@ -38,6 +38,9 @@ struct TrainResult {
   // Seconds of the loop spent waiting, after the backward passes, for the data-parallel
   // gradient reduction (what backward did not overlap); 0 on one rank.
   double gradient_wait_seconds = 0.0;
+  // Seconds of the loop spent in the tensor-parallel collectives (forward and backward,
+  // validation included); 0 without tensor parallelism.
+  double tensor_parallel_seconds = 0.0;
 };
 
 // What one optimizer step computed.

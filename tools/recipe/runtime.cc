@@ -15,6 +15,11 @@ absl::Status ReduceOverRanks(at::Tensor& tensor, base::Reduce op, const TrainRun
   return base::AllReduce(tensor, op, *runtime.control_group, what);
 }
 
+absl::Status SumOverData(at::Tensor& tensor, const TrainRuntime& runtime, absl::string_view what) {
+  if (runtime.data_group == nullptr) return absl::OkStatus();
+  return base::AllReduce(tensor, base::Reduce::kSum, *runtime.data_group, what);
+}
+
 absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                             absl::string_view what) {
   return base::AgreeOnStatus(status, runtime.control_group, what);
@@ -47,7 +52,9 @@ void ProcessGroups::Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime
   // Megatron's DDP reduces dense gradients over dp with cp (get_data_parallel_group(
   // with_context_parallel=True)).
   runtime.group = mesh_.Group(parallel::GroupKind::kDpCp);
+  runtime.tp_group = mesh_.Group(parallel::GroupKind::kTp);
   runtime.control_group = mesh_.control_group();
+  runtime.data_group = mesh_.GlooGroup(parallel::GroupKind::kDp);
   runtime.checkpoint_group = mesh_.checkpoint_group();
 }
 

@@ -44,9 +44,15 @@ struct TrainRuntime {
   // The data-parallel group for tensors on `device` (gradient sync); nullptr for a single
   // process.
   c10d::ProcessGroup* group = nullptr;
-  // A CPU (Gloo) group over the same ranks for host scalars: token counts, losses, the
-  // preemption flag. With Gloo training it is `group` itself; nullptr for a single process.
+  // The tensor-parallel group for tensors on `device` (the model's layers); nullptr for a
+  // single process.
+  c10d::ProcessGroup* tp_group = nullptr;
+  // A CPU (Gloo) group of all ranks for host scalars: the preemption flag, agreement on
+  // errors. nullptr for a single process.
   c10d::ProcessGroup* control_group = nullptr;
+  // A CPU (Gloo) group of the data-parallel ranks, for sums over the data (label tokens,
+  // losses), which every tensor-parallel rank computes alike. nullptr for a single process.
+  c10d::ProcessGroup* data_group = nullptr;
   // A third group over the same ranks for checkpoint exchanges (async saves run them on a
   // background thread); nullptr for a single process.
   c10d::ProcessGroup* checkpoint_group = nullptr;
@@ -62,14 +68,20 @@ struct TrainRuntime {
 [[nodiscard]] absl::Status ReduceOverRanks(at::Tensor& tensor, base::Reduce op,
                                            const TrainRuntime& runtime, absl::string_view what);
 
+// Sums `tensor` in place over the data-parallel ranks (nothing for a single process): each
+// batch counted once, however many tensor-parallel ranks compute it.
+// Collective: over runtime.data_group. Errors: kUnavailable naming `what`.
+[[nodiscard]] absl::Status SumOverData(at::Tensor& tensor, const TrainRuntime& runtime,
+                                       absl::string_view what);
+
 // Every rank learns whether any rank failed: all ranks return the lowest failing rank's status
 // ("rank <r>: ..."), or OK (base::AgreeOnStatus). Collective: over runtime.control_group.
 [[nodiscard]] absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                                           absl::string_view what);
 
 // The process groups of one rank, built from torchrun's environment: gradients over NCCL or
-// Gloo, host scalars and checkpoint exchanges over Gloo. They are a DeviceMesh whose
-// model-parallel sizes are all 1: its dp group spans the world.
+// Gloo, host scalars and checkpoint exchanges over Gloo: a DeviceMesh of
+// distributed.tensor_model_parallel_size and the data-parallel ranks left.
 class ProcessGroups {
  public:
   // Rendezvous through the TCPStore `env` names (torchrun's agent store, or one rank 0 serves)
@@ -79,7 +91,7 @@ class ProcessGroups {
   [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const parallel::WorkerEnv& env,
                                                              const DistributedOptions& options);
 
-  // Fills rank, world size, device and the groups of `runtime`.
+  // Fills rank, world size, coordinates, device and the groups of `runtime`.
   void Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime) const;
 
   ProcessGroups(ProcessGroups&&) noexcept;

@@ -203,32 +203,40 @@ class ParamSchedule:
         return a.start_wd + coeff * (a.end_wd - a.start_wd)
 
 
+class Attention(nn.Module):
+    """parallel/tensor_parallel/layers.cc's ParallelSelfAttentionImpl on one rank: the fused
+    qkv projection's rows go head by head ([q, k, v] of head 0, then of head 1, ...)."""
+
+    def __init__(self, hidden_size, num_attention_heads):
+        super().__init__()
+        self.heads = num_attention_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.proj = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x, causal_mask):
+        batch, seq, hidden = x.shape
+        head_dim = hidden // self.heads
+        qkv = self.qkv(x).view(batch, seq, self.heads, 3, head_dim)
+        q, k, v = (qkv.select(3, i).transpose(1, 2) for i in range(3))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(head_dim)
+        scores = scores.masked_fill(causal_mask, -math.inf)
+        attended = torch.matmul(torch.softmax(scores, -1), v)
+        return self.proj(attended.transpose(1, 2).contiguous().view(batch, seq, hidden))
+
+
 class Block(nn.Module):
     """tools/recipe/gpt.cc's BlockImpl: pre-LayerNorm causal self-attention and a GELU MLP."""
 
     def __init__(self, hidden_size, num_attention_heads, ffn_hidden_size):
         super().__init__()
-        self.heads = num_attention_heads
         self.ln_1 = nn.LayerNorm(hidden_size)
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
-        self.attn_proj = nn.Linear(hidden_size, hidden_size)
+        self.attn = Attention(hidden_size, num_attention_heads)
         self.ln_2 = nn.LayerNorm(hidden_size)
         self.fc = nn.Linear(hidden_size, ffn_hidden_size)
         self.mlp_proj = nn.Linear(ffn_hidden_size, hidden_size)
 
     def forward(self, x, causal_mask):
-        batch, seq, hidden = x.shape
-        head_dim = hidden // self.heads
-        q, k, v = self.qkv(self.ln_1(x)).chunk(3, dim=-1)
-
-        def heads(t):
-            return t.view(batch, seq, self.heads, head_dim).transpose(1, 2)
-
-        scores = torch.matmul(heads(q), heads(k).transpose(-2, -1)) / math.sqrt(head_dim)
-        scores = scores.masked_fill(causal_mask, -math.inf)
-        attended = torch.matmul(torch.softmax(scores, -1), heads(v))
-        attended = attended.transpose(1, 2).contiguous().view(batch, seq, hidden)
-        h = x + self.attn_proj(attended)
+        h = x + self.attn(self.ln_1(x), causal_mask)
         return h + self.mlp_proj(F.gelu(self.fc(self.ln_2(h))))
 
 
@@ -241,19 +249,20 @@ class LmHead(nn.Module):
 
 
 class Gpt(nn.Module):
-    """tools/recipe/gpt.cc's GptImpl: same submodules in the same order, so that after the same
-    torch.manual_seed the default initialisers draw the same numbers; then, in
-    named_parameters() order and skipping LayerNorms ("ln_"), zero biases and N(0, 0.02) for
-    every other parameter."""
+    """tools/recipe/gpt.cc's GptImpl on one rank: the same parameters in the same order. Keel's
+    layers allocate zeros and draw nothing, so the generator is seeded again after these
+    modules' own initialisers; then, in named_parameters() order and skipping LayerNorms
+    ("ln_"), zero biases and N(0, 0.02) for every other parameter, as Keel draws them."""
 
     def __init__(self, vocab_size, hidden_size, num_layers, num_attention_heads,
-                 ffn_hidden_size, max_sequence_length):
+                 ffn_hidden_size, max_sequence_length, seed):
         super().__init__()
         self.wte = nn.Embedding(vocab_size, hidden_size)
         self.wpe = nn.Embedding(max_sequence_length, hidden_size)
         self.blocks = nn.ModuleList(
             Block(hidden_size, num_attention_heads, ffn_hidden_size) for _ in range(num_layers))
         self.ln_f = nn.LayerNorm(hidden_size)
+        torch.manual_seed(seed)
         with torch.no_grad():
             for name, parameter in self.named_parameters():
                 if "ln_" in name:
@@ -293,6 +302,8 @@ def parse_args(argv):
     p.add_argument("--validation_every_n_samples", type=int, default=20)
     # model section.
     p.add_argument("--vocab_size", type=int, default=256)
+    p.add_argument("--make_vocab_size_divisible_by", type=int, default=128,
+                   help="the embedding holds the vocabulary rounded up to a multiple of this")
     p.add_argument("--hidden_size", type=int, default=128)
     p.add_argument("--num_layers", type=int, default=4)
     p.add_argument("--num_attention_heads", type=int, default=4)
@@ -319,7 +330,8 @@ def parse_args(argv):
                    help="gradient clipping threshold; inf: no clipping (norm still computed)")
     args = p.parse_args(argv)
     for name in ("steps", "global_batch_size", "local_batch_size", "hidden_size", "num_layers",
-                 "num_attention_heads", "ffn_hidden_size", "vocab_size"):
+                 "num_attention_heads", "ffn_hidden_size", "vocab_size",
+                 "make_vocab_size_divisible_by"):
         if getattr(args, name) <= 0:
             p.error(f"--{name} ({getattr(args, name)}) must be > 0")
     if args.global_batch_size % args.local_batch_size != 0:
@@ -388,9 +400,10 @@ def main(argv):
         raise ValueError(f"token {int(tokens.max())} in {args.prefix} does not fit vocab_size "
                          f"({args.vocab_size})")
 
-    torch.manual_seed(args.seed)
-    model = Gpt(args.vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads,
-                args.ffn_hidden_size, args.sequence_length)
+    multiple = args.make_vocab_size_divisible_by
+    padded_vocab_size = (args.vocab_size + multiple - 1) // multiple * multiple
+    model = Gpt(padded_vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads,
+                args.ffn_hidden_size, args.sequence_length, args.seed)
     parameters = list(model.parameters())  # the tied weight once
     model = world.wrap(model)
     optimizer = torch.optim.AdamW(parameters, lr=args.lr, betas=(args.beta1, args.beta2),
