@@ -490,6 +490,15 @@ TEST(TrainTest, TwoRanksMatchOneRankOnMegatronDatasets) {
   ExpectCloseTrace(Metrics(one), Metrics(two), 1e-12, 1e-12);
   ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
 
+  // Two tensor-parallel ranks read the same samples, those of one data-parallel rank: they
+  // follow the one-rank trace (as close as train_tensor_parallel_test explains).
+  const std::string tp2 = NewTempDir("blend_tp2");
+  std::vector<std::string> tp2_args = args(tp2);
+  tp2_args.insert(tp2_args.end(), {"--set", "distributed.tensor_model_parallel_size=2"});
+  Subprocess tensor_parallel = LaunchTrain(2, tp2_args, tp2 + "/stderr");
+  ASSERT_EQ(tensor_parallel.Wait(), 0) << tensor_parallel.Stderr();
+  ExpectCloseTrace(Metrics(one), Metrics(tp2), 1e-4, 1e-3);
+
   // Both resume with new weights for 4 more steps: rank 0 builds what the continued blend
   // needs, rank 1 loads it, and the runs still agree.
   auto reweighted = [&](const std::string& run_dir) {

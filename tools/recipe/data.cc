@@ -41,12 +41,17 @@ absl::StatusOr<std::string> DataPrefix(const TrainOptions& options, const TrainR
   return prefix;
 }
 
+// The windows the sampler draws from, of `train_size` training windows.
+int64_t Sampled(const TrainOptions& options, int64_t train_size) {
+  const int64_t global = options.step_scheduler.global_batch_size;
+  if (!options.sampler.drop_last || global <= 0) return train_size;
+  return train_size / global * global;
+}
+
 }  // namespace
 
 int64_t SampledWindows(const TrainOptions& options, const Splits& splits) {
-  const int64_t global = options.step_scheduler.global_batch_size;
-  if (!options.sampler.drop_last || global <= 0) return splits.train_size();
-  return splits.train_size() / global * global;
+  return Sampled(options, splits.train_size());
 }
 
 TokenBatch TokenBatch::To(const at::Device& device) const {
@@ -114,13 +119,16 @@ absl::StatusOr<TrainData> OpenMegatronData(const TrainOptions& options, const Tr
                                            bool plan_only) {
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<MegatronData> megatron,
                         MegatronData::Open(options, runtime, plan_only));
+  // Read before the move: GCC's -O2 cannot see that a Splits of Megatron data never reads
+  // its windows (-Wmaybe-uninitialized).
+  const int64_t train_size = megatron->train_size();
   Splits splits(std::move(megatron));
   absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
-      sampling::CreateMegatronSampler(options.sampler, SampledWindows(options, splits),
-                                      runtime.rank, runtime.world_size);
+      sampling::CreateMegatronSampler(options.sampler, Sampled(options, train_size),
+                                      runtime.dp_rank, runtime.dp_size);
   KEEL_RETURN_IF_ERROR(base::Annotate(
-      sampler.status(), absl::StrCat("sampler over ", SampledWindows(options, splits), " of the ",
-                                     splits.train_size(), " training samples of data.paths")));
+      sampler.status(), absl::StrCat("sampler over ", Sampled(options, train_size), " of the ",
+                                     train_size, " training samples of data.paths")));
   return TrainData{options.data.megatron.paths, std::move(splits), *std::move(sampler)};
 }
 
