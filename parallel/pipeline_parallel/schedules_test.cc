@@ -1,0 +1,198 @@
+// The 1F1B order against Megatron's warm-up / steady / cool-down counts, and a small model split
+// over 2 and 4 real Gloo stages (threads) giving, bit for bit, the one-rank gradients.
+#include "parallel/pipeline_parallel/schedules.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+#include "torch/nn/modules/linear.h"
+
+namespace keel::parallel {
+namespace {
+
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+using ::keel::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Kind = PipelineAction::Kind;
+
+constexpr PipelineAction F(int64_t i) { return {Kind::kForward, i}; }
+constexpr PipelineAction B(int64_t i) { return {Kind::kBackward, i}; }
+
+TEST(LayersOfStageTest, EvenSplitAndRefusals) {
+  KEEL_ASSERT_OK_AND_ASSIGN(StageLayers second, LayersOfStage(8, 4, 1));
+  EXPECT_EQ(second.first, 2);
+  EXPECT_EQ(second.count, 2);
+  EXPECT_THAT(LayersOfStage(5, 2, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("num_layers (5) must be a positive multiple of the pipeline "
+                                 "stages (2)")));
+  EXPECT_THAT(LayersOfStage(2, 4, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_layers (2)")));
+}
+
+TEST(OneFOneBScheduleTest, WarmupSteadyCooldownPerStage) {
+  // 4 stages, 6 micro-batches: stage s warms up with 3 - s forwards.
+  EXPECT_THAT(OneFOneBSchedule(6, 0, 4),
+              ElementsAre(F(0), F(1), F(2), F(3), B(0), F(4), B(1), F(5), B(2), B(3), B(4), B(5)));
+  EXPECT_THAT(OneFOneBSchedule(6, 2, 4),
+              ElementsAre(F(0), F(1), B(0), F(2), B(1), F(3), B(2), F(4), B(3), F(5), B(4), B(5)));
+  EXPECT_THAT(OneFOneBSchedule(3, 3, 4), ElementsAre(F(0), B(0), F(1), B(1), F(2), B(2)));
+  // Fewer micro-batches than stages: the warm-up is every forward.
+  EXPECT_THAT(OneFOneBSchedule(2, 0, 4), ElementsAre(F(0), F(1), B(0), B(1)));
+  EXPECT_THAT(OneFOneBSchedule(3, 0, 4, /*forward_only=*/true), ElementsAre(F(0), F(1), F(2)));
+}
+
+TEST(OneFOneBScheduleTest, KeepsAtMostTheStagesAfterItPlusOneInFlight) {
+  for (int stages : {1, 2, 4, 8}) {
+    for (int stage = 0; stage < stages; ++stage) {
+      for (int64_t m : {1, 3, 8, 16}) {
+        int64_t live = 0;
+        int64_t peak = 0;
+        int64_t next_backward = 0;
+        for (const PipelineAction& a : OneFOneBSchedule(m, stage, stages)) {
+          if (a.kind == Kind::kForward) {
+            peak = std::max(peak, ++live);
+          } else {
+            EXPECT_EQ(a.micro_batch, next_backward++);  // backwards in micro-batch order
+            --live;
+          }
+        }
+        EXPECT_EQ(next_backward, m);
+        EXPECT_LE(peak, std::min<int64_t>(m, stages - stage));
+      }
+    }
+  }
+}
+
+// A stack of `kLayers` linear layers with tanh, split evenly over the stages; the last stage
+// adds a squared-error loss over the micro-batch.
+constexpr int kLayers = 4;
+constexpr int kWidth = 6;
+constexpr int kMicroBatches = 5;
+
+// The same weights on every rank, drawn from a generator of their own (the ranks are threads:
+// the default generator would be raced for).
+std::vector<torch::nn::Linear> Layers() {
+  at::Generator generator = at::detail::createCPUGenerator(7);
+  at::NoGradGuard no_grad;
+  std::vector<torch::nn::Linear> layers;
+  for (int i = 0; i < kLayers; ++i) {
+    torch::nn::Linear layer(kWidth, kWidth);
+    layer->weight.copy_(at::randn({kWidth, kWidth}, generator) / kWidth);
+    layer->bias.copy_(at::randn({kWidth}, generator) / kWidth);
+    layers.push_back(layer);
+  }
+  return layers;
+}
+
+at::Tensor Inputs(int64_t i) {
+  return at::arange(3 * kWidth, at::kFloat).view({3, kWidth}) / (i + 7);
+}
+
+// The gradients of layer l's weight after every micro-batch's backward, by layer.
+std::map<int, at::Tensor> TrainOnStages(c10d::ProcessGroup* pp, absl::Status* status) {
+  const int stages = pp == nullptr ? 1 : pp->getSize();
+  const int stage = pp == nullptr ? 0 : pp->getRank();
+  std::vector<torch::nn::Linear> layers = Layers();
+  const StageLayers mine = *LayersOfStage(kLayers, stages, stage);
+  StageCallbacks callbacks;
+  callbacks.activation_shape = [](int64_t) { return std::vector<int64_t>{3, kWidth}; };
+  callbacks.forward = [&](int64_t i, const at::Tensor& input) {
+    at::Tensor x = input.defined() ? input : Inputs(i);
+    for (int64_t l = mine.first; l < mine.first + mine.count; ++l) {
+      x = at::tanh(layers[l]->forward(x));
+    }
+    return stage == stages - 1 ? (x - 0.5).pow(2).sum() / kMicroBatches : x;
+  };
+  std::vector<int64_t> before_backward;
+  callbacks.before_backward = [&](int64_t i) { before_backward.push_back(i); };
+  *status = RunPipeline(kMicroBatches, callbacks, pp);
+  EXPECT_THAT(before_backward, ElementsAre(0, 1, 2, 3, 4));  // each backward, in order
+  std::map<int, at::Tensor> grads;
+  for (int64_t l = mine.first; l < mine.first + mine.count; ++l) {
+    grads[l] = layers[l]->weight.grad();
+  }
+  return grads;
+}
+
+TEST(RunPipelineTest, StagesGiveTheOneRankGradientsBitForBit) {
+  absl::Status one_rank;
+  const std::map<int, at::Tensor> expected = TrainOnStages(nullptr, &one_rank);
+  KEEL_ASSERT_OK(one_rank);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kLayers));
+  const double waited = PipelineWaitSeconds();
+  for (int stages : {2, 4}) {
+    std::vector<std::map<int, at::Tensor>> grads(stages);
+    KEEL_ASSERT_OK(RunOnRanks(stages, [&](Rank& r) -> absl::Status {
+      absl::Status status;
+      grads[r.rank] = TrainOnStages(r.group.get(), &status);
+      return status;
+    }));
+    int seen = 0;
+    for (const auto& stage : grads) {
+      for (const auto& [layer, grad] : stage) {
+        EXPECT_TRUE(at::equal(grad, expected.at(layer))) << stages << " stages, layer " << layer;
+        ++seen;
+      }
+    }
+    EXPECT_EQ(seen, kLayers);
+  }
+  EXPECT_GT(PipelineWaitSeconds(), waited);  // the later stages waited for activations
+}
+
+TEST(RunPipelineTest, ForwardOnlyPassesActivationsAndKeepsNoGraph) {
+  std::vector<double> outputs(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    StageCallbacks callbacks;
+    callbacks.activation_shape = [](int64_t) { return std::vector<int64_t>{2}; };
+    callbacks.forward = [&](int64_t i, const at::Tensor& input) {
+      if (r.rank == 0) return at::full({2}, static_cast<double>(i + 1), at::kFloat);
+      EXPECT_FALSE(input.requires_grad());
+      outputs[i] = input.sum().item<double>();
+      return input.sum();
+    };
+    PipelineOptions options;
+    options.forward_only = true;
+    return RunPipeline(2, callbacks, r.group.get(), options);
+  }));
+  EXPECT_THAT(outputs, ElementsAre(2.0, 4.0));
+}
+
+TEST(RunPipelineTest, AFailingStageIsAnErrorAndItsPeerTimesOut) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<absl::Status> statuses(2);
+  const absl::Status all = RunOnRanks(
+      2,
+      [&](Rank& r) -> absl::Status {
+        StageCallbacks callbacks;
+        callbacks.activation_shape = [](int64_t) { return std::vector<int64_t>{2}; };
+        callbacks.forward = [&](int64_t, const at::Tensor& input) -> at::Tensor {
+          if (r.rank == 0) TORCH_CHECK(false, "the first stage's layer failed");
+          return input.sum();
+        };
+        statuses[r.rank] = RunPipeline(1, callbacks, r.group.get());
+        return absl::OkStatus();
+      },
+      std::chrono::seconds(2));
+  KEEL_EXPECT_OK(all);
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInternal,
+                                    HasSubstr("pipeline stage 0 of 2, micro-batch 1's forward: "
+                                              "the first stage's layer failed")));
+  EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kUnavailable,
+                                    HasSubstr("pipeline stage 1 of 2, micro-batch 1's forward: "
+                                              "receiving")));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+}  // namespace
+}  // namespace keel::parallel
