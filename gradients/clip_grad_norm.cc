@@ -303,7 +303,13 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
   // Group by the resolved layout, in order of first appearance.
   std::vector<GroupKey> keys;
   std::map<GroupKey, std::vector<at::Tensor>> groups;
-  for (const LaidOut& entry : laid_out) {
+  std::vector<at::Tensor> shared;  // clipped, counted on another stage
+  for (size_t i = 0; i < laid_out.size(); ++i) {
+    const LaidOut& entry = laid_out[i];
+    if (parameters[i].shared) {
+      if (at::Tensor grad = entry.param.grad(); grad.defined()) shared.push_back(grad);
+      continue;
+    }
     auto [it, inserted] = groups.try_emplace(entry.key);
     if (inserted) keys.push_back(entry.key);
     if (at::Tensor grad = entry.param.grad(); grad.defined()) it->second.push_back(grad);
@@ -338,6 +344,7 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
         "`error_if_nonfinite=False`"));
   }
   for (const GroupKey& key : keys) ScaleGrads(groups[key], *max_norm, total, options.foreach);
+  ScaleGrads(shared, *max_norm, total, options.foreach);
   return total;
 }
 

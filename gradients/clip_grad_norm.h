@@ -48,6 +48,7 @@ struct ClipGradNormOptions {
 //   zeros (on every rank the norm is the one with missing gradients taken as zeros), and the
 //   collectives depend only on the parameters and their layouts, never on which gradients
 //   exist, so a rank whose expert received no tokens runs the same ones as its peers.
+//   A `shared` parameter (a pipeline stage's copy of another stage's) is scaled, not counted.
 //   For contiguous float32 CPU gradients and p = 2 the exact path writes each element's
 //   float64 term into a buffer kept per calling thread, as large as the largest such gradient
 //   (8 bytes per element), and reduces it with ATen's own sum, so it allocates nothing per call.

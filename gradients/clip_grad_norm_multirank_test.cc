@@ -193,21 +193,32 @@ TEST(ClipGradNormMultiRankTest, TwoPipelineStagesCombineIntoTheUnshardedNorm) {
     KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor reference_norm, ClipGradNorm(kMaxNorm, full, options));
 
     std::vector<double> norms(2);
+    std::vector<at::Tensor> tied(2);
     KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-      // Stage 0 holds the first two parameters (by name), stage 1 the rest.
+      // Stage 0 holds the first two parameters (by name), stage 1 the rest and a shared copy of
+      // the first (a tied embedding), which the norm must not count twice.
       std::vector<NamedParameter> stage;
       int index = 0;
       for (const auto& [name, grad] : FullGrads()) {
         if ((index++ < 2) == (r.rank == 0)) stage.push_back(Param(name, grad));
       }
+      if (r.rank == 1) {
+        const auto& [name, grad] = *FullGrads().begin();
+        stage.push_back(Param(name, grad));
+        stage.back().shared = true;
+      }
       ClipGradNormOptions pp = options;
       pp.pp_group = r.group.get();
       KEEL_ASSIGN_OR_RETURN(at::Tensor norm, ClipGradNorm(kMaxNorm, stage, pp));
       norms[r.rank] = norm.item<double>();
+      tied[r.rank] = r.rank == 0 ? stage.front().param.grad() : stage.back().param.grad();
       return absl::OkStatus();
     }));
     EXPECT_EQ(norms[0], norms[1]);
     EXPECT_NEAR(norms[0], reference_norm.item<double>(), 1e-12 * reference_norm.item<double>());
+    // Both copies are clipped alike.
+    EXPECT_TRUE(at::equal(tied[0], tied[1]));
+    EXPECT_TRUE(at::equal(tied[0], full.front().param.grad()));
   }
 }
 

@@ -25,6 +25,11 @@ struct NamedParameter {
   // How the parameter and its gradient lie over the mesh; nullopt for an ordinary tensor,
   // whole and equal on every rank that holds it.
   std::optional<parallel::TensorLayout> layout = std::nullopt;
+  // A copy of a parameter that another pipeline stage holds too (Megatron's `shared`: the last
+  // stage's output layer tied to the first stage's word embedding): clipping scales its
+  // gradient but leaves it out of the norm, which counts the parameter once, on the other
+  // stage. Default: false.
+  bool shared = false;
 };
 
 // The parameters with requires_grad of each module, in order, each tensor once under its first

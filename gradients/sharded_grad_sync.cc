@@ -161,8 +161,10 @@ const std::vector<NamedParameter>& ShardedGradSync::parameters() const {
 
 std::vector<NamedParameter> ShardedGradSync::ShardParameters() const {
   std::vector<NamedParameter> parameters;
-  for (const ParamShard& shard : shards_) {
-    parameters.push_back({shard.name, shard.tensor, shard.layout});
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ParamShard& shard = shards_[i];
+    parameters.push_back(
+        {shard.name, shard.tensor, shard.layout, buckets_->parameters()[i].shared});
   }
   return parameters;
 }

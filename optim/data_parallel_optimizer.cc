@@ -84,8 +84,9 @@ std::vector<gradients::NamedParameter> DataParallelOptimizer::StepParameters() c
   return sharded_ ? sharded_->ShardParameters() : parameters_;
 }
 
-absl::StatusOr<at::Tensor> DataParallelOptimizer::ClipGradNorm(std::optional<double> max_norm) {
-  return gradients::ClipGradNorm(max_norm, StepParameters(), options_.clip);
+absl::StatusOr<at::Tensor> DataParallelOptimizer::ClipGradNorm(
+    std::optional<double> max_norm, const gradients::GradScalingOptions& scaling) {
+  return gradients::ScaleGradsAndClipGradNorm(max_norm, StepParameters(), scaling, options_.clip);
 }
 
 absl::Status DataParallelOptimizer::Step() {

@@ -74,9 +74,11 @@ class DataParallelOptimizer {
   // What this rank steps: the parameters, or with the distributed optimizer their shards, each
   // with its layout.
   std::vector<gradients::NamedParameter> StepParameters() const;
-  // gradients::ClipGradNorm over StepParameters(), with their layouts: the norm is the whole
-  // gradient's. Collective: over the layouts' groups and options.clip.pp_group.
-  [[nodiscard]] absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm);
+  // gradients::ScaleGradsAndClipGradNorm over StepParameters(), with their layouts: the
+  // gradients scaled as `scaling` says (by default not at all), then clipped by the norm of the
+  // whole gradient. Collective: over the layouts' groups and options.clip.pp_group.
+  [[nodiscard]] absl::StatusOr<at::Tensor> ClipGradNorm(
+      std::optional<double> max_norm, const gradients::GradScalingOptions& scaling = {});
   // The step (then, sharded, the all-gather of the shards), and the gradients cleared.
   // Collective. Errors: kInternal when the step throws; DistributedOptimizer::Step's.
   [[nodiscard]] absl::Status Step();
