@@ -44,6 +44,7 @@ using ::keel::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The full tensors of the run, the same on every rank and in every test (made once, from
 // their own generator: ranks are threads and must not race on the default one).
@@ -140,6 +141,72 @@ TEST(CheckpointMultiRankTest, SavesWithNRanksAndLoadsWithM) {
         EXPECT_EQ(loaded[r].values["world"], saving);  // every saving rank's, saved once
       }
     }
+  }
+}
+
+// Pipeline stages: each rank holds its own tensors and both a tied one. Every layout that
+// reads each saved tensor on some rank loads; a tensor no rank reads is unexpected, and a rank
+// asking for a tensor the checkpoint lacks fails every rank.
+TEST(CheckpointMultiRankTest, RanksLoadTheirOwnPartAndOnlyTensorsNoRankReadsAreUnexpected) {
+  const auto tensor = [](double value) { return at::full({3}, value); };
+  // The tensors of each rank by name; an empty name list is a rank holding nothing.
+  const auto stage = [&](const std::vector<std::string>& names, double fill) {
+    TensorsState state;
+    for (const std::string& name : names) {
+      const double value = name == "a" ? 1.0 : name == "b" ? 2.0 : 3.0;
+      state.tensors[name] = {fill < 0 ? tensor(fill) : tensor(value), std::nullopt};
+    }
+    return state;
+  };
+  const std::string dir = NewTempDir("stages");
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+    CheckpointerOptions options;
+    options.checkpoint_dir = dir;
+    KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+    TensorsState state = stage(
+        r.rank == 0 ? std::vector<std::string>{"a", "tied"} : std::vector<std::string>{"b", "tied"},
+        0);
+    return checkpointer->Save({{"model", &state}}, 1, 0);
+  }));
+  const std::string path = dir + "/step_0000000001";
+
+  // Loads `names` of each rank (as many ranks as entries); each rank's status.
+  const auto load = [&](const std::vector<std::vector<std::string>>& names) {
+    const int world = static_cast<int>(names.size());
+    std::vector<absl::Status> statuses(world);
+    std::vector<TensorsState> loaded(world);
+    EXPECT_THAT(
+        RunOnRanks(
+            world,
+            [&](keel::testing::Rank& r) -> absl::Status {
+              CheckpointerOptions options;
+              options.checkpoint_dir = dir;
+              KEEL_ASSIGN_OR_RETURN(auto checkpointer,
+                                    Checkpointer::Create(options, r.group.get()));
+              loaded[r.rank] = stage(names[r.rank], -1);
+              statuses[r.rank] = checkpointer->Load(path, {{"model", &loaded[r.rank]}}).status();
+              return absl::OkStatus();
+            }),
+        IsOk());
+    for (int r = 0; r < world; ++r) {
+      if (!statuses[r].ok()) continue;
+      for (const auto& [name, ref] : loaded[r].tensors) {
+        EXPECT_TRUE(at::equal(ref.tensor, stage({name}, 0).tensors.at(name).tensor)) << name;
+      }
+    }
+    return statuses;
+  };
+  for (const absl::Status& status : load({{"a", "tied"}, {"b", "tied"}})) KEEL_EXPECT_OK(status);
+  for (const absl::Status& status : load({{"a", "b", "tied"}})) KEEL_EXPECT_OK(status);
+  for (const absl::Status& status : load({{"a", "b"}, {"tied"}, {}})) KEEL_EXPECT_OK(status);
+  for (const absl::Status& status : load({{"a", "tied"}, {"tied"}})) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 AllOf(HasSubstr("unexpected keys: model/b"),
+                                       Not(HasSubstr("model/a")), Not(HasSubstr("model/tied")))));
+  }
+  for (const absl::Status& status : load({{"a", "tied"}, {"b", "c"}})) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 AllOf(HasSubstr("rank 1: "), HasSubstr("missing keys: model/c"))));
   }
 }
 

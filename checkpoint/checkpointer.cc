@@ -33,6 +33,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/collectives.h"
 #include "base/files.h"
 #include "base/status.h"
@@ -158,11 +159,32 @@ absl::Status DescribeBlock(const std::string& full, const TensorRef& ref, Tensor
 
 // Loads the checkpoint at `path` into `statefuls` as rank `rank` of `world_size`, without
 // collectives.
-absl::StatusOr<LoadReport> LoadAs(const std::string& path, const Statefuls& statefuls,
-                                  const LoadOptions& options, int rank, int world_size) {
+absl::StatusOr<LoadReport> LoadAs(
+    const std::string& path, const Statefuls& statefuls, const LoadOptions& options, int rank,
+    int world_size, const internal::UnreadOnEveryRank& unread_on_every_rank = nullptr) {
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<internal::DiskSavedState> saved,
                         internal::DiskSavedState::Open(path, rank, world_size));
-  return internal::LoadStatefuls(statefuls, *saved, options);
+  return internal::LoadStatefuls(statefuls, *saved, options, unread_on_every_rank);
+}
+
+// The keys no rank of `group` read: every rank's unread keys, intersected; the lowest failing
+// rank's status if one failed. Collective: over `group`.
+absl::StatusOr<std::vector<std::string>> UnreadOnEveryRank(const absl::Status& status,
+                                                           const std::vector<std::string>& unread,
+                                                           c10d::ProcessGroup& group) {
+  KEEL_ASSIGN_OR_RETURN(
+      std::vector<std::string> payloads,
+      base::ExchangeWithStatus(status, absl::StrJoin(unread, std::string(1, '\0')), &group,
+                               "the checkpoint keys each rank read"));
+  std::set<std::string> common(unread.begin(), unread.end());
+  for (const std::string& payload : payloads) {
+    const std::vector<std::string> keys = absl::StrSplit(payload, '\0', absl::SkipEmpty());
+    const std::set<std::string> theirs(keys.begin(), keys.end());
+    for (auto it = common.begin(); it != common.end();) {
+      it = theirs.count(*it) == 0 ? common.erase(it) : std::next(it);
+    }
+  }
+  return std::vector<std::string>(common.begin(), common.end());
 }
 
 // Rank 0: lists every tensor of every rank's plan once (without chunks), sorted by name.
@@ -241,7 +263,15 @@ class Checkpointer::Impl {
 
   absl::StatusOr<LoadReport> Load(const std::string& path, const Statefuls& statefuls,
                                   const LoadOptions& options) {
-    absl::StatusOr<LoadReport> report = LoadAs(path, statefuls, options, rank_, world_size_);
+    internal::UnreadOnEveryRank unread_on_every_rank;
+    if (group_ != nullptr) {
+      unread_on_every_rank = [this](const absl::Status& status,
+                                    const std::vector<std::string>& unread) {
+        return UnreadOnEveryRank(status, unread, *group_);
+      };
+    }
+    absl::StatusOr<LoadReport> report =
+        LoadAs(path, statefuls, options, rank_, world_size_, unread_on_every_rank);
     KEEL_RETURN_IF_ERROR(base::AgreeOnStatus(report.status(), group_, "checkpoint load"));
     loaded_ = path;
     return report;

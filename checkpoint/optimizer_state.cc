@@ -1,5 +1,6 @@
 #include "checkpoint/optimizer_state.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -113,17 +114,39 @@ absl::StatusOr<State> SaveOptimizer(torch::optim::Optimizer& optimizer, const Na
   return state;
 }
 
-// A mismatch line for a param group whose saved parameter names differ from `here`.
-std::string ParamsMismatch(const std::string& what, const std::vector<std::string>& saved,
-                           const std::vector<std::string>& here) {
-  if (saved.size() != here.size()) {
-    return absl::StrCat(what, ".params: ", saved.size(), " parameters in the checkpoint, ",
-                        here.size(), " here");
+// A mismatch line for a param group whose parameters here are not all in the checkpoint's.
+std::optional<std::string> ParamsMismatch(const std::string& what,
+                                          const std::vector<std::string>& saved,
+                                          const std::vector<std::string>& here) {
+  const std::set<std::string> in_checkpoint(saved.begin(), saved.end());
+  for (size_t j = 0; j < here.size(); ++j) {
+    if (in_checkpoint.count(here[j]) == 0) {
+      return absl::StrCat(what, ".params[", j, "]: '", here[j], "' is not in the checkpoint's (",
+                          saved.size(), " parameters)");
+    }
   }
-  size_t j = 0;
-  while (saved[j] == here[j]) ++j;
-  return absl::StrCat(what, ".params[", j, "]: '", saved[j], "' in the checkpoint, '", here[j],
-                      "' here");
+  return std::nullopt;
+}
+
+// Every saving rank's values as one: each param group's parameters and the states of all of
+// them (pipeline stages save their own; a stage, or one rank, loads its part of the union).
+Json MergedValues(const std::vector<Json>& ranks) {
+  if (ranks.empty()) return Json::object();
+  Json merged = ranks.front();
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    if (ranks[r] == merged) continue;
+    const Json groups = ranks[r].value("param_groups", Json::array());
+    for (size_t i = 0; i < groups.size() && i < merged["param_groups"].size(); ++i) {
+      Json& params = merged["param_groups"][i]["params"];
+      const Json names = groups[i].value("params", Json::array());
+      for (const Json& name : names) {
+        if (std::find(params.begin(), params.end(), name) == params.end()) params.push_back(name);
+      }
+    }
+    const Json states = ranks[r].value("state", Json::object());
+    for (const auto& item : states.items()) merged["state"][item.key()] = item.value();
+  }
+  return merged;
 }
 
 template <typename K>
@@ -179,8 +202,8 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
     std::vector<std::string> saved_names;
     KEEL_RETURN_IF_ERROR(
         base::FromJson(saved_groups[i]["params"], absl::StrCat(what, ".params"), saved_names));
-    if (saved_names != names[i]) {
-      reader.ReportMismatch(ParamsMismatch(what, saved_names, names[i]));
+    if (std::optional<std::string> mismatch = ParamsMismatch(what, saved_names, names[i])) {
+      reader.ReportMismatch(*mismatch);
       fits = false;
     }
   }
@@ -190,17 +213,6 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
         absl::StrCat("state must be a JSON object, got ", saved_states.dump()));
   }
   if (!fits) return absl::OkStatus();
-
-  std::set<std::string> all_names;
-  for (const std::vector<std::string>& group_names : names) {
-    all_names.insert(group_names.begin(), group_names.end());
-  }
-  for (const auto& item : saved_states.items()) {
-    if (all_names.count(item.key()) == 0) {
-      reader.ReportMismatch(
-          absl::StrCat("state: '", item.key(), "' is not a parameter of the optimizer"));
-    }
-  }
 
   std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
   std::set<std::string> seen;
@@ -328,7 +340,7 @@ absl::StatusOr<State> OptimizerState::StateDict() const {
 
 absl::Status OptimizerState::LoadStateDict(StateReader& reader) {
   KEEL_ASSIGN_OR_RETURN(Names names, GroupParamNames());
-  const Json& values = reader.Values();
+  const Json values = MergedValues(reader.ValuesOfEachRank());
   // An empty object: nothing was saved under this name, which the reader has reported.
   if (values.empty()) return absl::OkStatus();
   KEEL_RETURN_IF_ERROR(WithTraits(kind_, [&](auto traits) {

@@ -252,44 +252,65 @@ int64_t Volume(const std::vector<int64_t>& lengths) {
 
 namespace {
 
-// One pass of every object's LoadStateDict (checking or for real), then what no object read.
-absl::StatusOr<LoadReport> LoadPass(const Statefuls& statefuls, const SavedState& saved,
-                                    bool checking) {
-  LoadReport report;
-  saved.ClearReads();
-  for (const auto& [name, stateful] : statefuls) {
-    StateReader reader(saved, name, report, checking);
-    absl::Status status = stateful->LoadStateDict(reader);
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("loading ", name, ": ", status.message()));
-    }
-  }
-  for (const auto& [key, tensor] : saved.tensors()) {
-    if (!saved.WasRead(key)) report.unexpected_keys.push_back(key);
-  }
-  for (const auto& [name, values] : saved.values()) {
-    if (statefuls.count(name) == 0) report.unexpected_keys.push_back(name);
-  }
-  std::sort(report.missing_keys.begin(), report.missing_keys.end());
-  std::sort(report.unexpected_keys.begin(), report.unexpected_keys.end());
-  return report;
-}
-
 absl::Status DoesNotFit(const LoadReport& report) {
   return absl::InvalidArgumentError(
       absl::StrCat("the checkpoint does not fit the state being loaded:\n", report.ToString()));
 }
 
+// One pass of every object's LoadStateDict (checking or for real), then what no object read
+// (on any rank). A strict pass fails on what is missing or mismatched, agreed over the ranks.
+absl::StatusOr<LoadReport> LoadPass(const Statefuls& statefuls, const SavedState& saved,
+                                    bool checking, bool strict,
+                                    const UnreadOnEveryRank& unread_on_every_rank) {
+  LoadReport report;
+  saved.ClearReads();
+  absl::Status status;
+  for (const auto& [name, stateful] : statefuls) {
+    StateReader reader(saved, name, report, checking);
+    status = stateful->LoadStateDict(reader);
+    if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat("loading ", name, ": ", status.message()));
+      break;
+    }
+  }
+  std::sort(report.missing_keys.begin(), report.missing_keys.end());
+  std::vector<std::string> unread;
+  for (const auto& [key, tensor] : saved.tensors()) {
+    if (!saved.WasRead(key)) unread.push_back(key);
+  }
+  for (const auto& [name, values] : saved.values()) {
+    if (statefuls.count(name) == 0) unread.push_back(name);
+  }
+  // What this rank finds wrong whatever the others read (the report then lists every key it
+  // left unread), agreed with the other ranks.
+  const bool wrong_here = strict && !report.clean();
+  LoadReport with_unread = report;
+  with_unread.unexpected_keys.insert(with_unread.unexpected_keys.end(), unread.begin(),
+                                     unread.end());
+  std::sort(with_unread.unexpected_keys.begin(), with_unread.unexpected_keys.end());
+  if (status.ok() && wrong_here) status = DoesNotFit(with_unread);
+  if (unread_on_every_rank) {
+    KEEL_ASSIGN_OR_RETURN(unread, unread_on_every_rank(status, unread));
+  }
+  KEEL_RETURN_IF_ERROR(status);
+  report.unexpected_keys.insert(report.unexpected_keys.end(), unread.begin(), unread.end());
+  std::sort(report.unexpected_keys.begin(), report.unexpected_keys.end());
+  return report;
+}
+
 }  // namespace
 
 absl::StatusOr<LoadReport> LoadStatefuls(const Statefuls& statefuls, const SavedState& saved,
-                                         const LoadOptions& options) {
+                                         const LoadOptions& options,
+                                         const UnreadOnEveryRank& unread_on_every_rank) {
   if (options.strict) {
     // Nothing changes unless everything fits.
-    KEEL_ASSIGN_OR_RETURN(LoadReport checked, LoadPass(statefuls, saved, /*checking=*/true));
+    KEEL_ASSIGN_OR_RETURN(LoadReport checked, LoadPass(statefuls, saved, /*checking=*/true,
+                                                       options.strict, unread_on_every_rank));
     if (!checked.clean()) return DoesNotFit(checked);
   }
-  KEEL_ASSIGN_OR_RETURN(LoadReport report, LoadPass(statefuls, saved, /*checking=*/false));
+  KEEL_ASSIGN_OR_RETURN(LoadReport report, LoadPass(statefuls, saved, /*checking=*/false,
+                                                    options.strict, unread_on_every_rank));
   if (options.strict && !report.clean()) return DoesNotFit(report);
   return report;
 }

@@ -6,6 +6,7 @@
 #define KEEL_CHECKPOINT_INTERNAL_SAVED_STATE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -88,11 +89,19 @@ class SavedState {
   mutable std::set<std::string> read_;
 };
 
-// Runs every object's LoadStateDict against `saved`, then lists what no object read.
+// Given this rank's outcome of a load pass and the keys of the checkpoint its objects left
+// unread: the lowest failing rank's status if any rank failed, else the keys every loading
+// rank left unread, which are the unexpected ones (a pipeline stage reads only its own layers).
+// Called once per pass on every rank, whatever the pass found.
+using UnreadOnEveryRank = std::function<absl::StatusOr<std::vector<std::string>>(
+    const absl::Status& status, const std::vector<std::string>& unread)>;
+
+// Runs every object's LoadStateDict against `saved`, then lists what no object read (of any
+// rank, through `unread_on_every_rank`; nullptr: this rank alone).
 // Errors: kInvalidArgument with the whole report when strict and the report is not clean.
-[[nodiscard]] absl::StatusOr<LoadReport> LoadStatefuls(const Statefuls& statefuls,
-                                                       const SavedState& saved,
-                                                       const LoadOptions& options);
+[[nodiscard]] absl::StatusOr<LoadReport> LoadStatefuls(
+    const Statefuls& statefuls, const SavedState& saved, const LoadOptions& options,
+    const UnreadOnEveryRank& unread_on_every_rank = nullptr);
 
 // The volume of a block (1 for a scalar).
 int64_t Volume(const std::vector<int64_t>& lengths);
