@@ -9,11 +9,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/files.h"
 #include "testing/status_matchers.h"
 
 ABSL_FLAG(std::string, train, "", "Path of the //tools:train binary.");
@@ -72,6 +75,56 @@ Subprocess StartTrain(const std::vector<std::string>& args, const std::string& s
   std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_train))};
   argv.insert(argv.end(), args.begin(), args.end());
   return Subprocess::Start(argv, ChildOptions(stderr_path, std::move(environment)));
+}
+
+std::vector<std::string> SameSamplesRun(const std::string& run_dir, int64_t max_steps,
+                                        std::vector<std::string> more) {
+  more.insert(more.begin(), "sampler.shuffle_scope=global");
+  return SmallRun(run_dir, max_steps, more);
+}
+
+Subprocess StartOnRanks(int ranks, const std::vector<std::string>& args,
+                        const std::string& stderr_path) {
+  return ranks == 1 ? StartTrain(args, stderr_path) : LaunchTrain(ranks, args, stderr_path);
+}
+
+void ExpectLayoutInvariant(const std::string& reference, const std::string& run_dir) {
+  const std::vector<StepMetrics> expected = Metrics(reference);
+  const std::vector<StepMetrics> actual = Metrics(run_dir);
+  ASSERT_FALSE(expected.empty());
+  ASSERT_FALSE(actual.empty());
+  EXPECT_NEAR(actual[0].loss, expected[0].loss, 1e-6 * expected[0].loss);
+  ExpectCloseTrace(expected, actual, 1e-4, 1e-3);
+}
+
+std::string ExpectResumesAcrossLayouts(
+    const std::string& name, const std::vector<Leg>& legs, int64_t steps_per_leg,
+    const std::function<void(size_t, const std::string&)>& after_leg) {
+  const int64_t steps = steps_per_leg * static_cast<int64_t>(legs.size());
+  const std::string reference = keel::testing::NewTempDir(name + "_reference");
+  Subprocess one = StartTrain(SameSamplesRun(reference, steps), reference + "/stderr");
+  EXPECT_EQ(one.Wait(), 0) << one.Stderr();
+
+  const std::string run_dir = keel::testing::NewTempDir(name);
+  for (size_t i = 0; i < legs.size(); ++i) {
+    const int64_t end = steps_per_leg * static_cast<int64_t>(i + 1);
+    SCOPED_TRACE(absl::StrCat("leg ", i, ": ", legs[i].ranks, " rank(s) to step ", end));
+    Subprocess child =
+        StartOnRanks(legs[i].ranks, SameSamplesRun(run_dir, end, legs[i].assignments),
+                     absl::StrCat(run_dir, "/stderr.", i));
+    EXPECT_EQ(child.Wait(), 0) << child.Stderr();
+    const std::string out = child.DrainStdout();
+    if (i > 0) {
+      EXPECT_THAT(out,
+                  ::testing::HasSubstr(absl::StrFormat("resumed from %s/checkpoints/step_%010d",
+                                                       run_dir, end - steps_per_leg)));
+    }
+    EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("warning: checkpoint")));
+    after_leg(i, run_dir);
+  }
+  EXPECT_EQ(Metrics(reference).size(), static_cast<size_t>(steps));
+  ExpectCloseTrace(Metrics(reference), Metrics(run_dir), 1e-4, 1e-3);
+  return reference;
 }
 
 Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,
@@ -184,6 +237,25 @@ void ExpectSameModelAndOptimizer(const std::string& expected_path, const std::st
     ++compared;
   }
   EXPECT_GT(compared, 0);
+}
+
+TensorShapes ExportedTensors(const std::string& ckpt, const std::string& checkpoint,
+                             const std::string& out) {
+  Subprocess child = Subprocess::Start({Absolute(ckpt), "export-safetensors", checkpoint, out},
+                                       ChildOptions(out + ".stderr"));
+  EXPECT_EQ(child.Wait(), 0) << child.Stderr();
+  TensorShapes tensors;
+  for (const auto& file : std::filesystem::directory_iterator(out)) {
+    if (file.path().extension() != ".safetensors") continue;
+    absl::StatusOr<checkpoint::SafetensorsHeader> header =
+        checkpoint::ReadSafetensorsHeader(file.path().string());
+    EXPECT_TRUE(header.ok()) << header.status();
+    if (!header.ok()) continue;
+    for (const checkpoint::SafetensorsEntry& e : header->entries) {
+      tensors[e.name] = {static_cast<int>(e.dtype), e.shape};
+    }
+  }
+  return tensors;
 }
 
 }  // namespace keel::tools

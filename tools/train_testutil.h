@@ -11,8 +11,11 @@
 #define KEEL_TOOLS_TRAIN_TESTUTIL_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -36,6 +39,12 @@ std::string Absolute(const std::string& path);
 // `more` are further section.field=value assignments, applied after these.
 std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps,
                                   const std::vector<std::string>& more = {});
+
+// SmallRun shuffling globally (sampler.shuffle_scope=global): the samples of each step are the
+// same on any number of data-parallel ranks, so runs of different layouts differ only in their
+// arithmetic.
+std::vector<std::string> SameSamplesRun(const std::string& run_dir, int64_t max_steps,
+                                        std::vector<std::string> more = {});
 
 // The options of a trainer child: OMP_NUM_THREADS=1, no inherited torchrun variables, stderr
 // to `stderr_path`, stdout piped; `environment` adds NAME=VALUE entries.
@@ -67,6 +76,32 @@ std::vector<recipe::StepMetrics> Metrics(const std::string& run_dir);
 // skipped (nothing corrupt may ever be committed).
 std::string LatestCheckpoint(const std::string& run_dir);
 
+// The trainer on `ranks` ranks: alone (StartTrain) for 1, else under //tools:launch.
+cli::Subprocess StartOnRanks(int ranks, const std::vector<std::string>& args,
+                             const std::string& stderr_path);
+
+// The run at `run_dir` follows the run at `reference` as a run of another layout must: the
+// first loss within 1e-6 relative, later losses within 1e-4 and gradient norms within 1e-3
+// (ExpectCloseTrace), over the reference's steps.
+void ExpectLayoutInvariant(const std::string& reference, const std::string& run_dir);
+
+// One leg of a run that changes its layout at each resume.
+struct Leg {
+  int ranks = 1;
+  // section.field=value assignments beside SameSamplesRun's.
+  std::vector<std::string> assignments;
+};
+
+// One run (SameSamplesRun in a new temporary directory named after `name`) through `legs`,
+// `steps_per_leg` steps each, each leg resuming from the last one's final checkpoint, beside
+// an uninterrupted one-rank run of as many steps: every leg after the first says it resumed,
+// none warns of a checkpoint, and the whole trace follows the one-rank run's (ExpectCloseTrace,
+// 1e-4 and 1e-3). `after_leg(i, run_dir)` runs after leg i. Returns the one-rank run's
+// directory.
+std::string ExpectResumesAcrossLayouts(
+    const std::string& name, const std::vector<Leg>& legs, int64_t steps_per_leg,
+    const std::function<void(size_t, const std::string&)>& after_leg);
+
 // Every step's loss, learning rate, gradient norm and validation loss are the same doubles.
 void ExpectSameTrace(const std::vector<recipe::StepMetrics>& expected,
                      const std::vector<recipe::StepMetrics>& actual);
@@ -82,6 +117,14 @@ void ExpectCloseTrace(const std::vector<recipe::StepMetrics>& expected,
 void ExpectSameWeights(const std::string& expected_path, const std::string& actual_path);
 // Bit-identical model weights and optimizer state, whatever the checkpoints' steps.
 void ExpectSameModelAndOptimizer(const std::string& expected_path, const std::string& actual_path);
+
+// Tensors by name: dtype (as checkpoint::SafetensorsDtype's number) and shape.
+using TensorShapes = std::map<std::string, std::pair<int, std::vector<int64_t>>>;
+
+// Every tensor `<ckpt> export-safetensors <checkpoint> <out>` writes (fails the test if the
+// export fails).
+TensorShapes ExportedTensors(const std::string& ckpt, const std::string& checkpoint,
+                             const std::string& out);
 
 }  // namespace keel::tools
 

@@ -181,13 +181,14 @@ TEST(DryRunTest, CountsTheDefaultCorpusWithoutPreparingItInTheRunDirectory) {
   EXPECT_EQ(entries, std::vector<std::string>{"schedule.svg"});
 }
 
-// The layout as Megatron's initialize_model_parallel would build it on 4 ranks with pp = 2
-// (set directly: the trainer refuses model parallelism in its configuration for now): each
-// kind's groups of more than one rank, and the schedule over the 2 data-parallel ranks.
+// The layout as Megatron's initialize_model_parallel would build it on 4 ranks with pp = 2:
+// each kind's groups of more than one rank, and the schedule over the 2 data-parallel ranks
+// (2 micro-batches, as many as the stages).
 TEST(DryRunTest, PrintsTheLayoutAndSchedulesOverTheDataParallelRanks) {
   const std::string dir = keel::testing::NewTempDir("dry_run_layout");
   TrainOptions options = SmallOptions(dir);
   options.distributed.parallel.pipeline_model_parallel_size = 2;
+  options.step_scheduler.global_batch_size = options.sampler.global_batch_size = 8;
   std::ostringstream out;
   KEEL_ASSERT_OK(DryRun(options, 4, out));
   const std::string text = out.str();
@@ -197,7 +198,7 @@ TEST(DryRunTest, PrintsTheLayoutAndSchedulesOverTheDataParallelRanks) {
   EXPECT_THAT(text, HasSubstr("  pp groups: [0, 2] [1, 3]\n"));
   EXPECT_THAT(text, HasSubstr("  embedding groups: [0, 2] [1, 3]\n"));
   EXPECT_THAT(text, Not(HasSubstr("  tp groups")));
-  EXPECT_THAT(text, HasSubstr("1 micro-batch(es) of 2 per rank on 2 rank(s)"));
+  EXPECT_THAT(text, HasSubstr("2 micro-batch(es) of 2 per rank on 2 rank(s)"));
 }
 
 TEST(DryRunTest, RefusesAGeometryThatCannotWork) {

@@ -14,7 +14,17 @@
 namespace keel::tools::recipe {
 namespace {
 
-int64_t SizeOf(c10d::ProcessGroup* tp) { return tp == nullptr ? 1 : tp->getSize(); }
+int64_t SizeOf(c10d::ProcessGroup* group) { return group == nullptr ? 1 : group->getSize(); }
+int64_t RankOf(c10d::ProcessGroup* group) { return group == nullptr ? 0 : group->getRank(); }
+
+// This rank's layers in the even split over `pp` (the caller's config validation made it
+// possible).
+parallel::StageLayers LayersOf(const GptOptions& options, c10d::ProcessGroup* pp) {
+  absl::StatusOr<parallel::StageLayers> layers =
+      parallel::LayersOfStage(options.num_layers, SizeOf(pp), RankOf(pp));
+  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
+  return *layers;
+}
 
 torch::nn::LayerNorm Norm(int64_t hidden_size) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden_size}));
@@ -86,46 +96,73 @@ int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size) {
   return (options.vocab_size + multiple - 1) / multiple * multiple;
 }
 
-GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp)
-    : GptImpl(options, tp, PaddedVocabSize(options, SizeOf(tp))) {}
+GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp)
+    : GptImpl(options, tp, PaddedVocabSize(options, SizeOf(tp)), LayersOf(options, pp),
+              RankOf(pp) == 0, RankOf(pp) == SizeOf(pp) - 1) {}
 
-GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size)
-    : tp_(tp) {
+GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size,
+                 parallel::StageLayers layers, bool first, bool last)
+    : tp_(tp), hidden_size_(options.hidden_size) {
   // The layers allocate zeros and draw nothing: the generator's draws are GPT-2's
-  // initialisation alone, the same at every tensor-parallel size.
-  wte_ = register_module(
-      "wte", parallel::VocabParallelEmbedding(padded_vocab_size, options.hidden_size, tp));
-  // The positions are not split: an embedding with no group.
-  wpe_ = register_module("wpe", parallel::VocabParallelEmbedding(options.max_sequence_length,
-                                                                 options.hidden_size, nullptr));
-  blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < options.num_layers; ++i) blocks_->push_back(Block(options, tp));
-  ln_f_ = register_module("ln_f", Norm(options.hidden_size));
-  if (SizeOf(tp) == 1) {
+  // initialisation alone, the same at every tensor- and pipeline-parallel size. The last stage
+  // holds its own copy of the word embedding for the tied head.
+  if (first || last) {
+    wte_ = register_module(
+        "wte", parallel::VocabParallelEmbedding(padded_vocab_size, options.hidden_size, tp));
+  }
+  if (first) {
+    // The positions are not split: an embedding with no group.
+    wpe_ = register_module("wpe", parallel::VocabParallelEmbedding(options.max_sequence_length,
+                                                                   options.hidden_size, nullptr));
+  }
+  auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
+  for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
+    blocks_.push_back(blocks->register_module(std::to_string(i), Block(options, tp)));
+  }
+  if (last) ln_f_ = register_module("ln_f", Norm(options.hidden_size));
+  const bool whole = first && last;
+  if (whole && SizeOf(tp) == 1) {
     InitialiseLikeGpt2(*this);
   } else {
-    // Megatron's master-weight path: the whole model's weights (with this model's padded
-    // vocabulary), this rank's slice of them.
-    const GptImpl whole(options, nullptr, padded_vocab_size);
-    const absl::Status copied = parallel::CopyFromWholeModel(*this, whole);
+    // Megatron's master-weight path: the whole model's weights on one rank (with this model's
+    // padded vocabulary), this rank's slice of them.
+    const GptImpl one_rank(options, nullptr, padded_vocab_size, {0, options.num_layers}, true,
+                           true);
+    const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
     TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
   }
-  register_module("lm_head", LmHead(wte_));
+  if (last) register_module("lm_head", LmHead(wte_));
+}
+
+at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& input) {
+  const int64_t seq = tokens.size(1);
+  at::Tensor x = input;
+  if (first_stage()) {
+    const at::Tensor positions = at::arange(seq, tokens.options().dtype(at::kLong));
+    x = wte_->forward(tokens) + wpe_->forward(positions);
+  }
+  const at::Tensor causal_mask =
+      at::ones({seq, seq}, tokens.options().dtype(at::kBool)).triu(/*diagonal=*/1);
+  for (const auto& block : blocks_) x = block->as<BlockImpl>()->forward(x, causal_mask);
+  return x;
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {
-  const int64_t seq = tokens.size(1);
-  const at::Tensor positions = at::arange(seq, tokens.options().dtype(at::kLong));
-  at::Tensor x = wte_->forward(tokens) + wpe_->forward(positions);
-  const at::Tensor causal_mask =
-      at::ones({seq, seq}, tokens.options().dtype(at::kBool)).triu(/*diagonal=*/1);
-  for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x, causal_mask);
+  return Logits(StageForward(tokens, at::Tensor()));
+}
+
+at::Tensor GptImpl::Logits(const at::Tensor& hidden) {
   // A column-parallel lm_head: the hidden states go whole to every rank's vocabulary slice.
-  return at::linear(parallel::CopyToTensorParallelRegion(ln_f_->forward(x), tp_), wte_->weight());
+  return at::linear(parallel::CopyToTensorParallelRegion(ln_f_->forward(hidden), tp_),
+                    wte_->weight());
 }
 
 at::Tensor GptImpl::TokenLosses(const at::Tensor& tokens, const at::Tensor& labels) {
-  return parallel::VocabParallelCrossEntropy(forward(tokens), labels, tp_);
+  return HeadLosses(StageForward(tokens, at::Tensor()), labels);
+}
+
+at::Tensor GptImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
+  return parallel::VocabParallelCrossEntropy(Logits(hidden), labels, tp_);
 }
 
 std::map<std::string, parallel::TensorLayout> GptImpl::Layouts() const {

@@ -3,26 +3,32 @@
 // weight with the input embedding, so the tied-weight checkpoint path is exercised. It is
 // built from Megatron-style tensor-parallel layers (parallel/tensor_parallel): over a
 // tensor-parallel group of N ranks each holds 1/N of the heads, of the MLP and of the
-// (padded) vocabulary, and computes what the model on one rank computes. Whatever the group,
-// the weights are those of the model on one rank after the same seed, sliced.
+// (padded) vocabulary, and computes what the model on one rank computes. Over a pipeline
+// group of P stages each holds 1/P of the blocks (under their names in the whole model), the
+// first the embeddings, the last the final norm and the head, with its own copy of the word
+// embedding for the tie (Megatron's shared embedding). Whatever the groups, the weights are
+// those of the model on one rank after the same seed, sliced.
 //
 //   keel::tools::recipe::GptOptions options;  // config.proto's model section
 //   torch::manual_seed(seed);
-//   keel::tools::recipe::Gpt model(options, tp);  // tp: nullptr for one rank
-//   at::Tensor losses = model->TokenLosses(tokens, labels);  // [batch, seq]
+//   keel::tools::recipe::Gpt model(options, tp, pp);  // nullptr: one rank, one stage
+//   at::Tensor losses = model->TokenLosses(tokens, labels);  // [batch, seq], one stage
+//   at::Tensor hidden = model->StageForward(tokens, input);  // a stage of several
 #ifndef KEEL_TOOLS_RECIPE_GPT_H_
 #define KEEL_TOOLS_RECIPE_GPT_H_
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "base/fields.h"
 #include "parallel/layout.h"
+#include "parallel/pipeline_parallel/schedules.h"
 #include "parallel/tensor_parallel/layers.h"
 #include "torch/nn/module.h"
-#include "torch/nn/modules/container/modulelist.h"
 #include "torch/nn/modules/normalization.h"
 #include "torch/nn/pimpl.h"
 
@@ -68,33 +74,53 @@ class GptImpl : public torch::nn::Module {
   // Draws the weights of the model on one rank from the default generator (GPT-2's
   // initialisation: N(0, 0.02) for embeddings and projection weights, zero biases, LayerNorms
   // at (1, 0)) and keeps this rank's slice of them. Requires: all sizes positive; tp's size
-  // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size (checked by
-  // the caller's config validation); `tp` (nullptr: one rank) outlives the model.
-  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp);
+  // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size; pp's size
+  // divides num_layers (checked by the caller's config validation); `tp` and `pp` (nullptr:
+  // one rank, one stage) outlive the model.
+  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp = nullptr);
 
   // This rank's slice of the logits for every position of `tokens` ([batch, seq] int64,
-  // seq <= max_sequence_length): [batch, seq, padded vocabulary / tp].
+  // seq <= max_sequence_length): [batch, seq, padded vocabulary / tp]. Requires: one stage.
   at::Tensor forward(const at::Tensor& tokens);
 
   // The cross-entropy of predicting `labels` ([batch, seq]) at every position, [batch, seq],
   // equal on every rank of the group (parallel::VocabParallelCrossEntropy).
   // Collective over `tp`, forward and backward (see parallel/tensor_parallel/mappings.h).
+  // Requires: one stage.
   at::Tensor TokenLosses(const at::Tensor& tokens, const at::Tensor& labels);
+
+  // This stage's blocks over the embedded `tokens` (first stage) or the previous stage's
+  // output `input` (the others): the hidden states [batch, seq, hidden_size].
+  at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input);
+  // TokenLosses over the last blocks' hidden states. Requires: the last stage.
+  at::Tensor HeadLosses(const at::Tensor& hidden, const at::Tensor& labels);
+
+  // The width of the hidden states between stages.
+  int64_t hidden_size() const { return hidden_size_; }
+  bool first_stage() const { return !wpe_.is_empty(); }
+  bool last_stage() const { return !ln_f_.is_empty(); }
 
   // The layouts of this rank's sharded parameters, by name (empty on one rank).
   std::map<std::string, parallel::TensorLayout> Layouts() const;
 
-  // lm_head.weight: the same tensor as wte.weight.
+  // lm_head.weight: the same tensor as wte.weight (on the last stage).
   const at::Tensor& lm_head_weight() const { return wte_->weight(); }
 
  private:
-  // The model with `padded_vocab_size` rows of vocabulary.
-  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size);
+  // The stage holding `layers` of the model with `padded_vocab_size` rows of vocabulary, the
+  // embeddings if `first`, the head if `last`.
+  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size,
+          parallel::StageLayers layers, bool first, bool last);
+
+  // This rank's slice of the logits over the hidden states of the last block.
+  at::Tensor Logits(const at::Tensor& hidden);
 
   c10d::ProcessGroup* tp_;
+  int64_t hidden_size_;
   parallel::VocabParallelEmbedding wte_{nullptr};
   parallel::VocabParallelEmbedding wpe_{nullptr};
-  torch::nn::ModuleList blocks_{nullptr};
+  // This stage's blocks, in order (registered under "blocks.<index in the whole model>").
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
 };
 

@@ -146,6 +146,57 @@ TEST(GptTest, TwoTensorParallelRanksComputeTheOneRankModel) {
   EXPECT_THAT(differing[1], ::testing::IsEmpty());
 }
 
+// Two pipeline stages: each holds the one-rank model's blocks of its half under their global
+// names (the first the embeddings, the last the final norm and its own copy of the word
+// embedding for the tied head), and the stages in turn compute the one-rank losses exactly.
+TEST(GptTest, TwoPipelineStagesHoldAndComputeTheOneRankModel) {
+  GptOptions options = Small();
+  options.num_layers = 4;
+  torch::manual_seed(5);
+  Gpt whole(options, nullptr);
+  const at::Tensor tokens = at::randint(256, {2, 10}, at::kLong);
+  const at::Tensor labels = tokens.roll(-1, 1);
+  std::mutex generator;  // the ranks are threads sharing the default generator
+  std::vector<std::optional<Gpt>> stages(2);
+  KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+    std::lock_guard<std::mutex> lock(generator);
+    torch::manual_seed(5);
+    stages[r.rank].emplace(options, nullptr, r.group.get());
+    return absl::OkStatus();
+  }));
+  Gpt& first = *stages[0];
+  Gpt& last = *stages[1];
+  EXPECT_TRUE(first->first_stage());
+  EXPECT_FALSE(first->last_stage());
+  EXPECT_FALSE(last->first_stage());
+  EXPECT_TRUE(last->last_stage());
+  std::vector<std::vector<std::string>> names(2);
+  const auto expected = whole->named_parameters();
+  for (int stage = 0; stage < 2; ++stage) {
+    for (const auto& item : (*stages[stage])->named_parameters()) {
+      names[stage].push_back(item.key());
+      EXPECT_TRUE(at::equal(item.value(), expected[item.key()])) << item.key();
+    }
+  }
+  using ::testing::Contains;
+  using ::testing::Not;
+  EXPECT_THAT(names[0], Contains("wte.weight"));
+  EXPECT_THAT(names[0], Contains("wpe.weight"));
+  EXPECT_THAT(names[0], Contains("blocks.1.fc.weight"));
+  EXPECT_THAT(names[0], Not(Contains("blocks.2.fc.weight")));
+  EXPECT_THAT(names[0], Not(Contains("ln_f.weight")));
+  EXPECT_THAT(names[1], Contains("wte.weight"));
+  EXPECT_THAT(names[1], Not(Contains("wpe.weight")));
+  EXPECT_THAT(names[1], Contains("blocks.2.fc.weight"));
+  EXPECT_THAT(names[1], Not(Contains("blocks.1.fc.weight")));
+  EXPECT_THAT(names[1], Contains("ln_f.weight"));
+  EXPECT_TRUE(last->named_parameters()["lm_head.weight"].is_same(last->lm_head_weight()));
+
+  const at::Tensor hidden = first->StageForward(tokens, at::Tensor());
+  const at::Tensor losses = last->HeadLosses(last->StageForward(tokens, hidden), labels);
+  EXPECT_TRUE(at::equal(losses, whole->TokenLosses(tokens, labels)));
+}
+
 TEST(GptTest, LaysOutTheHeadsTheMlpAndTheTiedVocabulary) {
   KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
     GptOptions options = Small();

@@ -60,16 +60,15 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
 // checkpoints, the data-parallel coordinates) is general.
 absl::Status RefuseModelParallelism(const parallel::ModelParallelOptions& p) {
   for (const auto& [field, size] :
-       {std::pair{"pipeline_model_parallel_size", std::optional(p.pipeline_model_parallel_size)},
-        {"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
+       {std::pair{"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
         {"context_parallel_size", std::optional(p.context_parallel_size)},
         {"expert_model_parallel_size", std::optional(p.expert_model_parallel_size)},
         {"expert_tensor_parallel_size", p.expert_tensor_parallel_size}}) {
     if (size.value_or(1) == 1) continue;
-    return absl::InvalidArgumentError(
-        absl::StrCat("distributed.", field, " (", *size,
-                     "): the trainer's model runs data- and tensor-parallel only for now; "
-                     "allowed: 1"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.", field, " (", *size,
+        "): the trainer's model runs data-, tensor- and pipeline-parallel only for now; "
+        "allowed: 1"));
   }
   return absl::OkStatus();
 }
@@ -159,9 +158,11 @@ std::string Working(int64_t limit, Fits fits) {
 // The fields a resume cannot change: the model's shapes and vocabulary, and how its fused
 // qkv weight is laid out (checkpoints before tensor parallelism have none).
 constexpr const char* kModelShapeFields[] = {
-    "model.vocab_size",          "model.padded_vocab_size", "model.hidden_size",
-    "model.num_layers",          "model.num_attention_heads", "model.ffn_hidden_size",
-    "model.max_sequence_length", "model.qkv_rows",          "data.sequence_length",
+    "model.vocab_size",          "model.padded_vocab_size",
+    "model.hidden_size",         "model.num_layers",
+    "model.num_attention_heads", "model.ffn_hidden_size",
+    "model.max_sequence_length", "model.qkv_rows",
+    "data.sequence_length",
 };
 
 // Adds "<prefix><key>" lines for every leaf where `saved` and `current` differ.
@@ -183,9 +184,39 @@ void Diff(const base::Json& saved, const base::Json& current, const std::string&
       field, absl::StrCat(field, ": ", text(saved), " in the checkpoint, ", text(current), " now"));
 }
 
+// The pipeline stages split the layers evenly, each holding at least one; the distributed
+// optimizer's shards of the tied embedding would differ between the first and last stage.
+absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
+  const int64_t pp = options.distributed.parallel.pipeline_model_parallel_size;
+  const int64_t layers = options.model.num_layers;
+  KEEL_RETURN_IF_ERROR(
+      Require(pp > 0, "distributed.pipeline_model_parallel_size", pp, "must be > 0"));
+  if (layers % pp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.pipeline_model_parallel_size (", pp, ") must divide model.num_layers (",
+        layers, "): each stage holds an equal number of layers, at least one; sizes that do: ",
+        Working(layers, [layers](int64_t n) { return layers % n == 0; })));
+  }
+  if (pp > 1 && !options.pretrained_path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.pretrained_path with distributed.pipeline_model_parallel_size ", pp,
+        ": not supported yet (a stage would refuse the other stages' tensors); load it on one "
+        "stage, save a checkpoint, and resume that on ",
+        pp, " stages"));
+  }
+  if (pp > 1 && options.distributed.use_distributed_optimizer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.use_distributed_optimizer with pipeline_model_parallel_size ", pp,
+        ": not supported yet (the tied embedding's shards differ between the first and last "
+        "stage); allowed: use_distributed_optimizer false, or pipeline_model_parallel_size 1"));
+  }
+  return absl::OkStatus();
+}
+
 // The tensor-parallel size splits the attention heads and the MLP evenly (the vocabulary is
-// padded to fit).
-absl::Status CheckTensorParallelModel(const TrainOptions& options) {
+// padded to fit); the pipeline size the layers.
+absl::Status CheckModelParallelModel(const TrainOptions& options) {
+  KEEL_RETURN_IF_ERROR(CheckPipelineParallelModel(options));
   const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
   const GptOptions& m = options.model;
   KEEL_RETURN_IF_ERROR(
@@ -281,7 +312,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   options.checkpoint.checkpoint_dir = base::JoinPath(options.run_dir, "checkpoints");
   KEEL_RETURN_IF_ERROR(CopyFields(config.checkpoint(), options.checkpoint));
   KEEL_RETURN_IF_ERROR(ReadDistributed(config.distributed(), options.distributed));
-  KEEL_RETURN_IF_ERROR(CheckTensorParallelModel(options));
+  KEEL_RETURN_IF_ERROR(CheckModelParallelModel(options));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
   return options;
@@ -294,7 +325,17 @@ absl::StatusOr<parallel::MeshLayout> CheckGeometry(const TrainOptions& options, 
   const int dp = layout->data_parallel_size();
   const int64_t global = options.step_scheduler.global_batch_size;
   const int64_t local = options.local_batch_size;
-  if (global > 0 && global % (local * dp) == 0) return layout;
+  if (global > 0 && global % (local * dp) == 0) {
+    const int64_t pp = options.distributed.parallel.pipeline_model_parallel_size;
+    const int64_t micro_batches = global / (local * dp);
+    if (micro_batches >= pp) return layout;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the 1F1B schedule of distributed.pipeline_model_parallel_size ", pp, " needs at least ",
+        pp, " micro-batches per step, got step_scheduler.global_batch_size (", global,
+        ") / (local_batch_size (", local, ") x data-parallel size (", dp, ")) = ", micro_batches,
+        "; global_batch_size values that work: multiples of ", local * dp, " from ",
+        local * dp * pp));
+  }
   const std::string ranks = dp == world_size ? absl::StrCat("the world size (", world_size, ")")
                                              : absl::StrCat("the data-parallel size (", dp, " of ",
                                                             world_size, " ranks)");

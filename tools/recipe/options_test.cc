@@ -92,9 +92,18 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.backend=mpi"}, "distributed.backend \"mpi\" is not one of \"gloo\", \"nccl\""},
       {{"distributed.timeout_seconds=0"}, "distributed.timeout_seconds (0) must be > 0"},
       {{"logging.log_every_steps=0"}, "logging.log_every_steps (0) must be > 0"},
-      {{"distributed.pipeline_model_parallel_size=2"},
-       "distributed.pipeline_model_parallel_size (2): the trainer's model runs data- and "
-       "tensor-parallel only for now; allowed: 1"},
+      {{"distributed.pipeline_model_parallel_size=3"},
+       "distributed.pipeline_model_parallel_size (3) must divide model.num_layers (4): each "
+       "stage holds an equal number of layers, at least one; sizes that do: 1, 2, 4"},
+      {{"distributed.pipeline_model_parallel_size=8"},
+       "distributed.pipeline_model_parallel_size (8) must divide model.num_layers (4)"},
+      {{"distributed.pipeline_model_parallel_size=0"},
+       "distributed.pipeline_model_parallel_size (0) must be > 0"},
+      {{"distributed.pipeline_model_parallel_size=2", "distributed.use_distributed_optimizer=true"},
+       "distributed.use_distributed_optimizer with pipeline_model_parallel_size 2: not supported "
+       "yet"},
+      {{"distributed.pipeline_model_parallel_size=2", "model.pretrained_path=/m/model.safetensors"},
+       "model.pretrained_path with distributed.pipeline_model_parallel_size 2: not supported yet"},
       {{"distributed.tensor_model_parallel_size=3"},
        "distributed.tensor_model_parallel_size (3) must divide model.num_attention_heads (4): "
        "each tensor-parallel rank holds an equal share; sizes that do: 1, 2, 4"},
@@ -200,8 +209,8 @@ TEST(CheckGeometryTest, GlobalBatchMustDivideOverRanksAndMicroBatches) {
 }
 
 // The layout on the world: the data-parallel size is what tp x pp x cp leave of it, and sizes
-// that do not divide the world are an error naming the numbers. (ReadOptions refuses sizes
-// above 1 for now; the layout below is set directly.)
+// that do not divide the world are an error naming the numbers, as are fewer micro-batches
+// than pipeline stages.
 TEST(CheckGeometryTest, ModelParallelSizesMustDivideTheWorld) {
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({"step_scheduler.global_batch_size=16",
                                                         "step_scheduler.local_batch_size=4"}));
@@ -216,6 +225,14 @@ TEST(CheckGeometryTest, ModelParallelSizesMustDivideTheWorld) {
   EXPECT_THAT(CheckGeometry(options, 8),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the world size (8)")));
   options.distributed.parallel.pipeline_model_parallel_size = 4;
+  EXPECT_THAT(CheckGeometry(options, 8),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the 1F1B schedule of distributed.pipeline_model_parallel_size 4 "
+                                 "needs at least 4 micro-batches per step, got "
+                                 "step_scheduler.global_batch_size (16) / (local_batch_size (4) x "
+                                 "data-parallel size (2)) = 2; global_batch_size values that "
+                                 "work: multiples of 8 from 32")));
+  options.local_batch_size = 2;
   KEEL_ASSERT_OK_AND_ASSIGN(layout, CheckGeometry(options, 8));
   EXPECT_EQ(layout.data_parallel_size(), 2);
 }

@@ -29,6 +29,7 @@
 #include "optim/data_parallel_optimizer.h"
 #include "optim/param_scheduler.h"
 #include "parallel/device_mesh.h"
+#include "parallel/pipeline_parallel/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "sampling/megatron_sampler.h"
 #include "sampling/resumable_blend.h"
@@ -39,6 +40,7 @@
 #include "tools/recipe/numerics.h"
 #include "tools/recipe/plot.h"
 #include "tools/recipe/run_dir_lock.h"
+#include "tools/recipe/stages.h"
 #include "tools/recipe/tensorboard.h"
 #include "torch/optim/adamw.h"
 #include "torch/utils.h"
@@ -53,13 +55,6 @@ double Seconds(Clock::duration duration) { return std::chrono::duration<double>(
 
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// The summed cross-entropy of next-token prediction over the labels of `batch` that count.
-// Collective over the tensor-parallel group (forward and backward).
-at::Tensor SummedTokenLoss(Gpt& model, const TokenBatch& batch) {
-  const at::Tensor losses = model->TokenLosses(batch.inputs, batch.labels);
-  return batch.loss_mask.defined() ? (losses * batch.loss_mask).sum() : losses.sum();
 }
 
 // Labels of `batch` that count.
@@ -135,8 +130,10 @@ class Run::State {
   Clock::duration gradient_wait{};
   // Label tokens since the last progress line, and when it was.
   Clock::time_point loop_start;
-  // parallel::TensorParallelCollectiveSeconds() when the loop started.
+  // parallel::TensorParallelCollectiveSeconds() and PipelineWaitSeconds() when the loop
+  // started.
   double tensor_parallel_start = 0.0;
+  double pipeline_wait_start = 0.0;
   Clock::time_point interval_start;
   int64_t interval_tokens = 0;
 
@@ -190,14 +187,17 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
 absl::Status Run::BuildModel() {
   State& s = *state_;
   torch::manual_seed(options_.seed);
-  s.model.emplace(options_.model, runtime_.tp_group);
+  s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group);
   (*s.model)->to(runtime_.device);
   optim::DataParallelOptimizerOptions optimizer_options;
   optimizer_options.use_distributed_optimizer = options_.distributed.use_distributed_optimizer;
-  KEEL_ASSIGN_OR_RETURN(s.optimizer,
-                        optim::DataParallelOptimizer::Create(
-                            gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts()),
-                            runtime_.group, AdamW(options_.optimizer), optimizer_options));
+  optimizer_options.clip.pp_group = runtime_.pp_group;
+  std::vector<gradients::NamedParameter> parameters =
+      gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts());
+  MarkSharedEmbedding(*s.model, parameters);
+  KEEL_ASSIGN_OR_RETURN(s.optimizer, optim::DataParallelOptimizer::Create(
+                                         std::move(parameters), runtime_.group,
+                                         AdamW(options_.optimizer), optimizer_options));
   KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
                                                                       s.optimizer->optimizer()));
   return absl::OkStatus();
@@ -366,7 +366,7 @@ absl::Status Run::ResetState() {
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
-  Gpt fresh(options_.model, runtime_.tp_group);
+  Gpt fresh(options_.model, runtime_.tp_group, runtime_.pp_group);
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
     at::NoGradGuard no_grad;
     auto live = (*s.model)->named_parameters();
@@ -399,25 +399,25 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   const double label_tokens = static_cast<double>(output.label_tokens);
   output.lr = s.lr_scheduler->GetLr();
   s.optimizer->PrepareForGradAccumulation();
-  double loss_sum = 0.0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    if (i + 1 == batches.size()) s.optimizer->PrepareForFinalBackward();
-    if (!batches[i].defined()) continue;
-    KEEL_RETURN_IF_ERROR(base::CallTorch(
-        absl::StatusCode::kInternal, absl::StrCat("micro-batch ", i + 1, "'s forward and backward"),
-        [&] {
-          const at::Tensor loss = SummedTokenLoss(*s.model, batches[i]);
-          loss_sum += loss.item<double>();
-          // Gradients are averaged over the data-parallel ranks: scale so they sum to
-          // d(mean loss).
-          (loss * (static_cast<double>(runtime_.dp_size) / label_tokens)).backward();
-        }));
-  }
+  // Gradients are averaged over the data-parallel ranks: scale so they sum to d(mean loss);
+  // over pipeline stages the loss is summed and NeMo's PP scaling divides the gradients after.
+  const bool pipelined = runtime_.pp_group != nullptr;
+  gradients::GradScalingOptions scaling;
+  scaling.pp_enabled = pipelined;
+  scaling.num_label_tokens = output.label_tokens;
+  scaling.dp_group_size = runtime_.dp_size;
+  StageRunOptions stages;
+  stages.loss_scale = pipelined ? 1.0 : static_cast<double>(runtime_.dp_size) / label_tokens;
+  stages.before_last_backward = [&s] { s.optimizer->PrepareForFinalBackward(); };
+  KEEL_ASSIGN_OR_RETURN(const double loss_sum, RunStages(*s.model, batches, runtime_, stages));
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
-  KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm, s.optimizer->ClipGradNorm(options_.max_norm));
+  KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(s.optimizer->StepParameters(), runtime_));
+  KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm,
+                        s.optimizer->ClipGradNorm(options_.max_norm, scaling));
   KEEL_RETURN_IF_ERROR(CheckNorm(grad_norm.item<double>()));
   at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
   KEEL_RETURN_IF_ERROR(SumOverData(step_loss, runtime_, "step loss"));
+  KEEL_RETURN_IF_ERROR(SumOverStages(step_loss, runtime_, "step loss"));
   output.loss = step_loss.item<double>() / label_tokens;
   output.grad_norm = grad_norm.item<double>();
 
@@ -469,14 +469,17 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
     for (int64_t k = start; k < std::min(start + batch_size, splits.val_size()); ++k) {
       indices.push_back(k);
     }
-    KEEL_ASSIGN_OR_RETURN(TokenBatch batch, splits.Batch(indices, /*validation=*/true));
-    if (batch.defined()) {
-      batch = batch.To(runtime_.device);
-      KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "validation forward", [&] {
-        loss_sum += SummedTokenLoss(*s.model, batch).item<double>();
-      }));
-      tokens += LabelTokens(batch);
+    std::vector<TokenBatch> batch(1);
+    KEEL_ASSIGN_OR_RETURN(batch[0], splits.Batch(indices, /*validation=*/true));
+    if (batch[0].defined()) {
+      batch[0] = batch[0].To(runtime_.device);
+      tokens += LabelTokens(batch[0]);
     }
+    StageRunOptions forward_only;
+    forward_only.forward_only = true;
+    KEEL_ASSIGN_OR_RETURN(const double batch_loss,
+                          RunStages(*s.model, batch, runtime_, forward_only));
+    loss_sum += batch_loss;
     if (s.scheduler->PollPreemption()) {
       if (runtime_.rank == 0) {
         *runtime_.log << "validation stopped after " << round + 1 << " of " << rounds
@@ -485,7 +488,10 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
       return std::nullopt;
     }
   }
-  at::Tensor totals = at::tensor({loss_sum, static_cast<double>(tokens)}, at::kDouble);
+  at::Tensor stage_loss = at::full({1}, loss_sum, at::kDouble);  // the last stage's
+  KEEL_RETURN_IF_ERROR(SumOverStages(stage_loss, runtime_, "validation loss"));
+  at::Tensor totals =
+      at::tensor({stage_loss.item<double>(), static_cast<double>(tokens)}, at::kDouble);
   KEEL_RETURN_IF_ERROR(SumOverData(totals, runtime_, "validation loss"));
   const double total_tokens = totals[1].item<double>();
   return total_tokens > 0 ? totals[0].item<double>() / total_tokens
@@ -494,6 +500,14 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
 
 absl::Status Run::OpenOutputs() {
   State& s = *state_;
+  // Tensors and parameters of the whole model: each stage counts its own, a shared copy not.
+  at::Tensor counts = at::zeros({2}, at::kLong);
+  for (const gradients::NamedParameter& p : s.optimizer->parameters()) {
+    if (p.shared) continue;
+    counts[0] += 1;
+    counts[1] += p.layout ? c10::multiply_integers(p.layout->global_shape) : p.param.numel();
+  }
+  KEEL_RETURN_IF_ERROR(SumOverStages(counts, runtime_, "the parameter count"));
   if (runtime_.rank != 0) return absl::OkStatus();
   KEEL_ASSIGN_OR_RETURN(s.jsonl,
                         JsonlWriter::Create(base::JoinPath(options_.run_dir, "metrics.jsonl"),
@@ -503,14 +517,14 @@ absl::Status Run::OpenOutputs() {
         s.tensorboard,
         TensorBoardWriter::Create(base::JoinPath(options_.run_dir, "tensorboard"), NowSeconds()));
   }
-  const std::vector<gradients::NamedParameter>& trainable = s.optimizer->parameters();
-  int64_t parameters = 0;  // of the whole model
-  for (const auto& p : trainable) {
-    parameters += p.layout ? c10::multiply_integers(p.layout->global_shape) : p.param.numel();
-  }
   const int tp = runtime_.mesh == nullptr ? 1 : runtime_.mesh->GroupSize(parallel::GroupKind::kTp);
-  *runtime_.log << "model: " << trainable.size() << " tensors, " << parameters << " parameters"
+  const int pp = runtime_.mesh == nullptr ? 1 : runtime_.mesh->GroupSize(parallel::GroupKind::kPp);
+  *runtime_.log << "model: " << counts[0].item<int64_t>() << " tensors, "
+                << counts[1].item<int64_t>() << " parameters"
                 << (tp > 1 ? absl::StrCat(" (1/", tp, " of most on each tensor-parallel rank)")
+                           : "")
+                << (pp > 1 ? absl::StrCat(" in ", pp, " pipeline stages of ",
+                                          options_.model.num_layers / pp, " blocks")
                            : "")
                 << ", " << s.optimizer->Describe() << "; " << s.data.splits.train_size()
                 << " training and " << s.data.splits.val_size() << " validation windows of "
@@ -571,6 +585,7 @@ absl::Status Run::Loop() {
   KEEL_RETURN_IF_ERROR(OpenOutputs());
   s.loop_start = s.interval_start = Clock::now();
   s.tensor_parallel_start = parallel::TensorParallelCollectiveSeconds();
+  s.pipeline_wait_start = parallel::PipelineWaitSeconds();
   result_.final_loss = std::numeric_limits<double>::quiet_NaN();
   for (int64_t epoch : scheduler.Epochs()) {
     scheduler.SetEpoch(epoch);
@@ -607,6 +622,7 @@ absl::StatusOr<TrainResult> Run::Finish() {
   result_.gradient_wait_seconds = Seconds(s.gradient_wait);
   result_.tensor_parallel_seconds =
       parallel::TensorParallelCollectiveSeconds() - s.tensor_parallel_start;
+  result_.pipeline_wait_seconds = parallel::PipelineWaitSeconds() - s.pipeline_wait_start;
   if (runtime_.rank != 0) return result_;
   std::ostream& log = *runtime_.log;
   if (s.checkpointer->last_saved()) log << "checkpoint: " << *s.checkpointer->last_saved() << "\n";
@@ -621,6 +637,10 @@ absl::StatusOr<TrainResult> Run::Finish() {
   if (result_.tensor_parallel_seconds > 0) {
     log << "; tensor-parallel collectives "
         << 100.0 * result_.tensor_parallel_seconds / result_.loop_seconds << "%";
+  }
+  if (result_.pipeline_wait_seconds > 0) {
+    log << "; pipeline waits " << 100.0 * result_.pipeline_wait_seconds / result_.loop_seconds
+        << "%";
   }
   log << "\n";
   return result_;

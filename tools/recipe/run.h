@@ -41,6 +41,9 @@ struct TrainResult {
   // Seconds of the loop spent in the tensor-parallel collectives (forward and backward,
   // validation included); 0 without tensor parallelism.
   double tensor_parallel_seconds = 0.0;
+  // Seconds of the loop this rank's pipeline stage spent waiting for an activation or a
+  // gradient (the pipeline bubble and the transfers); 0 on one stage.
+  double pipeline_wait_seconds = 0.0;
 };
 
 // What one optimizer step computed.
@@ -77,8 +80,9 @@ class Run {
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> Resume();
 
   // One optimizer step over `micro_batches` (this rank's sample indices of each micro-batch):
-  // forward and backward of each, the gradient sync on the last, clipping, the check for
-  // non-finite values (NonFiniteGuard), the optimizer and LR steps. The loss is the mean over
+  // forward and backward of each (through the pipeline stages in the 1F1B order), the gradient
+  // sync on the last, the tied embedding's gradients summed over its stages, clipping, the check
+  // for non-finite values (NonFiniteGuard), the optimizer and LR steps. The loss is the mean over
   // the global batch's label tokens, however the batch is split into micro-batches and ranks.
   // Collective. Errors: kAborted for a non-finite loss or gradient norm that stops the run
   // (before the optimizer step); kUnavailable from peers.

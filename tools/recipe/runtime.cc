@@ -20,6 +20,12 @@ absl::Status SumOverData(at::Tensor& tensor, const TrainRuntime& runtime, absl::
   return base::AllReduce(tensor, base::Reduce::kSum, *runtime.data_group, what);
 }
 
+absl::Status SumOverStages(at::Tensor& tensor, const TrainRuntime& runtime,
+                           absl::string_view what) {
+  if (runtime.pipeline_group == nullptr) return absl::OkStatus();
+  return base::AllReduce(tensor, base::Reduce::kSum, *runtime.pipeline_group, what);
+}
+
 absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                             absl::string_view what) {
   return base::AgreeOnStatus(status, runtime.control_group, what);
@@ -53,6 +59,11 @@ void ProcessGroups::Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime
   // with_context_parallel=True)).
   runtime.group = mesh_.Group(parallel::GroupKind::kDpCp);
   runtime.tp_group = mesh_.Group(parallel::GroupKind::kTp);
+  if (mesh_.GroupSize(parallel::GroupKind::kPp) > 1) {
+    runtime.pp_group = mesh_.Group(parallel::GroupKind::kPp);
+    runtime.pipeline_group = mesh_.GlooGroup(parallel::GroupKind::kPp);
+    runtime.embedding_group = mesh_.Group(parallel::GroupKind::kEmbedding);
+  }
   runtime.control_group = mesh_.control_group();
   runtime.data_group = mesh_.GlooGroup(parallel::GroupKind::kDp);
   runtime.checkpoint_group = mesh_.checkpoint_group();

@@ -47,6 +47,15 @@ struct TrainRuntime {
   // The tensor-parallel group for tensors on `device` (the model's layers); nullptr for a
   // single process.
   c10d::ProcessGroup* tp_group = nullptr;
+  // The pipeline stages of this rank's pipeline, for activations and their gradients on
+  // `device`; nullptr for one stage.
+  c10d::ProcessGroup* pp_group = nullptr;
+  // A CPU (Gloo) group of the same stages, for the losses the last stage computes; nullptr for
+  // one stage.
+  c10d::ProcessGroup* pipeline_group = nullptr;
+  // The first and last stage of this rank's pipeline (Megatron's embedding group), which both
+  // hold the tied word embedding, on `device`; nullptr on the other stages and for one stage.
+  c10d::ProcessGroup* embedding_group = nullptr;
   // A CPU (Gloo) group of all ranks for host scalars: the preemption flag, agreement on
   // errors. nullptr for a single process.
   c10d::ProcessGroup* control_group = nullptr;
@@ -74,6 +83,12 @@ struct TrainRuntime {
 [[nodiscard]] absl::Status SumOverData(at::Tensor& tensor, const TrainRuntime& runtime,
                                        absl::string_view what);
 
+// Sums `tensor` in place over the stages of this rank's pipeline (nothing for a single
+// process): what only the last stage computes reaches every stage.
+// Collective: over runtime.pipeline_group. Errors: kUnavailable naming `what`.
+[[nodiscard]] absl::Status SumOverStages(at::Tensor& tensor, const TrainRuntime& runtime,
+                                         absl::string_view what);
+
 // Every rank learns whether any rank failed: all ranks return the lowest failing rank's status
 // ("rank <r>: ..."), or OK (base::AgreeOnStatus). Collective: over runtime.control_group.
 [[nodiscard]] absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
@@ -81,7 +96,8 @@ struct TrainRuntime {
 
 // The process groups of one rank, built from torchrun's environment: gradients over NCCL or
 // Gloo, host scalars and checkpoint exchanges over Gloo: a DeviceMesh of
-// distributed.tensor_model_parallel_size and the data-parallel ranks left.
+// distributed.tensor_model_parallel_size, pipeline_model_parallel_size and the data-parallel
+// ranks left.
 class ProcessGroups {
  public:
   // Rendezvous through the TCPStore `env` names (torchrun's agent store, or one rank 0 serves)

@@ -1,0 +1,79 @@
+#include "tools/recipe/stages.h"
+
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "base/collectives.h"
+#include "base/status.h"
+#include "parallel/pipeline_parallel/schedules.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+// The tied word embedding's name: the first and the last stage each hold it.
+constexpr char kWordEmbedding[] = "wte.weight";
+
+// The summed cross-entropy of next-token prediction over the labels of `batch` that count,
+// from the last blocks' hidden states. Collective over the tensor-parallel group (forward and
+// backward).
+at::Tensor SummedTokenLoss(Gpt& model, const at::Tensor& hidden, const TokenBatch& batch) {
+  const at::Tensor losses = model->HeadLosses(hidden, batch.labels);
+  return batch.loss_mask.defined() ? (losses * batch.loss_mask).sum() : losses.sum();
+}
+
+}  // namespace
+
+void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter>& parameters) {
+  for (gradients::NamedParameter& p : parameters) {
+    p.shared = p.name == kWordEmbedding && !model->first_stage();
+  }
+}
+
+absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,
+                                 const TrainRuntime& runtime, const StageRunOptions& options) {
+  std::vector<const TokenBatch*> defined;
+  for (const TokenBatch& batch : batches) {
+    if (batch.defined()) defined.push_back(&batch);
+  }
+  const auto num_micro_batches = static_cast<int64_t>(defined.size());
+  double loss_sum = 0.0;
+  parallel::StageCallbacks stage;
+  stage.activation_shape = [&](int64_t i) {
+    const at::Tensor& inputs = defined[i]->inputs;
+    return std::vector<int64_t>{inputs.size(0), inputs.size(1), model->hidden_size()};
+  };
+  stage.forward = [&](int64_t i, const at::Tensor& input) {
+    at::Tensor hidden = model->StageForward(defined[i]->inputs, input);
+    if (!model->last_stage()) return hidden;
+    const at::Tensor loss = SummedTokenLoss(model, hidden, *defined[i]);
+    loss_sum += loss.item<double>();
+    return loss * options.loss_scale;
+  };
+  stage.before_backward = [&](int64_t i) {
+    if (i + 1 == num_micro_batches && options.before_last_backward) options.before_last_backward();
+  };
+  parallel::PipelineOptions pipeline;
+  pipeline.activation_options = at::TensorOptions().dtype(at::kFloat).device(runtime.device);
+  pipeline.forward_only = options.forward_only;
+  KEEL_RETURN_IF_ERROR(parallel::RunPipeline(num_micro_batches, stage, runtime.pp_group, pipeline));
+  if (num_micro_batches == 0 && !options.forward_only && options.before_last_backward) {
+    options.before_last_backward();
+  }
+  return loss_sum;
+}
+
+absl::Status ReduceEmbeddingGrads(const std::vector<gradients::NamedParameter>& parameters,
+                                  const TrainRuntime& runtime) {
+  if (runtime.embedding_group == nullptr) return absl::OkStatus();
+  for (const gradients::NamedParameter& p : parameters) {
+    if (p.name != kWordEmbedding) continue;
+    at::Tensor param = p.param;
+    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+    at::Tensor grad = param.grad();
+    return base::AllReduce(grad, base::Reduce::kSum, *runtime.embedding_group,
+                           "the tied word embedding's gradients");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace keel::tools::recipe

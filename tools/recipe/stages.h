@@ -1,0 +1,56 @@
+// The trainer's forward and backward passes through its pipeline stage (one stage: the whole
+// model), and what the stages share: the tied word embedding that the first and the last stage
+// each hold.
+//
+//   MarkSharedEmbedding(model, parameters);  // before building the optimizer
+//   KEEL_ASSIGN_OR_RETURN(double loss_sum, RunStages(model, batches, runtime, options));
+//   KEEL_RETURN_IF_ERROR(optimizer->Wait());
+//   KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(optimizer->StepParameters(), runtime));
+#ifndef KEEL_TOOLS_RECIPE_STAGES_H_
+#define KEEL_TOOLS_RECIPE_STAGES_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gradients/parameters.h"
+#include "tools/recipe/data.h"
+#include "tools/recipe/gpt.h"
+#include "tools/recipe/runtime.h"
+
+namespace keel::tools::recipe {
+
+// Marks the last stage's copy of the word embedding `shared` (the first stage's counts in the
+// clipping norm); nothing on the first stage or on one stage.
+void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter>& parameters);
+
+struct StageRunOptions {
+  // Forward passes only (validation). Default: false.
+  bool forward_only = false;
+  // The last stage backpropagates its summed token loss times this. Default: 1.
+  double loss_scale = 1.0;
+  // Called before the last micro-batch's backward, or after none if there is none (the
+  // data-parallel sync's PrepareForFinalBackward). Default: none.
+  std::function<void()> before_last_backward;
+};
+
+// The defined micro-batches of `batches` through this rank's stage over runtime.pp_group, in
+// the 1F1B order (parallel::RunPipeline); every stage of a pipeline reads the same batches.
+// Returns the summed token loss over the labels that count (the last stage's; 0 on the
+// others). Collective: over the tensor-parallel and pipeline groups. Errors: RunPipeline's.
+[[nodiscard]] absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,
+                                               const TrainRuntime& runtime,
+                                               const StageRunOptions& options);
+
+// Megatron's embedding-group all-reduce: the first and last stage's word-embedding gradients
+// (among `parameters`, after the data-parallel sync) summed, so that both copies take the same
+// step; a missing gradient counts as zeros. Nothing without runtime.embedding_group.
+// Collective: over the embedding group. Errors: kUnavailable from peers.
+[[nodiscard]] absl::Status ReduceEmbeddingGrads(
+    const std::vector<gradients::NamedParameter>& parameters, const TrainRuntime& runtime);
+
+}  // namespace keel::tools::recipe
+
+#endif  // KEEL_TOOLS_RECIPE_STAGES_H_
