@@ -24,6 +24,20 @@ std::atomic<int64_t> wait_nanoseconds{0};
 constexpr int kActivationTag = 0;
 constexpr int kGradientTag = 1;
 
+// What one exchange with the neighbouring stages sends and receives; undefined tensors and
+// empty shapes are nothing to do.
+struct Exchange {
+  at::Tensor send_next;            // an activation
+  at::Tensor send_prev;            // an input's gradient
+  std::vector<int64_t> recv_prev;  // the shape of an activation to receive, if any
+  std::vector<int64_t> recv_next;  // the shape of an output's gradient to receive, if any
+};
+
+struct Received {
+  at::Tensor prev;
+  at::Tensor next;
+};
+
 // This rank's place in the pipeline group and its point-to-point traffic.
 class StageLink {
  public:
@@ -35,40 +49,49 @@ class StageLink {
   bool first() const { return rank_ == 0; }
   bool last() const { return rank_ == size_ - 1; }
 
-  // Queues `tensor` for `peer` (the previous or next stage); WaitForSends finishes it.
-  void Send(const at::Tensor& tensor, int peer, int tag) {
-    std::vector<at::Tensor> tensors = {tensor.detach().contiguous()};
-    sends_.push_back(group_->send(tensors, peer, tag));
-    kept_.push_back(std::move(tensors));
-  }
-
-  // Blocks until `peer` has sent a tensor of `shape`, counting the wait.
-  at::Tensor Recv(const std::vector<int64_t>& shape, const at::TensorOptions& options, int peer,
-                  int tag) {
-    std::vector<at::Tensor> tensors = {at::empty(shape, options)};
+  // Megatron's _p2p_ops: even stages post their sends first, odd stages their receives, so
+  // that two neighbours post matching operations in the same order (NCCL's point-to-point
+  // completes only once the peer has posted the match); every operation is waited for, and
+  // the wait counted. Operations towards a stage that does not exist are dropped.
+  Received Run(const Exchange& e, const at::TensorOptions& options) {
+    Received got;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<std::vector<at::Tensor>> buffers;
+    const auto send = [&](const at::Tensor& tensor, int peer, int tag) {
+      if (!tensor.defined() || peer < 0 || peer >= size_) return;
+      buffers.push_back({tensor.detach().contiguous()});
+      works.push_back(group_->send(buffers.back(), peer, tag));
+    };
+    const auto recv = [&](at::Tensor& out, const std::vector<int64_t>& shape, int peer, int tag) {
+      if (shape.empty() || peer < 0 || peer >= size_) return;
+      out = at::empty(shape, options);
+      buffers.push_back({out});
+      works.push_back(group_->recv(buffers.back(), peer, tag));
+    };
+    if (rank_ % 2 == 0) {
+      send(e.send_next, rank_ + 1, kActivationTag);
+      recv(got.prev, e.recv_prev, rank_ - 1, kActivationTag);
+      send(e.send_prev, rank_ - 1, kGradientTag);
+      recv(got.next, e.recv_next, rank_ + 1, kGradientTag);
+    } else {
+      recv(got.prev, e.recv_prev, rank_ - 1, kActivationTag);
+      send(e.send_next, rank_ + 1, kActivationTag);
+      recv(got.next, e.recv_next, rank_ + 1, kGradientTag);
+      send(e.send_prev, rank_ - 1, kGradientTag);
+    }
+    if (works.empty()) return got;
     const auto start = std::chrono::steady_clock::now();
-    group_->recv(tensors, peer, tag)->wait();
+    for (const auto& work : works) work->wait();
     wait_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now() - start)
                             .count();
-    return tensors[0];
+    return got;
   }
-
-  void WaitForSends() {
-    for (const auto& work : sends_) work->wait();
-    sends_.clear();
-    kept_.clear();
-  }
-
-  int previous() const { return rank_ - 1; }
-  int next() const { return rank_ + 1; }
 
  private:
   c10d::ProcessGroup* group_;
   int rank_;
   int size_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> sends_;
-  std::vector<std::vector<at::Tensor>> kept_;
 };
 
 // A micro-batch between its forward and its backward.
@@ -77,7 +100,11 @@ struct InFlight {
   at::Tensor output;
 };
 
-// One RunPipeline call: the stage's forward and backward passes, with what they exchange.
+// One RunPipeline call: the stage's forward and backward passes in OneFOneBSchedule's order,
+// and between them the exchanges of Megatron's schedule: after a forward that a backward
+// follows, its activation goes out and that backward's output gradient comes in in one
+// exchange (send_forward_recv_backward), after a backward that a forward follows likewise
+// (send_backward_recv_forward); between two passes of one kind, the send and then the receive.
 class StagePass {
  public:
   StagePass(const StageCallbacks& stage, c10d::ProcessGroup* group, const PipelineOptions& options)
@@ -90,46 +117,60 @@ class StagePass {
   int stage() const { return stage_; }
   int num_stages() const { return num_stages_; }
 
-  // Receives micro-batch i's input (past the first stage), runs the stage, sends the output
-  // on (before the last stage), and keeps both for the backward pass.
-  absl::Status Forward(int64_t i) {
-    const std::string what = Describe(i, "forward");
-    InFlight step;
-    if (!link_.first()) {
-      KEEL_RETURN_IF_ERROR(
-          base::CallTorch(absl::StatusCode::kUnavailable, absl::StrCat(what, ": receiving"), [&] {
-            step.input = link_.Recv(callbacks_.activation_shape(i), options_.activation_options,
-                                    link_.previous(), kActivationTag);
-          }));
-      step.input.requires_grad_(!options_.forward_only);
+  // Runs `action` after the previous one (nullptr for the first), receiving what it needs and
+  // sending on what the previous one produced.
+  absl::Status Step(const PipelineAction& action, const PipelineAction* previous) {
+    const bool forward = action.kind == PipelineAction::Kind::kForward;
+    const int64_t i = action.micro_batch;
+    const std::string what = Describe(i, forward ? "forward" : "backward");
+    Exchange exchange;
+    std::vector<int64_t>& receive = forward ? exchange.recv_prev : exchange.recv_next;
+    receive = callbacks_.activation_shape(i);
+    if (previous != nullptr && previous->kind == action.kind) {
+      KEEL_RETURN_IF_ERROR(Communicate(TakePending(), what).status());  // send, then receive
+    } else if (previous != nullptr) {
+      const Exchange pending = TakePending();
+      exchange.send_next = pending.send_next;
+      exchange.send_prev = pending.send_prev;
     }
+    KEEL_ASSIGN_OR_RETURN(Received received, Communicate(exchange, what));
+    return forward ? Forward(i, received.prev, what) : Backward(i, received.next, what);
+  }
+
+  // Sends what the last pass produced.
+  absl::Status Finish() { return Communicate(TakePending(), "finishing").status(); }
+
+ private:
+  absl::StatusOr<Received> Communicate(const Exchange& exchange, const std::string& what) {
+    Received received;
+    KEEL_RETURN_IF_ERROR(
+        base::CallTorch(absl::StatusCode::kUnavailable,
+                        absl::StrCat(what, ": exchanging with the neighbouring stages"),
+                        [&] { received = link_.Run(exchange, options_.activation_options); }));
+    return received;
+  }
+
+  Exchange TakePending() { return std::exchange(pending_, Exchange()); }
+
+  // Runs the stage on micro-batch i's input (undefined on the first stage) and keeps the input
+  // and output for the backward pass; the output goes to the next stage with the next exchange.
+  absl::Status Forward(int64_t i, at::Tensor input, const std::string& what) {
+    InFlight step{std::move(input), at::Tensor()};
+    if (step.input.defined()) step.input.requires_grad_(!options_.forward_only);
     KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, what, [&] {
       at::AutoGradMode grad_mode(!options_.forward_only);
       step.output = callbacks_.forward(i, step.input);
     }));
-    if (!link_.last()) {
-      KEEL_RETURN_IF_ERROR(
-          base::CallTorch(absl::StatusCode::kUnavailable, absl::StrCat(what, ": sending"),
-                          [&] { link_.Send(step.output, link_.next(), kActivationTag); }));
-    }
+    if (!link_.last()) pending_.send_next = step.output;
     if (!options_.forward_only) in_flight_.emplace(i, std::move(step));
     return absl::OkStatus();
   }
 
-  // Receives the gradient of micro-batch i's output (before the last stage; the last starts
-  // from its loss), backpropagates through the stage and sends the input's gradient back.
-  absl::Status Backward(int64_t i) {
-    const std::string what = Describe(i, "backward");
+  // Backpropagates micro-batch i from its output's gradient (undefined on the last stage,
+  // which starts from its loss); the input's gradient goes back with the next exchange.
+  absl::Status Backward(int64_t i, const at::Tensor& output_grad, const std::string& what) {
     InFlight step = std::move(in_flight_.at(i));
     in_flight_.erase(i);
-    at::Tensor output_grad;
-    if (!link_.last()) {
-      KEEL_RETURN_IF_ERROR(
-          base::CallTorch(absl::StatusCode::kUnavailable, absl::StrCat(what, ": receiving"), [&] {
-            output_grad = link_.Recv(callbacks_.activation_shape(i), options_.activation_options,
-                                     link_.next(), kGradientTag);
-          }));
-    }
     KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, what, [&] {
       if (callbacks_.before_backward) callbacks_.before_backward(i);
       if (output_grad.defined()) {
@@ -138,18 +179,10 @@ class StagePass {
         step.output.backward();  // the last stage's loss
       }
     }));
-    if (link_.first()) return absl::OkStatus();
-    return base::CallTorch(absl::StatusCode::kUnavailable, absl::StrCat(what, ": sending"),
-                           [&] { link_.Send(step.input.grad(), link_.previous(), kGradientTag); });
+    if (!link_.first()) pending_.send_prev = step.input.grad();
+    return absl::OkStatus();
   }
 
-  absl::Status Finish() {
-    return base::CallTorch(absl::StatusCode::kUnavailable,
-                           absl::StrCat("pipeline stage ", stage_, ": finishing its sends"),
-                           [&] { link_.WaitForSends(); });
-  }
-
- private:
   std::string Describe(int64_t i, absl::string_view pass) const {
     return absl::StrCat("pipeline stage ", stage_, " of ", num_stages_, ", micro-batch ", i + 1,
                         "'s ", pass);
@@ -161,6 +194,8 @@ class StagePass {
   int stage_;
   int num_stages_;
   std::map<int64_t, InFlight> in_flight_;
+  // What the last pass produced for a neighbour, sent with the next exchange.
+  Exchange pending_;
 };
 
 }  // namespace
@@ -198,11 +233,10 @@ std::vector<PipelineAction> OneFOneBSchedule(int64_t num_micro_batches, int stag
 absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
                          c10d::ProcessGroup* pp_group, const PipelineOptions& options) {
   StagePass pass(stage, pp_group, options);
-  for (const PipelineAction& action :
-       OneFOneBSchedule(num_micro_batches, pass.stage(), pass.num_stages(), options.forward_only)) {
-    KEEL_RETURN_IF_ERROR(action.kind == PipelineAction::Kind::kForward
-                             ? pass.Forward(action.micro_batch)
-                             : pass.Backward(action.micro_batch));
+  const std::vector<PipelineAction> actions =
+      OneFOneBSchedule(num_micro_batches, pass.stage(), pass.num_stages(), options.forward_only);
+  for (size_t k = 0; k < actions.size(); ++k) {
+    KEEL_RETURN_IF_ERROR(pass.Step(actions[k], k == 0 ? nullptr : &actions[k - 1]));
   }
   return pass.Finish();
 }

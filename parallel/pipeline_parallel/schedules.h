@@ -80,20 +80,23 @@ struct PipelineOptions {
   bool forward_only = false;
 };
 
-// Runs micro-batches 0..m-1 through this rank's stage in OneFOneBSchedule's order, receiving
-// activations from the previous rank of `pp_group` and gradients from the next one (c10d
-// point-to-point: Gloo on the CPU, NCCL on GPUs), accumulating parameter gradients as the
-// stage's backward passes produce them. Sends are waited for before it returns. nullptr or a
-// group of one: a single stage (a forward, then its backward, per micro-batch).
-// Collective: every stage of the group calls it with the same m and shapes.
-// Errors: kInternal when a forward or backward throws; kUnavailable when a peer fails or the
-// group's timeout passes (a stage killed mid-step).
+// Runs micro-batches 0..m-1 through this rank's stage in OneFOneBSchedule's order,
+// accumulating parameter gradients as the stage's backward passes produce them. Between two
+// passes it exchanges with the neighbouring ranks of `pp_group` as Megatron's schedule does
+// (c10d point-to-point: Gloo on the CPU, NCCL on GPUs): an activation forward and an output
+// gradient back in one exchange where a forward meets a backward, else the send and then the
+// receive; even stages post sends first, odd ones receives, and every exchange completes
+// before the next pass. nullptr or a group of one: a single stage (a forward, then its
+// backward, per micro-batch). Collective: every stage of the group calls it with the same m
+// and shapes. Errors: kInternal when a forward or backward throws; kUnavailable when a peer
+// fails or the group's timeout passes (a stage killed mid-step).
 [[nodiscard]] absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
                                        c10d::ProcessGroup* pp_group,
                                        const PipelineOptions& options = {});
 
-// Wall-clock seconds this process's stages have spent waiting to receive an activation or a
-// gradient since it started: the pipeline bubble, plus transfer time. Thread-safe.
+// Wall-clock seconds this process's stages have spent in exchanges with their neighbours since
+// it started: waiting for an activation or a gradient (the pipeline bubble), plus the
+// transfers. Thread-safe.
 double PipelineWaitSeconds();
 
 }  // namespace keel::parallel

@@ -190,7 +190,7 @@ TEST(RunPipelineTest, AFailingStageIsAnErrorAndItsPeerTimesOut) {
                                               "the first stage's layer failed")));
   EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kUnavailable,
                                     HasSubstr("pipeline stage 1 of 2, micro-batch 1's forward: "
-                                              "receiving")));
+                                              "exchanging with the neighbouring stages")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
