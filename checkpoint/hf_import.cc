@@ -2,6 +2,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,7 +66,8 @@ std::string Describe(const std::vector<int64_t>& shape, at::ScalarType dtype) {
 // Every way the files' headers and the model's keys disagree, one line each.
 std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry>& in_files,
                                     const State& expected,
-                                    const std::map<std::string, std::string>& tied) {
+                                    const std::map<std::string, std::string>& tied,
+                                    const std::set<std::string>& held_elsewhere) {
   std::vector<std::string> problems;
   for (const auto& [key, ref] : expected.tensors) {
     const auto it = in_files.find(key);
@@ -85,7 +87,8 @@ std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry
     }
   }
   for (const auto& [key, entry] : in_files) {
-    if (expected.tensors.count(key) == 0 && tied.count(key) == 0) {
+    if (expected.tensors.count(key) == 0 && tied.count(key) == 0 &&
+        held_elsewhere.count(key) == 0) {
       problems.push_back(absl::StrCat("unexpected tensor \"", key, "\" (",
                                       Describe(entry.shape, entry.dtype), ")"));
     }
@@ -97,7 +100,8 @@ std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry
 
 absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
                                                  torch::nn::Module& model,
-                                                 const ModelStateOptions& options) {
+                                                 const ModelStateOptions& options,
+                                                 const std::set<std::string>& held_elsewhere) {
   KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory));
   std::map<std::string, SafetensorsEntry> in_files;
   for (const auto& [path, indexed] : files) {
@@ -115,7 +119,8 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
   const ModelState state(model, options);
   KEEL_ASSIGN_OR_RETURN(State expected, state.StateDict());
   const std::map<std::string, std::string> tied = state.TiedKeys();
-  if (std::vector<std::string> problems = Mismatches(in_files, expected, tied); !problems.empty()) {
+  if (std::vector<std::string> problems = Mismatches(in_files, expected, tied, held_elsewhere);
+      !problems.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(directory, " does not match the model (", problems.size(),
                      " problem(s)): ", absl::StrJoin(problems, "; ")));
@@ -131,7 +136,9 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
         tied_in_files[name] = std::move(tensor);
         continue;
       }
-      const TensorRef& ref = expected.tensors.at(name);
+      const auto it = expected.tensors.find(name);
+      if (it == expected.tensors.end()) continue;  // held elsewhere
+      const TensorRef& ref = it->second;
       ref.tensor.copy_(ref.layout.has_value()
                            ? parallel::BlockOf(tensor, *ref.layout, ref.tensor.sizes())
                            : tensor);

@@ -8,6 +8,7 @@
 #define KEEL_CHECKPOINT_HF_IMPORT_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,10 @@ struct HfImportResult {
 // Copies every tensor of the directory into the parameter or buffer of `model` that
 // ModelState(model, options) keys alike, in place. Strict: before anything is copied, every
 // key of the model must be in the files and every tensor of the files must be a key of the
-// model (or a tied lm_head weight), with the same shape and dtype. A tensor that
-// options.layouts lays out is compared with its global shape and gets its block.
+// model (or a tied lm_head weight) or of `held_elsewhere` (the keys of the other parts of a
+// model split over ranks, such as pipeline stages, which this call leaves alone), with the
+// same shape and dtype. A tensor that options.layouts lays out is compared with its global
+// shape and gets its block.
 // Errors: kNotFound for a missing directory, a directory with neither file, or a shard that
 // the index names but that is missing; kDataLoss for an index that is not a
 // {"weight_map": {name: file}} object or names a tensor its file lacks, and as
@@ -40,7 +43,8 @@ struct HfImportResult {
 // unexpected, mis-shaped and mis-typed tensor (with both shapes or dtypes), or a tied lm_head
 // weight that differs from the tensor it is tied to (the model is then partly loaded).
 [[nodiscard]] absl::StatusOr<HfImportResult> LoadHfSafetensors(
-    const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options = {});
+    const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options = {},
+    const std::set<std::string>& held_elsewhere = {});
 
 }  // namespace keel::checkpoint
 

@@ -127,6 +127,32 @@ TEST(HfImportTest, ALaidOutParameterReadsItsBlockOfTheWholeTensor) {
   EXPECT_TRUE(at::equal(b, source.b));
 }
 
+// A pipeline stage holding the projection only: the embedding and its tied head belong to
+// another stage (held elsewhere), which they are left to; without saying so they are
+// unexpected.
+TEST(HfImportTest, APartOfAModelLeavesTheOtherPartsTensorsToThem) {
+  const std::string dir = NewTempDir("hf_part");
+  TinyModel source(7);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(source)) tensors.emplace_back(name, tensor);
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  torch::nn::Module part;
+  const at::Tensor w = part.register_parameter("proj_w", at::zeros({4, 4}));
+  const at::Tensor b = part.register_parameter("proj_b", at::zeros({4}));
+  part.register_buffer("scale", at::zeros({1}, at::kDouble));
+  EXPECT_THAT(LoadHfSafetensors(dir, part),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("2 problem(s)"), HasSubstr("unexpected tensor \"wte\""),
+                             HasSubstr("unexpected tensor \"lm_head.weight\""))));
+  EXPECT_TRUE(at::equal(w, at::zeros({4, 4})));
+  KEEL_ASSERT_OK_AND_ASSIGN(HfImportResult result,
+                            LoadHfSafetensors(dir, part, {}, {"wte", "lm_head.weight"}));
+  EXPECT_EQ(result.num_tensors, 3);
+  EXPECT_TRUE(result.tied_checked.empty());
+  EXPECT_TRUE(at::equal(w, source.w));
+  EXPECT_TRUE(at::equal(b, source.b));
+}
+
 TEST(HfImportTest, EveryMismatchIsNamedAndNothingIsCopied) {
   const std::string dir = NewTempDir("hf_mismatch");
   TinyModel source(5);

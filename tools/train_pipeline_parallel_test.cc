@@ -102,6 +102,28 @@ TEST(TrainPipelineParallelTest, CheckpointsResumeAcrossLayouts) {
   EXPECT_EQ(pp2_export, from_one_rank);
 }
 
+// A Hugging Face export of a one-rank checkpoint starts a pp=2 run (each stage reads its own
+// tensors of the files, the last its copy of the tied embedding too) as it starts a one-rank
+// run.
+TEST(TrainPipelineParallelTest, APretrainedModelLoadsIntoTheStages) {
+  const std::string source = NewTempDir("pp_pretrained_source");
+  Subprocess trained = StartTrain(SameSamplesRun(source, 3), source + "/stderr");
+  ASSERT_EQ(trained.Wait(), 0) << trained.Stderr();
+  const std::string hf = source + "/hf";
+  EXPECT_FALSE(ExportedTensors(absl::GetFlag(FLAGS_ckpt), LatestCheckpoint(source), hf).empty());
+
+  const std::string pretrained = "model.pretrained_path=" + hf;
+  const std::string one_rank = NewTempDir("pp_pretrained_one_rank");
+  Subprocess one = StartTrain(SameSamplesRun(one_rank, 6, {pretrained}), one_rank + "/stderr");
+  ASSERT_EQ(one.Wait(), 0) << one.Stderr();
+  const std::string stages = NewTempDir("pp_pretrained_stages");
+  Subprocess pp2 =
+      LaunchTrain(2, SameSamplesRun(stages, 6, {kPp2, pretrained}), stages + "/stderr");
+  ASSERT_EQ(pp2.Wait(), 0) << pp2.Stderr();
+  EXPECT_THAT(pp2.DrainStdout(), HasSubstr(" into the first pipeline stage ("));
+  ExpectLayoutInvariant(one_rank, stages);
+}
+
 // A pp=2 run whose last stage is killed with SIGKILL after step 7: the first stage, waiting
 // for its gradients, fails within distributed.timeout_seconds (5) and some slack. Resumed, the
 // run ends as the uninterrupted pp=2 run does, every loss, the weights and optimizer state to

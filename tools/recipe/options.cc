@@ -197,13 +197,6 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
         layers, "): each stage holds an equal number of layers, at least one; sizes that do: ",
         Working(layers, [layers](int64_t n) { return layers % n == 0; })));
   }
-  if (pp > 1 && !options.pretrained_path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.pretrained_path with distributed.pipeline_model_parallel_size ", pp,
-        ": not supported yet (a stage would refuse the other stages' tensors); load it on one "
-        "stage, save a checkpoint, and resume that on ",
-        pp, " stages"));
-  }
   if (pp > 1 && options.distributed.use_distributed_optimizer) {
     return absl::InvalidArgumentError(absl::StrCat(
         "distributed.use_distributed_optimizer with pipeline_model_parallel_size ", pp,

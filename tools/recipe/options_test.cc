@@ -102,8 +102,6 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.pipeline_model_parallel_size=2", "distributed.use_distributed_optimizer=true"},
        "distributed.use_distributed_optimizer with pipeline_model_parallel_size 2: not supported "
        "yet"},
-      {{"distributed.pipeline_model_parallel_size=2", "model.pretrained_path=/m/model.safetensors"},
-       "model.pretrained_path with distributed.pipeline_model_parallel_size 2: not supported yet"},
       {{"distributed.tensor_model_parallel_size=3"},
        "distributed.tensor_model_parallel_size (3) must divide model.num_attention_heads (4): "
        "each tensor-parallel rank holds an equal share; sizes that do: 1, 2, 4"},

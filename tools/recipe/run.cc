@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -345,13 +346,17 @@ absl::Status Run::LoadPretrained() {
   checkpoint::ModelStateOptions layout;
   layout.model_save_format = options_.checkpoint.model_save_format;
   layout.layouts = (*state_->model)->Layouts();
-  absl::StatusOr<checkpoint::HfImportResult> loaded =
-      checkpoint::LoadHfSafetensors(options_.pretrained_path, **state_->model, layout);
+  KEEL_ASSIGN_OR_RETURN(const std::set<std::string> other_stages,
+                        KeysOfOtherStages(**state_->model, layout, runtime_));
+  absl::StatusOr<checkpoint::HfImportResult> loaded = checkpoint::LoadHfSafetensors(
+      options_.pretrained_path, **state_->model, layout, other_stages);
   KEEL_RETURN_IF_ERROR(AgreeOverRanks(base::Annotate(loaded.status(), "model.pretrained_path"),
                                       runtime_, "loading model.pretrained_path"));
   if (runtime_.rank == 0) {
     *runtime_.log << "model: " << loaded->num_tensors << " tensors from "
-                  << options_.pretrained_path << " (" << loaded->files.size() << " file(s)"
+                  << options_.pretrained_path
+                  << (other_stages.empty() ? "" : " into the first pipeline stage") << " ("
+                  << loaded->files.size() << " file(s)"
                   << (loaded->tied_checked.empty() ? "" : "; tied lm_head checked") << ")\n";
   }
   return absl::OkStatus();

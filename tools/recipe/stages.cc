@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "ATen/ATen.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/collectives.h"
 #include "base/status.h"
 #include "parallel/pipeline_parallel/schedules.h"
@@ -74,6 +76,27 @@ absl::Status ReduceEmbeddingGrads(const std::vector<gradients::NamedParameter>& 
                            "the tied word embedding's gradients");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::set<std::string>> KeysOfOtherStages(
+    torch::nn::Module& model, const checkpoint::ModelStateOptions& options,
+    const TrainRuntime& runtime) {
+  std::set<std::string> others;
+  if (runtime.pipeline_group == nullptr) return others;
+  const checkpoint::ModelState state(model, options);
+  KEEL_ASSIGN_OR_RETURN(checkpoint::State mine, state.StateDict());
+  std::set<std::string> own;
+  for (const auto& [key, ref] : mine.tensors) own.insert(key);
+  for (const auto& [key, tied_to] : state.TiedKeys()) own.insert(key);
+  KEEL_ASSIGN_OR_RETURN(std::vector<std::string> stages,
+                        base::AllGatherBytes(absl::StrJoin(own, std::string(1, '\0')),
+                                             *runtime.pipeline_group, "the stages' tensor names"));
+  for (const std::string& stage : stages) {
+    for (absl::string_view key : absl::StrSplit(stage, '\0', absl::SkipEmpty())) {
+      if (own.count(std::string(key)) == 0) others.emplace(key);
+    }
+  }
+  return others;
 }
 
 }  // namespace keel::tools::recipe

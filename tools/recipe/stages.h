@@ -11,10 +11,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/model_state.h"
 #include "gradients/parameters.h"
 #include "tools/recipe/data.h"
 #include "tools/recipe/gpt.h"
@@ -50,6 +53,14 @@ struct StageRunOptions {
 // Collective: over the embedding group. Errors: kUnavailable from peers.
 [[nodiscard]] absl::Status ReduceEmbeddingGrads(
     const std::vector<gradients::NamedParameter>& parameters, const TrainRuntime& runtime);
+
+// The keys that ModelState(model, options) gives the other stages of this rank's pipeline
+// (tied ones included): what a stage leaves to them when it reads the whole model's files
+// (checkpoint::LoadHfSafetensors' held_elsewhere). Empty on one stage.
+// Collective: over runtime.pipeline_group. Errors: kUnavailable from peers; ModelState's.
+[[nodiscard]] absl::StatusOr<std::set<std::string>> KeysOfOtherStages(
+    torch::nn::Module& model, const checkpoint::ModelStateOptions& options,
+    const TrainRuntime& runtime);
 
 }  // namespace keel::tools::recipe
 
