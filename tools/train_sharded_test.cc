@@ -1,7 +1,6 @@
 // //tools:train with distributed.use_distributed_optimizer (AdamW's state sharded over the
 // data-parallel ranks), as child processes: against the unsharded run, through kill -9 and
 // resume, and resumed from its checkpoints on 1 rank (unsharded) and on 4 (sharded).
-#include <signal.h>
 
 #include <cstdint>
 #include <optional>
@@ -52,30 +51,9 @@ TEST(TrainShardedTest, MatchesTheUnshardedRunOnTwoRanks) {
 // (its asynchronous save in flight), resumed each time: it ends as the uninterrupted sharded
 // run does, every loss and the weights and optimizer state to the bit.
 TEST(TrainShardedTest, KillNineAndResumeIsBitIdentical) {
-  constexpr int64_t kSteps = 18;
-  const std::string reference = NewTempDir("sharded_reference");
-  Subprocess uninterrupted =
-      LaunchTrain(2, SmallRun(reference, kSteps, {kSharded}), reference + "/stderr");
-  ASSERT_EQ(uninterrupted.Wait(), 0) << uninterrupted.Stderr();
-
-  const std::string run_dir = NewTempDir("sharded_kill");
-  int run = 0;
-  for (const int64_t kill_after : {7, 12}) {
-    SCOPED_TRACE(absl::StrCat("killed after step ", kill_after));
-    Subprocess child = LaunchTrain(2, SmallRun(run_dir, kSteps, {kSharded}),
-                                   absl::StrCat(run_dir, "/stderr.", ++run));
-    ASSERT_TRUE(ReadUntilStep(child, kill_after)) << child.Stderr();
-    child.KillGroup(SIGKILL);
-    EXPECT_EQ(child.Wait(), 128 + SIGKILL);
-    LatestCheckpoint(run_dir);  // what the next run loads verifies
-  }
-  Subprocess last = LaunchTrain(2, SmallRun(run_dir, kSteps, {kSharded}),
-                                absl::StrCat(run_dir, "/stderr.", ++run));
-  ASSERT_EQ(last.Wait(), 0) << last.Stderr();
-  EXPECT_THAT(last.DrainStdout(), HasSubstr("resumed from "));
-  ASSERT_EQ(Metrics(reference).size(), static_cast<size_t>(kSteps));
-  ExpectSameTrace(Metrics(reference), Metrics(run_dir));
-  ExpectSameWeights(LatestCheckpoint(reference), LatestCheckpoint(run_dir));
+  ExpectKillNineResumesBitIdentically("sharded_kill", 2, 18, [](const std::string& run_dir) {
+    return SmallRun(run_dir, 18, {kSharded});
+  });
 }
 
 // Sharded on 2 ranks to step 6, then on 1 rank (nothing to shard: AdamW over the whole

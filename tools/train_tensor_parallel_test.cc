@@ -12,14 +12,12 @@
 // within 1.3e-6 relative, gradient norms within 2e-4 (on a step whose norm is 17 before
 // clipping, where the float32 differences of ~1e-6 in the weights show most). The test asks
 // 1e-6 of the first loss, 1e-4 of the others and 1e-3 of the gradient norms.
-#include <signal.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
@@ -106,30 +104,9 @@ TEST(TrainTensorParallelTest, CheckpointsResumeAcrossLayouts) {
 // asynchronous save in flight), resumed each time: it ends as the uninterrupted tp=2 run
 // does, every loss and the weights and optimizer state to the bit.
 TEST(TrainTensorParallelTest, KillNineAndResumeIsBitIdentical) {
-  constexpr int64_t kSteps = 18;
-  const std::string reference = NewTempDir("tp_kill_reference");
-  Subprocess uninterrupted =
-      LaunchTrain(2, SameSamplesRun(reference, kSteps, {kTp2}), reference + "/stderr");
-  ASSERT_EQ(uninterrupted.Wait(), 0) << uninterrupted.Stderr();
-
-  const std::string run_dir = NewTempDir("tp_kill");
-  int run = 0;
-  for (const int64_t kill_after : {7, 12}) {
-    SCOPED_TRACE(absl::StrCat("killed after step ", kill_after));
-    Subprocess child = LaunchTrain(2, SameSamplesRun(run_dir, kSteps, {kTp2}),
-                                   absl::StrCat(run_dir, "/stderr.", ++run));
-    ASSERT_TRUE(ReadUntilStep(child, kill_after)) << child.Stderr();
-    child.KillGroup(SIGKILL);
-    EXPECT_EQ(child.Wait(), 128 + SIGKILL);
-    LatestCheckpoint(run_dir);  // what the next run loads verifies
-  }
-  Subprocess last = LaunchTrain(2, SameSamplesRun(run_dir, kSteps, {kTp2}),
-                                absl::StrCat(run_dir, "/stderr.", ++run));
-  ASSERT_EQ(last.Wait(), 0) << last.Stderr();
-  EXPECT_THAT(last.DrainStdout(), HasSubstr("resumed from "));
-  ASSERT_EQ(Metrics(reference).size(), static_cast<size_t>(kSteps));
-  ExpectSameTrace(Metrics(reference), Metrics(run_dir));
-  ExpectSameWeights(LatestCheckpoint(reference), LatestCheckpoint(run_dir));
+  ExpectKillNineResumesBitIdentically("tp_kill", 2, 18, [](const std::string& run_dir) {
+    return SameSamplesRun(run_dir, 18, {kTp2});
+  });
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "tools/train_testutil.h"
 
+#include <signal.h>
+
 #include <cctype>
 #include <filesystem>
 #include <utility>
@@ -125,6 +127,31 @@ std::string ExpectResumesAcrossLayouts(
   EXPECT_EQ(Metrics(reference).size(), static_cast<size_t>(steps));
   ExpectCloseTrace(Metrics(reference), Metrics(run_dir), 1e-4, 1e-3);
   return reference;
+}
+
+void ExpectKillNineResumesBitIdentically(
+    const std::string& name, int ranks, int64_t steps,
+    const std::function<std::vector<std::string>(const std::string&)>& args) {
+  const std::string reference = keel::testing::NewTempDir(name + "_reference");
+  Subprocess uninterrupted = LaunchTrain(ranks, args(reference), reference + "/stderr");
+  ASSERT_EQ(uninterrupted.Wait(), 0) << uninterrupted.Stderr();
+
+  const std::string run_dir = keel::testing::NewTempDir(name);
+  int run = 0;
+  for (const int64_t kill_after : {7, 12}) {
+    SCOPED_TRACE(absl::StrCat("killed after step ", kill_after));
+    Subprocess child = LaunchTrain(ranks, args(run_dir), absl::StrCat(run_dir, "/stderr.", ++run));
+    ASSERT_TRUE(ReadUntilStep(child, kill_after)) << child.Stderr();
+    child.KillGroup(SIGKILL);
+    EXPECT_EQ(child.Wait(), 128 + SIGKILL);
+    LatestCheckpoint(run_dir);  // what the next run loads verifies
+  }
+  Subprocess last = LaunchTrain(ranks, args(run_dir), absl::StrCat(run_dir, "/stderr.", ++run));
+  ASSERT_EQ(last.Wait(), 0) << last.Stderr();
+  EXPECT_THAT(last.DrainStdout(), ::testing::HasSubstr("resumed from "));
+  ASSERT_EQ(Metrics(reference).size(), static_cast<size_t>(steps));
+  ExpectSameTrace(Metrics(reference), Metrics(run_dir));
+  ExpectSameWeights(LatestCheckpoint(reference), LatestCheckpoint(run_dir));
 }
 
 Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,

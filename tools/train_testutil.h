@@ -102,6 +102,14 @@ std::string ExpectResumesAcrossLayouts(
     const std::string& name, const std::vector<Leg>& legs, int64_t steps_per_leg,
     const std::function<void(size_t, const std::string&)>& after_leg);
 
+// A run of `steps` steps on `ranks` ranks (under //tools:launch) with the arguments
+// `args(run_dir)`, its rank group killed with SIGKILL after step 7 and after step 12 (its
+// asynchronous save in flight) and resumed each time, ends as the uninterrupted run does: every
+// loss, the weights and the optimizer state to the bit. `name` names the temporary directories.
+void ExpectKillNineResumesBitIdentically(
+    const std::string& name, int ranks, int64_t steps,
+    const std::function<std::vector<std::string>(const std::string&)>& args);
+
 // Every step's loss, learning rate, gradient norm and validation loss are the same doubles.
 void ExpectSameTrace(const std::vector<recipe::StepMetrics>& expected,
                      const std::vector<recipe::StepMetrics>& actual);
