@@ -46,6 +46,8 @@ class StageLink {
         rank_(group == nullptr ? 0 : group->getRank()),
         size_(group == nullptr ? 1 : group->getSize()) {}
 
+  int rank() const { return rank_; }
+  int size() const { return size_; }
   bool first() const { return rank_ == 0; }
   bool last() const { return rank_ == size_ - 1; }
 
@@ -108,14 +110,10 @@ struct InFlight {
 class StagePass {
  public:
   StagePass(const StageCallbacks& stage, c10d::ProcessGroup* group, const PipelineOptions& options)
-      : callbacks_(stage),
-        options_(options),
-        link_(group),
-        stage_(group == nullptr ? 0 : group->getRank()),
-        num_stages_(group == nullptr ? 1 : group->getSize()) {}
+      : callbacks_(stage), options_(options), link_(group) {}
 
-  int stage() const { return stage_; }
-  int num_stages() const { return num_stages_; }
+  int stage() const { return link_.rank(); }
+  int num_stages() const { return link_.size(); }
 
   // Runs `action` after the previous one (nullptr for the first), receiving what it needs and
   // sending on what the previous one produced.
@@ -184,15 +182,13 @@ class StagePass {
   }
 
   std::string Describe(int64_t i, absl::string_view pass) const {
-    return absl::StrCat("pipeline stage ", stage_, " of ", num_stages_, ", micro-batch ", i + 1,
+    return absl::StrCat("pipeline stage ", stage(), " of ", num_stages(), ", micro-batch ", i + 1,
                         "'s ", pass);
   }
 
   const StageCallbacks& callbacks_;
   const PipelineOptions& options_;
   StageLink link_;
-  int stage_;
-  int num_stages_;
   std::map<int64_t, InFlight> in_flight_;
   // What the last pass produced for a neighbour, sent with the next exchange.
   Exchange pending_;
