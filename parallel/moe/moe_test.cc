@@ -1,0 +1,183 @@
+// The router against Megatron's formulas computed independently here, and the experts split
+// over 2 Gloo ranks (threads) against the same layer on one rank: each rank's outputs, and
+// slice for slice the gradients, including a rank whose experts receive no tokens.
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/layout.h"
+#include "parallel/moe/router.h"
+#include "parallel/moe/token_dispatcher.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+
+namespace keel::parallel {
+namespace {
+
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+
+constexpr int64_t kExperts = 4;
+constexpr int64_t kHidden = 6;
+constexpr int64_t kFfn = 8;
+
+at::Tensor Draw(std::vector<int64_t> shape, uint64_t seed) {
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, generator);
+}
+
+TopKRouter Router(const RouterOptions& options) {
+  TopKRouter router(kHidden, options);
+  at::NoGradGuard no_grad;
+  router->named_parameters()["weight"].copy_(Draw({options.num_moe_experts, kHidden}, 1));
+  return router;
+}
+
+TEST(TopKRouterTest, TopKWeightsAndTheLoadBalancingLossFollowMegatron) {
+  for (const bool pre_softmax : {false, true}) {
+    SCOPED_TRACE(pre_softmax);
+    RouterOptions options;
+    options.num_moe_experts = kExperts;
+    options.moe_router_topk = 2;
+    options.moe_router_pre_softmax = pre_softmax;
+    options.moe_aux_loss_coeff = 0.01;
+    TopKRouter router = Router(options);
+    const at::Tensor tokens = Draw({5, kHidden}, 2);
+    const Routing routing = router->forward(tokens);
+    const at::Tensor logits =
+        at::matmul(tokens, router->named_parameters()["weight"].detach().t()).to(at::kDouble);
+    const at::Tensor softmax = at::softmax(logits, -1);
+    std::vector<int64_t> count(kExperts, 0);
+    double scores_times_counts = 0.0;
+    for (int64_t t = 0; t < 5; ++t) {
+      // The two largest logits, by hand.
+      std::vector<std::pair<double, int64_t>> ranked;
+      for (int64_t e = 0; e < kExperts; ++e) ranked.emplace_back(logits[t][e].item<double>(), e);
+      std::sort(ranked.rbegin(), ranked.rend());
+      const double a = std::exp(ranked[0].first), b = std::exp(ranked[1].first);
+      for (int j = 0; j < 2; ++j) {
+        const int64_t e = ranked[j].second;
+        EXPECT_EQ(routing.indices[t][j].item<int64_t>(), e);
+        const double expected =
+            pre_softmax ? softmax[t][e].item<double>() : (j == 0 ? a : b) / (a + b);
+        EXPECT_NEAR(routing.probs[t][j].item<double>(), expected, 1e-6);
+        ++count[e];
+      }
+    }
+    for (int64_t e = 0; e < kExperts; ++e) {
+      EXPECT_EQ(routing.tokens_per_expert[e].item<int64_t>(), count[e]);
+      scores_times_counts += count[e] * softmax.select(1, e).sum().item<double>();
+    }
+    // E x coeff / (k x T^2) x sum_e(tokens_e x sum_t p_te).
+    const double aux = kExperts * 0.01 / (2.0 * 25.0) * scores_times_counts;
+    EXPECT_NEAR(routing.aux_loss.item<double>(), aux, 1e-7);
+  }
+}
+
+TEST(TopKRouterTest, TheAuxLossGradientJoinsTheBackwardPassScaled) {
+  RouterOptions options;
+  options.num_moe_experts = kExperts;
+  options.moe_aux_loss_coeff = 0.1;
+  TopKRouter router = Router(options);
+  const at::Tensor tokens = Draw({5, kHidden}, 3);
+  at::Tensor weight = router->named_parameters()["weight"];
+  router->forward(tokens).aux_loss.backward();
+  const at::Tensor aux_grad = weight.grad().clone();
+  weight.mutable_grad().reset();
+  // The output carries the aux loss: its own gradient passes unchanged, the aux loss gets 0.25.
+  const at::Tensor x = at::ones({3}).requires_grad_(true);
+  (AttachAuxLoss(x, router->forward(tokens).aux_loss, 0.25) * 2.0).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), at::full({3}, 2.0)));
+  EXPECT_TRUE(at::allclose(weight.grad(), aux_grad * 0.25, 1e-6, 1e-9));
+}
+
+// The layer on one rank, whose weights every split copies its blocks of.
+struct Whole {
+  GroupedMlp experts{kExperts, kHidden, kFfn, nullptr};
+  Whole() {
+    at::NoGradGuard no_grad;
+    experts->named_parameters()["fc1"].copy_(Draw({kExperts, kHidden, kFfn}, 4) / 3);
+    experts->named_parameters()["fc2"].copy_(Draw({kExperts, kFfn, kHidden}, 5) / 3);
+  }
+};
+
+// Rank r's tokens and a routing of them: the router's, or (`onto_first_half`) every token to
+// experts 0 and 1, which rank 0 holds at ep = 2.
+Routing RouteOf(const at::Tensor& tokens, bool onto_first_half) {
+  RouterOptions options;
+  options.num_moe_experts = kExperts;
+  if (!onto_first_half) return Router(options)->forward(tokens);
+  Routing routing;
+  routing.indices = at::tensor({0, 1}, at::kLong).repeat({tokens.size(0), 1});
+  routing.probs = at::full({tokens.size(0), 2}, 0.5);
+  return routing;
+}
+
+TEST(DispatchToExpertsTest, TwoExpertParallelRanksComputeTheOneRankLayer) {
+  for (const bool onto_first_half : {false, true}) {
+    SCOPED_TRACE(onto_first_half ? "rank 1's experts get no tokens" : "the router's choice");
+    std::vector<at::Tensor> tokens = {Draw({7, kHidden}, 6), Draw({5, kHidden}, 7)};
+    Whole whole;
+    std::vector<at::Tensor> expected(2), expected_token_grads(2);
+    for (int r = 0; r < 2; ++r) {
+      const at::Tensor x = tokens[r].clone().requires_grad_(true);
+      expected[r] =
+          DispatchToExperts(x, RouteOf(tokens[r], onto_first_half), *whole.experts, nullptr);
+      (expected[r] * expected[r]).sum().backward();
+      expected_token_grads[r] = x.grad();
+    }
+    const auto whole_params = whole.experts->named_parameters();
+    std::vector<std::vector<std::string>> differing(2);
+    KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+      GroupedMlp experts(kExperts, kHidden, kFfn, r.group.get());
+      const auto layouts = experts->LocalLayouts();
+      EXPECT_EQ(experts->num_local_experts(), 2);
+      {
+        at::NoGradGuard no_grad;
+        for (auto& item : experts->named_parameters()) {
+          item.value().copy_(
+              BlockOf(whole_params[item.key()], layouts.at(item.key()), item.value().sizes()));
+        }
+      }
+      const at::Tensor x = tokens[r.rank].clone().requires_grad_(true);
+      const at::Tensor out =
+          DispatchToExperts(x, RouteOf(tokens[r.rank], onto_first_half), *experts, r.group.get());
+      (out * out).sum().backward();
+      if (!at::allclose(out, expected[r.rank], 1e-5, 1e-6)) differing[r.rank].push_back("output");
+      if (!at::allclose(x.grad(), expected_token_grads[r.rank], 1e-5, 1e-6)) {
+        differing[r.rank].push_back("token gradients");
+      }
+      for (const auto& item : experts->named_parameters()) {
+        const at::Tensor block =
+            BlockOf(whole_params[item.key()].grad(), layouts.at(item.key()), item.value().sizes());
+        if (!at::allclose(item.value().grad(), block, 1e-5, 1e-6)) {
+          differing[r.rank].push_back(item.key());
+        }
+      }
+      return absl::OkStatus();
+    }));
+    EXPECT_THAT(differing[0], ::testing::IsEmpty());
+    EXPECT_THAT(differing[1], ::testing::IsEmpty());
+  }
+}
+
+TEST(GroupedMlpTest, ExpertsAreShardedOverEpByIndex) {
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    GroupedMlp experts(kExperts, kHidden, kFfn, r.group.get());
+    const auto layouts = experts->LocalLayouts();
+    EXPECT_EQ(layouts.at("fc1").global_shape, (std::vector<int64_t>{kExperts, kHidden, kFfn}));
+    EXPECT_EQ(layouts.at("fc1").offsets, (std::vector<int64_t>{2 * r.rank, 0, 0}));
+    EXPECT_EQ(layouts.at("fc2").offsets, (std::vector<int64_t>{2 * r.rank, 0, 0}));
+    EXPECT_EQ(layouts.at("fc2").dims.at(0).name, "ep");
+    return absl::OkStatus();
+  }));
+  EXPECT_TRUE(GroupedMlp(kExperts, kHidden, kFfn, nullptr)->LocalLayouts().empty());
+}
+
+}  // namespace
+}  // namespace keel::parallel

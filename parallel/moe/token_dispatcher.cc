@@ -1,0 +1,142 @@
+#include "parallel/moe/token_dispatcher.h"
+
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "c10/util/Exception.h"
+#include "torch/csrc/autograd/custom_function.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+
+namespace keel::parallel {
+namespace {
+
+int64_t SizeOf(c10d::ProcessGroup* group) { return group == nullptr ? 1 : group->getSize(); }
+
+// `input`'s rows split by `send` (rows for each rank, in rank order) to the ranks of `group`;
+// returns the rows each rank sent here, `receive` of them from each, in rank order.
+at::Tensor AllToAllRows(const at::Tensor& input, std::vector<int64_t> send,
+                        std::vector<int64_t> receive, c10d::ProcessGroup& group) {
+  int64_t rows = 0;
+  for (const int64_t n : receive) rows += n;
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = rows;
+  at::Tensor output = at::empty(shape, input.options());
+  at::Tensor contiguous = input.contiguous();
+  group.alltoall_base(output, contiguous, receive, send)->wait();
+  return output;
+}
+
+// AllToAllRows as an autograd function: the backward pass sends the gradients back the way
+// the rows came.
+class AllToAll : public torch::autograd::Function<AllToAll> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            std::vector<int64_t> send, std::vector<int64_t> receive,
+                            c10d::ProcessGroup* group) {
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["receive"] = receive;
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    return AllToAllRows(input, std::move(send), std::move(receive), *group);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<c10d::ProcessGroup*>(ctx->saved_data["group"].toInt());
+    return {AllToAllRows(grads[0], ctx->saved_data["receive"].toIntVector(),
+                         ctx->saved_data["send"].toIntVector(), *group),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::vector<int64_t> ToVector(const at::Tensor& counts) {
+  const at::Tensor cpu = counts.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
+}
+
+// The tokens received from every rank, [source rank][local expert] counts, through their
+// local experts: grouped by expert for the compute, then back in the order they came.
+at::Tensor RunLocalExperts(const at::Tensor& received, const at::Tensor& counts,
+                           GroupedMlpImpl& experts) {
+  const int64_t ranks = counts.size(0);
+  const int64_t local = counts.size(1);
+  const std::vector<int64_t> flat = ToVector(counts);
+  std::vector<int64_t> start(flat.size(), 0);  // of each [rank][expert] chunk in `received`
+  for (size_t c = 1; c < flat.size(); ++c) start[c] = start[c - 1] + flat[c - 1];
+  std::vector<at::Tensor> outputs(flat.size());
+  for (int64_t e = 0; e < local; ++e) {
+    std::vector<at::Tensor> chunks;
+    for (int64_t r = 0; r < ranks; ++r)
+      chunks.push_back(received.narrow(0, start[r * local + e], flat[r * local + e]));
+    const at::Tensor out = experts.forward(e, at::cat(chunks));
+    int64_t offset = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      outputs[r * local + e] = out.narrow(0, offset, flat[r * local + e]);
+      offset += flat[r * local + e];
+    }
+  }
+  return outputs.empty() ? received : at::cat(outputs);
+}
+
+}  // namespace
+
+GroupedMlpImpl::GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
+                               c10d::ProcessGroup* ep)
+    : num_experts_(num_experts),
+      ep_(ep),
+      fc1_(register_parameter("fc1",
+                              at::zeros({num_experts / SizeOf(ep), hidden_size, ffn_hidden_size}))),
+      fc2_(register_parameter(
+          "fc2", at::zeros({num_experts / SizeOf(ep), ffn_hidden_size, hidden_size}))) {}
+
+at::Tensor GroupedMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {
+  return at::matmul(at::gelu(at::matmul(tokens, fc1_[expert])), fc2_[expert]);
+}
+
+std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
+  if (SizeOf(ep_) == 1) return {};
+  std::map<std::string, TensorLayout> layouts;
+  for (const auto& [name, local] : {std::pair{"fc1", fc1_}, {"fc2", fc2_}}) {
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape[0] = num_experts_;
+    absl::StatusOr<TensorLayout> layout = EvenlySharded(shape, {{"ep", ep_, Placement::Shard(0)}});
+    TORCH_INTERNAL_ASSERT(layout.ok(), layout.status().ToString());
+    layouts[name] = *std::move(layout);
+  }
+  return layouts;
+}
+
+at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
+                             GroupedMlpImpl& experts, c10d::ProcessGroup* ep) {
+  const int64_t k = routing.indices.size(1);
+  const int64_t ranks = SizeOf(ep);
+  const int64_t local = experts.num_local_experts();
+  // Permute: every (token, expert) pair, ordered by expert (stable: by token within one).
+  const at::Tensor expert_of = routing.indices.reshape({-1});
+  const at::Tensor order = std::get<1>(at::sort(expert_of, /*stable=*/true, 0, false));
+  const at::Tensor token_of =
+      at::arange(tokens.size(0), expert_of.options()).repeat_interleave(k).index_select(0, order);
+  const at::Tensor permuted = tokens.index_select(0, token_of);
+  const at::Tensor per_expert = at::bincount(expert_of, {}, experts.num_experts());
+  // Counts first: what each rank receives from every rank for each of its local experts.
+  at::Tensor counts = per_expert.view({ranks, local}).contiguous();
+  at::Tensor received_counts = counts;
+  at::Tensor received = permuted;
+  if (ranks > 1) {
+    received_counts = at::empty_like(counts);
+    std::vector<int64_t> send(ranks, 1);  // one row of counts for each rank
+    std::vector<int64_t> receive(ranks, 1);
+    ep->alltoall_base(received_counts, counts, receive, send)->wait();
+    received =
+        AllToAll::apply(permuted, ToVector(counts.sum(1)), ToVector(received_counts.sum(1)), ep);
+  }
+  at::Tensor expert_out = RunLocalExperts(received, received_counts, experts);
+  if (ranks > 1) {
+    expert_out =
+        AllToAll::apply(expert_out, ToVector(received_counts.sum(1)), ToVector(counts.sum(1)), ep);
+  }
+  // Unpermute: each pair's output weighted by its probability, summed per token.
+  const at::Tensor weights = routing.probs.reshape({-1}).index_select(0, order).unsqueeze(1);
+  return at::zeros_like(tokens).index_add(0, token_of, expert_out * weights.to(expert_out.dtype()));
+}
+
+}  // namespace keel::parallel

@@ -1,0 +1,68 @@
+// The experts of a mixture-of-experts layer and the trip of the tokens to them and back, after
+// Megatron-Core's transformer/moe/experts.py (GroupedMLP) and token_dispatcher.py
+// (MoEAlltoAllTokenDispatcher, dropless): the experts are split over the expert-parallel
+// group by index, each token's hidden state goes to the ranks of its k experts with an
+// all-to-all, and the experts' outputs come back the same way, weighted by the routing
+// probabilities and summed per token.
+//
+//   keel::parallel::GroupedMlp experts(num_experts, hidden, ffn, ep);  // this rank's experts
+//   at::Tensor out = keel::parallel::DispatchToExperts(tokens, routing, *experts, ep);
+#ifndef KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_
+#define KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ATen/core/Tensor.h"
+#include "parallel/layout.h"
+#include "parallel/moe/router.h"
+#include "parallel/tensor_parallel/layers.h"
+#include "torch/nn/module.h"
+#include "torch/nn/pimpl.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::parallel {
+
+// This rank's num_experts / ep experts (experts [rank x that, ...)), each an MLP
+// x -> gelu(x fc1_e) fc2_e without biases, their weights stacked: fc1 [local, hidden, ffn],
+// fc2 [local, ffn, hidden], laid out as blocks of the whole [num_experts, ...] tensors
+// sharded over "ep". The weights start at zeros (a model copies its weights in).
+// Requires: ep's size divides num_experts; `ep` (nullptr: one rank) outlives the module.
+class GroupedMlpImpl : public torch::nn::Module, public LaidOut {
+ public:
+  GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
+                 c10d::ProcessGroup* ep);
+
+  // Local expert `expert`'s output for `tokens` ([n, hidden]).
+  at::Tensor forward(int64_t expert, const at::Tensor& tokens);
+
+  int64_t num_experts() const { return num_experts_; }
+  int64_t num_local_experts() const { return fc1_.size(0); }
+  std::map<std::string, TensorLayout> LocalLayouts() const override;
+
+ private:
+  int64_t num_experts_;
+  c10d::ProcessGroup* ep_;
+  at::Tensor fc1_;
+  at::Tensor fc2_;
+};
+
+TORCH_MODULE(GroupedMlp);
+
+// Each token of `tokens` ([T, hidden]) through its experts (`routing`, over all of the
+// layer's experts), the outputs summed with the routing probabilities as weights: [T, hidden].
+// Over `ep` the tokens of each rank travel to the ranks of their experts and back (two
+// all-to-alls each way with their counts); a rank whose experts receive no tokens runs the
+// same collectives. Differentiable (the backward pass runs the all-to-alls in reverse).
+// Collective: over `ep`, forward and backward; nothing on one rank. Throws c10::Error when a
+// collective fails, as LibTorch does (callers wrap forward and backward in base::CallTorch).
+at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
+                             GroupedMlpImpl& experts, c10d::ProcessGroup* ep);
+
+}  // namespace keel::parallel
+
+#endif  // KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_
