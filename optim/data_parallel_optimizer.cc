@@ -31,6 +31,22 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildWhole(
   return optimizer;
 }
 
+bool IsExpert(const gradients::NamedParameter& p, const std::string& dim_name) {
+  if (dim_name.empty() || !p.layout) return false;
+  for (const parallel::LayoutDim& dim : p.layout->dims) {
+    if (dim.name == dim_name) return true;
+  }
+  return false;
+}
+
+// A sync of `parameters` over `group`, or none without a group or parameters.
+absl::StatusOr<std::unique_ptr<gradients::DataParallelGradSync>> SyncOf(
+    const std::vector<gradients::NamedParameter>& parameters, c10d::ProcessGroup* group,
+    const gradients::DataParallelGradSyncOptions& options) {
+  if (group == nullptr || parameters.empty()) return nullptr;
+  return gradients::DataParallelGradSync::Create(parameters, *group, options);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Create(
@@ -39,6 +55,15 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
   std::unique_ptr<DataParallelOptimizer> optimizer(
       new DataParallelOptimizer(std::move(parameters), options));
   DataParallelOptimizer& o = *optimizer;
+  std::vector<gradients::NamedParameter> dense, experts;
+  for (const gradients::NamedParameter& p : o.parameters_) {
+    (IsExpert(p, options.expert_dim_name) ? experts : dense).push_back(p);
+  }
+  if (!experts.empty() && options.use_distributed_optimizer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("use_distributed_optimizer with expert parameters ('", experts.front().name,
+                     "' and ", experts.size() - 1, " other(s)): not supported yet"));
+  }
   if (group != nullptr && options.use_distributed_optimizer) {
     KEEL_ASSIGN_OR_RETURN(o.sharded_,
                           DistributedOptimizer::Create(
@@ -49,10 +74,9 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
                               options.sync));
   } else {
     KEEL_ASSIGN_OR_RETURN(o.whole_, BuildWhole(o.parameters_, factory));
-    if (group != nullptr) {
-      KEEL_ASSIGN_OR_RETURN(
-          o.sync_, gradients::DataParallelGradSync::Create(o.parameters_, *group, options.sync));
-    }
+    KEEL_ASSIGN_OR_RETURN(o.sync_, SyncOf(dense, group, options.sync));
+    KEEL_ASSIGN_OR_RETURN(o.expert_sync_,
+                          SyncOf(experts, options.expert_data_parallel_group, options.sync));
   }
   for (const auto& group_options : o.optimizer().param_groups()) {
     o.initial_options_.push_back(group_options.options().clone());
@@ -67,17 +91,24 @@ DataParallelOptimizer::DataParallelOptimizer(std::vector<gradients::NamedParamet
 void DataParallelOptimizer::PrepareForGradAccumulation() {
   if (sharded_) sharded_->PrepareForGradAccumulation();
   if (sync_) sync_->PrepareForGradAccumulation();
+  if (expert_sync_) expert_sync_->PrepareForGradAccumulation();
 }
 
 void DataParallelOptimizer::PrepareForFinalBackward() {
   if (sharded_) sharded_->PrepareForFinalBackward();
   if (sync_) sync_->PrepareForFinalBackward();
+  if (expert_sync_) expert_sync_->PrepareForFinalBackward();
 }
 
 absl::Status DataParallelOptimizer::Wait() {
   if (sharded_) return sharded_->Wait();
-  if (sync_) return sync_->Wait();
-  return absl::OkStatus();
+  // Both syncs finish whatever the first returns, so that every group's collectives pair.
+  absl::Status status = sync_ ? sync_->Wait() : absl::OkStatus();
+  if (expert_sync_) {
+    absl::Status experts = expert_sync_->Wait();
+    if (status.ok()) status = std::move(experts);
+  }
+  return status;
 }
 
 std::vector<gradients::NamedParameter> DataParallelOptimizer::StepParameters() const {
@@ -111,8 +142,12 @@ void DataParallelOptimizer::SkipStep() {
 
 at::Tensor DataParallelOptimizer::LocalGradientSum() const {
   if (sharded_) return sharded_->grad_sync().LocalGradientSum();
-  if (sync_) return sync_->LocalGradientSum();
-  return at::Tensor();
+  at::Tensor sum;
+  for (const auto* sync : {sync_.get(), expert_sync_.get()}) {
+    if (sync == nullptr) continue;
+    sum = sum.defined() ? sum + sync->LocalGradientSum() : sync->LocalGradientSum();
+  }
+  return sum;
 }
 
 void DataParallelOptimizer::Reset() {

@@ -52,6 +52,12 @@ struct DataParallelOptimizerOptions {
   gradients::DataParallelGradSyncOptions sync;
   // The clipping norm (norm_type, the pipeline group, ...). Default: ClipGradNorm's.
   gradients::ClipGradNormOptions clip;
+  // Expert parameters, those whose layout has a dimension of this name ("ep"), average their
+  // gradients over `expert_data_parallel_group` instead of the data-parallel group (Megatron's
+  // expert data-parallel group: the ranks holding the same experts); nullptr: one rank holds
+  // them. Not with use_distributed_optimizer yet. Default: "" (no expert parameters).
+  std::string expert_dim_name;
+  c10d::ProcessGroup* expert_data_parallel_group = nullptr;
 };
 
 class DataParallelOptimizer {
@@ -108,6 +114,8 @@ class DataParallelOptimizer {
   // Unsharded: the optimizer over the parameters, and the sync with a group.
   std::unique_ptr<torch::optim::Optimizer> whole_;
   std::unique_ptr<gradients::DataParallelGradSync> sync_;
+  // Unsharded, with expert parameters and their group: their sync.
+  std::unique_ptr<gradients::DataParallelGradSync> expert_sync_;
   // Sharded.
   std::unique_ptr<DistributedOptimizer> sharded_;
   // Each param group's options as built, for Reset.

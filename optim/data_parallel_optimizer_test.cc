@@ -4,6 +4,7 @@
 // back to the options as built; a bad factory is refused naming what is wrong.
 #include "optim/data_parallel_optimizer.h"
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,9 @@
 #include "gmock/gmock.h"
 #include "gradients/parameters.h"
 #include "gtest/gtest.h"
+#include "parallel/device_mesh.h"
+#include "parallel/layout.h"
+#include "parallel/mesh_layout.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 #include "torch/nn/module.h"
@@ -117,6 +121,56 @@ TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
       auto alone, DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr, AdamW()));
   EXPECT_EQ(alone->Describe(), "AdamW");
   EXPECT_FALSE(alone->LocalGradientSum().defined());
+}
+
+// On 4 ranks with ep = 2 (Megatron's expert grid: ep groups {0, 1} {2, 3}, expert data
+// parallel {0, 2} {1, 3}), dense gradients average over all 4 ranks and expert ones (a layout
+// dimension "ep") over the ranks holding the same experts.
+TEST(DataParallelOptimizerTest, ExpertGradientsAverageOverTheExpertDataParallelGroup) {
+  parallel::ModelParallelOptions sizes;
+  sizes.expert_model_parallel_size = 2;
+  KEEL_ASSERT_OK_AND_ASSIGN(const parallel::MeshLayout layout,
+                            parallel::MeshLayout::Create(sizes, 4));
+  std::vector<double> dense(4), expert(4);
+  KEEL_ASSERT_OK(testing::RunOnRanksWithStore(4, [&](Rank& r) -> absl::Status {
+    KEEL_ASSIGN_OR_RETURN(
+        const parallel::DeviceMesh mesh,
+        parallel::DeviceMesh::Create(layout, r.rank, r.store, parallel::Backend::kGloo,
+                                     std::chrono::seconds(20)));
+    c10d::ProcessGroup* ep = mesh.Group(parallel::GroupKind::kEp);
+    const at::Tensor w = at::zeros({3}).requires_grad_(true);
+    const at::Tensor e = at::zeros({1, 3}).requires_grad_(true);  // this rank's expert
+    KEEL_ASSIGN_OR_RETURN(
+        parallel::TensorLayout e_layout,
+        parallel::EvenlySharded({2, 3}, {{"ep", ep, parallel::Placement::Shard(0)}}));
+    DataParallelOptimizerOptions options;
+    options.expert_dim_name = "ep";
+    options.expert_data_parallel_group = mesh.Group(parallel::GroupKind::kExpertDp);
+    KEEL_ASSIGN_OR_RETURN(
+        auto optimizer,
+        DataParallelOptimizer::Create({{"w", w}, {"experts", e, e_layout}},
+                                      mesh.Group(parallel::GroupKind::kDp), AdamW(), options));
+    optimizer->PrepareForFinalBackward();
+    ((w.sum() + e.sum()) * (r.rank + 1)).backward();
+    KEEL_RETURN_IF_ERROR(optimizer->Wait());
+    dense[r.rank] = w.grad()[0].item<double>();
+    expert[r.rank] = e.grad()[0][0].item<double>();
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(dense, ::testing::ElementsAre(2.5, 2.5, 2.5, 2.5));   // (1 + 2 + 3 + 4) / 4
+  EXPECT_THAT(expert, ::testing::ElementsAre(2.0, 3.0, 2.0, 3.0));  // (1 + 3) / 2, (2 + 4) / 2
+
+  // The distributed optimizer does not shard expert parameters yet: refused, naming one.
+  Net net;
+  std::vector<NamedParameter> params = TrainableParameters({&net});
+  params[0].layout = parallel::BlockLayout({9, 4}, {0, 0});
+  params[0].layout->dims.push_back({"ep", nullptr, parallel::Placement::Shard(0)});
+  DataParallelOptimizerOptions sharded;
+  sharded.use_distributed_optimizer = true;
+  sharded.expert_dim_name = "ep";
+  EXPECT_THAT(DataParallelOptimizer::Create(params, nullptr, AdamW(), sharded),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("use_distributed_optimizer with expert parameters ('embed'")));
 }
 
 TEST(DataParallelOptimizerTest, SkipStepChangesNothingAndResetRestoresTheOptions) {
