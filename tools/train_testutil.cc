@@ -101,19 +101,21 @@ void ExpectLayoutInvariant(const std::string& reference, const std::string& run_
 
 std::string ExpectResumesAcrossLayouts(
     const std::string& name, const std::vector<Leg>& legs, int64_t steps_per_leg,
-    const std::function<void(size_t, const std::string&)>& after_leg) {
+    const std::function<void(size_t, const std::string&)>& after_leg,
+    const std::vector<std::string>& common) {
   const int64_t steps = steps_per_leg * static_cast<int64_t>(legs.size());
   const std::string reference = keel::testing::NewTempDir(name + "_reference");
-  Subprocess one = StartTrain(SameSamplesRun(reference, steps), reference + "/stderr");
+  Subprocess one = StartTrain(SameSamplesRun(reference, steps, common), reference + "/stderr");
   EXPECT_EQ(one.Wait(), 0) << one.Stderr();
 
   const std::string run_dir = keel::testing::NewTempDir(name);
   for (size_t i = 0; i < legs.size(); ++i) {
     const int64_t end = steps_per_leg * static_cast<int64_t>(i + 1);
     SCOPED_TRACE(absl::StrCat("leg ", i, ": ", legs[i].ranks, " rank(s) to step ", end));
-    Subprocess child =
-        StartOnRanks(legs[i].ranks, SameSamplesRun(run_dir, end, legs[i].assignments),
-                     absl::StrCat(run_dir, "/stderr.", i));
+    std::vector<std::string> assignments = common;
+    assignments.insert(assignments.end(), legs[i].assignments.begin(), legs[i].assignments.end());
+    Subprocess child = StartOnRanks(legs[i].ranks, SameSamplesRun(run_dir, end, assignments),
+                                    absl::StrCat(run_dir, "/stderr.", i));
     EXPECT_EQ(child.Wait(), 0) << child.Stderr();
     const std::string out = child.DrainStdout();
     if (i > 0) {

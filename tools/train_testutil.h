@@ -98,9 +98,11 @@ struct Leg {
 // none warns of a checkpoint, and the whole trace follows the one-rank run's (ExpectCloseTrace,
 // 1e-4 and 1e-3). `after_leg(i, run_dir)` runs after leg i. Returns the one-rank run's
 // directory.
+// `common` assignments go to every run, the one-rank one included.
 std::string ExpectResumesAcrossLayouts(
     const std::string& name, const std::vector<Leg>& legs, int64_t steps_per_leg,
-    const std::function<void(size_t, const std::string&)>& after_leg);
+    const std::function<void(size_t, const std::string&)>& after_leg,
+    const std::vector<std::string>& common = {});
 
 // A run of `steps` steps on `ranks` ranks (under //tools:launch) with the arguments
 // `args(run_dir)`, its rank group killed with SIGKILL after step 7 and after step 12 (its

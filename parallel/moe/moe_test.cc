@@ -121,7 +121,7 @@ Routing RouteOf(const at::Tensor& tokens, bool onto_first_half) {
 TEST(DispatchToExpertsTest, TwoExpertParallelRanksComputeTheOneRankLayer) {
   for (const bool onto_first_half : {false, true}) {
     SCOPED_TRACE(onto_first_half ? "rank 1's experts get no tokens" : "the router's choice");
-    std::vector<at::Tensor> tokens = {Draw({7, kHidden}, 6), Draw({5, kHidden}, 7)};
+    std::vector<at::Tensor> tokens = {Draw({256, kHidden}, 6), Draw({256, kHidden}, 7)};
     Whole whole;
     std::vector<at::Tensor> expected(2), expected_token_grads(2);
     for (int r = 0; r < 2; ++r) {

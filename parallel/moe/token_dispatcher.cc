@@ -54,27 +54,21 @@ std::vector<int64_t> ToVector(const at::Tensor& counts) {
 }
 
 // The tokens received from every rank, [source rank][local expert] counts, through their
-// local experts: grouped by expert for the compute, then back in the order they came.
+// local experts, one source rank's tokens at a time: an expert's gradient is then the sum of
+// each rank's part, as where each rank's tokens are a micro-batch of one rank (float sums in the
+// same order), rather than one product over all of them.
 at::Tensor RunLocalExperts(const at::Tensor& received, const at::Tensor& counts,
                            GroupedMlpImpl& experts) {
-  const int64_t ranks = counts.size(0);
   const int64_t local = counts.size(1);
   const std::vector<int64_t> flat = ToVector(counts);
-  std::vector<int64_t> start(flat.size(), 0);  // of each [rank][expert] chunk in `received`
-  for (size_t c = 1; c < flat.size(); ++c) start[c] = start[c - 1] + flat[c - 1];
-  std::vector<at::Tensor> outputs(flat.size());
-  for (int64_t e = 0; e < local; ++e) {
-    std::vector<at::Tensor> chunks;
-    for (int64_t r = 0; r < ranks; ++r)
-      chunks.push_back(received.narrow(0, start[r * local + e], flat[r * local + e]));
-    const at::Tensor out = experts.forward(e, at::cat(chunks));
-    int64_t offset = 0;
-    for (int64_t r = 0; r < ranks; ++r) {
-      outputs[r * local + e] = out.narrow(0, offset, flat[r * local + e]);
-      offset += flat[r * local + e];
-    }
+  std::vector<at::Tensor> outputs;
+  int64_t start = 0;
+  for (size_t c = 0; c < flat.size(); ++c) {
+    outputs.push_back(
+        experts.forward(static_cast<int64_t>(c) % local, received.narrow(0, start, flat[c])));
+    start += flat[c];
   }
-  return outputs.empty() ? received : at::cat(outputs);
+  return at::cat(outputs);
 }
 
 }  // namespace

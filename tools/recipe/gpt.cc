@@ -8,6 +8,8 @@
 #include "absl/status/status.h"
 #include "c10/util/Exception.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/moe/router.h"
+#include "parallel/moe/token_dispatcher.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -32,28 +34,64 @@ torch::nn::LayerNorm Norm(int64_t hidden_size) {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptOptions& options, c10d::ProcessGroup* tp)
+  // A block whose MLP is a mixture of experts over `ep` if `moe`; `moe_stats` (the model's)
+  // gathers its routing statistics and gives the load-balancing loss's gradient weight.
+  BlockImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* ep, bool moe,
+            MoeStats* moe_stats)
       : ln_1_(register_module("ln_1", Norm(options.hidden_size))),
         attn_(register_module("attn", parallel::ParallelSelfAttention(
                                           options.hidden_size, options.num_attention_heads, tp))),
         ln_2_(register_module("ln_2", Norm(options.hidden_size))),
-        fc_(register_module("fc", parallel::ColumnParallelLinear(options.hidden_size,
-                                                                 options.ffn_hidden_size, tp))),
-        mlp_proj_(register_module(
-            "mlp_proj",
-            parallel::RowParallelLinear(options.ffn_hidden_size, options.hidden_size, tp))) {}
+        ep_(ep),
+        moe_stats_(moe_stats) {
+    if (!moe) {
+      fc_ = register_module(
+          "fc", parallel::ColumnParallelLinear(options.hidden_size, options.ffn_hidden_size, tp));
+      mlp_proj_ = register_module(
+          "mlp_proj",
+          parallel::RowParallelLinear(options.ffn_hidden_size, options.hidden_size, tp));
+      return;
+    }
+    parallel::RouterOptions router;
+    router.num_moe_experts = options.num_moe_experts;
+    router.moe_router_topk = options.moe_router_topk;
+    router.moe_aux_loss_coeff = options.moe_aux_loss_coeff;
+    router.moe_router_pre_softmax = options.moe_router_pre_softmax;
+    router_ = register_module("router", parallel::TopKRouter(options.hidden_size, router));
+    experts_ = register_module(
+        "experts", parallel::GroupedMlp(options.num_moe_experts, options.hidden_size,
+                                        options.ffn_hidden_size, ep));
+  }
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
     const at::Tensor h = x + attn_->forward(ln_1_->forward(x), causal_mask);
-    return h + mlp_proj_->forward(at::gelu(fc_->forward(ln_2_->forward(h))));
+    return h + Mlp(ln_2_->forward(h));
   }
 
  private:
+  at::Tensor Mlp(const at::Tensor& y) {
+    if (router_.is_empty()) return mlp_proj_->forward(at::gelu(fc_->forward(y)));
+    const at::Tensor tokens = y.reshape({-1, y.size(-1)});
+    const parallel::Routing routing = router_->forward(tokens);
+    at::Tensor out = parallel::DispatchToExperts(tokens, routing, *experts_, ep_);
+    if (at::GradMode::is_enabled()) {  // training, not validation
+      moe_stats_->Add(routing.aux_loss.detach(), routing.tokens_per_expert);
+      if (router_->options().moe_aux_loss_coeff != 0.0) {
+        out = parallel::AttachAuxLoss(out, routing.aux_loss, moe_stats_->aux_loss_scale);
+      }
+    }
+    return out.view_as(y);
+  }
+
   torch::nn::LayerNorm ln_1_;
   parallel::ParallelSelfAttention attn_;
   torch::nn::LayerNorm ln_2_;
-  parallel::ColumnParallelLinear fc_;
-  parallel::RowParallelLinear mlp_proj_;
+  parallel::ColumnParallelLinear fc_{nullptr};
+  parallel::RowParallelLinear mlp_proj_{nullptr};
+  parallel::TopKRouter router_{nullptr};
+  parallel::GroupedMlp experts_{nullptr};
+  c10d::ProcessGroup* ep_;
+  MoeStats* moe_stats_;
 };
 
 TORCH_MODULE(Block);
@@ -96,13 +134,20 @@ int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size) {
   return (options.vocab_size + multiple - 1) / multiple * multiple;
 }
 
-GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp)
-    : GptImpl(options, tp, PaddedVocabSize(options, SizeOf(tp)), LayersOf(options, pp),
+void MoeStats::Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert) {
+  aux_loss_sum += aux_loss.item<double>();
+  tokens = tokens.defined() ? tokens + tokens_per_expert.cpu() : tokens_per_expert.cpu();
+}
+
+GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp,
+                 c10d::ProcessGroup* ep)
+    : GptImpl(options, {tp, ep}, PaddedVocabSize(options, SizeOf(tp)), LayersOf(options, pp),
               RankOf(pp) == 0, RankOf(pp) == SizeOf(pp) - 1) {}
 
-GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size,
+GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_size,
                  parallel::StageLayers layers, bool first, bool last)
-    : tp_(tp), hidden_size_(options.hidden_size) {
+    : tp_(groups.tp), hidden_size_(options.hidden_size) {
+  c10d::ProcessGroup* tp = groups.tp;
   // The layers allocate zeros and draw nothing: the generator's draws are GPT-2's
   // initialisation alone, the same at every tensor- and pipeline-parallel size. The last stage
   // holds its own copy of the word embedding for the tied head.
@@ -117,17 +162,19 @@ GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padd
   }
   auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
-    blocks_.push_back(blocks->register_module(std::to_string(i), Block(options, tp)));
+    const bool moe = options.num_moe_experts > 0 && i % options.moe_layer_freq == 0;
+    blocks_.push_back(blocks->register_module(std::to_string(i),
+                                              Block(options, tp, groups.ep, moe, &moe_stats_)));
   }
   if (last) ln_f_ = register_module("ln_f", Norm(options.hidden_size));
   const bool whole = first && last;
-  if (whole && SizeOf(tp) == 1) {
+  if (whole && SizeOf(tp) == 1 && SizeOf(groups.ep) == 1) {
     InitialiseLikeGpt2(*this);
   } else {
     // Megatron's master-weight path: the whole model's weights on one rank (with this model's
     // padded vocabulary), this rank's slice of them.
-    const GptImpl one_rank(options, nullptr, padded_vocab_size, {0, options.num_layers}, true,
-                           true);
+    const GptImpl one_rank(options, {nullptr, nullptr}, padded_vocab_size,
+                           {0, options.num_layers}, true, true);
     const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
     TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
   }

@@ -53,6 +53,15 @@ struct GptOptions {
   int64_t ffn_hidden_size = 512;
   // Longest input (positions learned). Default: 128.
   int64_t max_sequence_length = 128;
+  // Mixture of experts (Megatron's names): experts per MoE block (0: every block dense), the
+  // experts per token, the load-balancing loss's coefficient, which blocks (every
+  // moe_layer_freq-th from the first) and the router's softmax order. Each expert is an MLP of
+  // ffn_hidden_size without biases.
+  int64_t num_moe_experts = 0;
+  int64_t moe_router_topk = 2;
+  double moe_aux_loss_coeff = 0.0;
+  int64_t moe_layer_freq = 1;
+  bool moe_router_pre_softmax = false;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, GptOptions> = 0>
@@ -63,11 +72,31 @@ void VisitFields(O& o, V&& v) {
   v("num_attention_heads", o.num_attention_heads);
   v("ffn_hidden_size", o.ffn_hidden_size);
   v("make_vocab_size_divisible_by", o.make_vocab_size_divisible_by);
+  v("num_moe_experts", o.num_moe_experts);
+  v("moe_router_topk", o.moe_router_topk);
+  v("moe_aux_loss_coeff", o.moe_aux_loss_coeff);
+  v("moe_layer_freq", o.moe_layer_freq);
+  v("moe_router_pre_softmax", o.moe_router_pre_softmax);
 }
 
 // The rows of the embedding at tensor-parallel size `tp_size`: vocab_size rounded up to a
 // multiple of make_vocab_size_divisible_by x tp_size (Megatron's _vocab_size_with_padding).
 int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size);
+
+// What the mixture-of-experts blocks of a model routed in training since it was last taken,
+// and the weight each micro-batch's load-balancing loss gets in the backward pass.
+struct MoeStats {
+  // The load-balancing losses (each block's, each micro-batch's), summed.
+  double aux_loss_sum = 0.0;
+  // Tokens routed to each expert (summed over the blocks), [num_moe_experts] int64; undefined
+  // before any.
+  at::Tensor tokens;
+  // The gradient the load-balancing loss of a micro-batch receives (Megatron's
+  // MoEAuxLossAutoScaler scale: 1 / the micro-batches of a step on a rank). Default: 1.
+  double aux_loss_scale = 1.0;
+
+  void Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert);
+};
 
 class GptImpl : public torch::nn::Module {
  public:
@@ -77,7 +106,8 @@ class GptImpl : public torch::nn::Module {
   // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size; pp's size
   // divides num_layers (checked by the caller's config validation); `tp` and `pp` (nullptr:
   // one rank, one stage) outlive the model.
-  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp = nullptr);
+  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp = nullptr,
+          c10d::ProcessGroup* ep = nullptr);
 
   // This rank's slice of the logits for every position of `tokens` ([batch, seq] int64,
   // seq <= max_sequence_length): [batch, seq, padded vocabulary / tp]. Requires: one stage.
@@ -106,10 +136,18 @@ class GptImpl : public torch::nn::Module {
   // lm_head.weight: the same tensor as wte.weight (on the last stage).
   const at::Tensor& lm_head_weight() const { return wte_->weight(); }
 
+  // The mixture-of-experts blocks' statistics, and the load-balancing loss's weight.
+  MoeStats& moe_stats() { return moe_stats_; }
+
  private:
+  struct Groups {
+    c10d::ProcessGroup* tp;
+    c10d::ProcessGroup* ep;
+  };
+
   // The stage holding `layers` of the model with `padded_vocab_size` rows of vocabulary, the
   // embeddings if `first`, the head if `last`.
-  GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, int64_t padded_vocab_size,
+  GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_size,
           parallel::StageLayers layers, bool first, bool last);
 
   // This rank's slice of the logits over the hidden states of the last block.
@@ -117,6 +155,7 @@ class GptImpl : public torch::nn::Module {
 
   c10d::ProcessGroup* tp_;
   int64_t hidden_size_;
+  MoeStats moe_stats_;
   parallel::VocabParallelEmbedding wte_{nullptr};
   parallel::VocabParallelEmbedding wpe_{nullptr};
   // This stage's blocks, in order (registered under "blocks.<index in the whole model>").

@@ -62,12 +62,11 @@ absl::Status RefuseModelParallelism(const parallel::ModelParallelOptions& p) {
   for (const auto& [field, size] :
        {std::pair{"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
         {"context_parallel_size", std::optional(p.context_parallel_size)},
-        {"expert_model_parallel_size", std::optional(p.expert_model_parallel_size)},
         {"expert_tensor_parallel_size", p.expert_tensor_parallel_size}}) {
     if (size.value_or(1) == 1) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "distributed.", field, " (", *size,
-        "): the trainer's model runs data-, tensor- and pipeline-parallel only for now; "
+        "): the trainer's model runs data-, tensor-, pipeline- and expert-parallel only for now; "
         "allowed: 1"));
   }
   return absl::OkStatus();
@@ -162,7 +161,8 @@ constexpr const char* kModelShapeFields[] = {
     "model.hidden_size",         "model.num_layers",
     "model.num_attention_heads", "model.ffn_hidden_size",
     "model.max_sequence_length", "model.qkv_rows",
-    "data.sequence_length",
+    "data.sequence_length",      "model.num_moe_experts",
+    "model.moe_layer_freq",
 };
 
 // Adds "<prefix><key>" lines for every leaf where `saved` and `current` differ.
@@ -206,10 +206,53 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
   return absl::OkStatus();
 }
 
+// Mixture of experts: experts split evenly over ep, k of them per token; not yet with tensor
+// or pipeline parallelism or the distributed optimizer.
+absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
+  const GptOptions& m = options.model;
+  const parallel::ModelParallelOptions& p = options.distributed.parallel;
+  const int64_t ep = p.expert_model_parallel_size;
+  KEEL_RETURN_IF_ERROR(Require(m.num_moe_experts >= 0, "model.num_moe_experts", m.num_moe_experts,
+                               "must be >= 0 (0: dense MLPs)"));
+  KEEL_RETURN_IF_ERROR(
+      Require(ep > 0, "distributed.expert_model_parallel_size", ep, "must be > 0"));
+  if (m.num_moe_experts == 0) {
+    return Require(ep == 1, "distributed.expert_model_parallel_size", ep,
+                   "needs model.num_moe_experts > 0 (experts to split); allowed: 1");
+  }
+  KEEL_RETURN_IF_ERROR(Require(m.moe_layer_freq > 0, "model.moe_layer_freq", m.moe_layer_freq,
+                               "must be > 0"));
+  if (!(m.moe_aux_loss_coeff >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.moe_aux_loss_coeff (", m.moe_aux_loss_coeff, ") must be >= 0"));
+  }
+  if (m.moe_router_topk < 1 || m.moe_router_topk > m.num_moe_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.moe_router_topk (", m.moe_router_topk, ") must be in [1, model.num_moe_experts (",
+        m.num_moe_experts, ")]"));
+  }
+  if (m.num_moe_experts % ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.expert_model_parallel_size (", ep, ") must divide model.num_moe_experts (",
+        m.num_moe_experts, "): each expert-parallel rank holds an equal share; sizes that do: ",
+        Working(m.num_moe_experts, [&](int64_t n) { return m.num_moe_experts % n == 0; })));
+  }
+  const char* unsupported = p.tensor_model_parallel_size > 1     ? "tensor_model_parallel_size"
+                            : p.pipeline_model_parallel_size > 1 ? "pipeline_model_parallel_size"
+                            : options.distributed.use_distributed_optimizer
+                                ? "use_distributed_optimizer"
+                                : nullptr;
+  if (unsupported == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.num_moe_experts (", m.num_moe_experts, ") with distributed.", unsupported,
+      ": not supported yet; mixture-of-experts runs are data- and expert-parallel"));
+}
+
 // The tensor-parallel size splits the attention heads and the MLP evenly (the vocabulary is
 // padded to fit); the pipeline size the layers.
 absl::Status CheckModelParallelModel(const TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CheckPipelineParallelModel(options));
+  KEEL_RETURN_IF_ERROR(CheckMixtureOfExperts(options));
   const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
   const GptOptions& m = options.model;
   KEEL_RETURN_IF_ERROR(

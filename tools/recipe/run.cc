@@ -83,6 +83,9 @@ class ConfigState : public checkpoint::Stateful {
 
 constexpr char kConfigState[] = "config";
 
+// The layout dimension of the experts (parallel::GroupedMlp's).
+constexpr char kExpertDim[] = "ep";
+
 // AdamW with the run's options, over whatever the data-parallel optimizer steps.
 optim::OptimizerFactory AdamW(const OptimizerOptions& o) {
   return [o](const std::vector<gradients::NamedParameter>& params) {
@@ -188,11 +191,13 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
 absl::Status Run::BuildModel() {
   State& s = *state_;
   torch::manual_seed(options_.seed);
-  s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group);
+  s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group);
   (*s.model)->to(runtime_.device);
   optim::DataParallelOptimizerOptions optimizer_options;
   optimizer_options.use_distributed_optimizer = options_.distributed.use_distributed_optimizer;
   optimizer_options.clip.pp_group = runtime_.pp_group;
+  optimizer_options.expert_dim_name = kExpertDim;
+  optimizer_options.expert_data_parallel_group = runtime_.expert_data_group;
   std::vector<gradients::NamedParameter> parameters =
       gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts());
   MarkSharedEmbedding(*s.model, parameters);
@@ -371,7 +376,7 @@ absl::Status Run::ResetState() {
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
-  Gpt fresh(options_.model, runtime_.tp_group, runtime_.pp_group);
+  Gpt fresh(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group);
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
     at::NoGradGuard no_grad;
     auto live = (*s.model)->named_parameters();
@@ -411,6 +416,13 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   scaling.pp_enabled = pipelined;
   scaling.num_label_tokens = output.label_tokens;
   scaling.dp_group_size = runtime_.dp_size;
+  // NeMo's EP scaling: an expert's gradient gathers the tokens of every expert-parallel rank,
+  // then averages over the expert data-parallel ones only.
+  scaling.ep_shard_size = runtime_.mesh == nullptr
+                              ? 1
+                              : runtime_.mesh->GroupSize(parallel::GroupKind::kExpertDp);
+  scaling.ep_axis_name = kExpertDim;
+  (*s.model)->moe_stats().aux_loss_scale = 1.0 / static_cast<double>(micro_batches.size());
   StageRunOptions stages;
   stages.loss_scale = pipelined ? 1.0 : static_cast<double>(runtime_.dp_size) / label_tokens;
   stages.before_last_backward = [&s] { s.optimizer->PrepareForFinalBackward(); };

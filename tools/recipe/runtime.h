@@ -56,6 +56,10 @@ struct TrainRuntime {
   // The first and last stage of this rank's pipeline (Megatron's embedding group), which both
   // hold the tied word embedding, on `device`; nullptr on the other stages and for one stage.
   c10d::ProcessGroup* embedding_group = nullptr;
+  // The expert-parallel group (the ranks that split the experts) and the expert data-parallel
+  // group (the ranks holding the same experts) on `device`; nullptr for a single process.
+  c10d::ProcessGroup* ep_group = nullptr;
+  c10d::ProcessGroup* expert_data_group = nullptr;
   // A CPU (Gloo) group of all ranks for host scalars: the preemption flag, agreement on
   // errors. nullptr for a single process.
   c10d::ProcessGroup* control_group = nullptr;

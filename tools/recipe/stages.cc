@@ -8,6 +8,7 @@
 #include "base/collectives.h"
 #include "base/status.h"
 #include "parallel/pipeline_parallel/schedules.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::tools::recipe {
 namespace {
@@ -33,9 +34,20 @@ void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter
 
 absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,
                                  const TrainRuntime& runtime, const StageRunOptions& options) {
+  // Expert-parallel ranks exchange tokens in every MoE block: a rank without a batch runs an
+  // empty one, so that it joins its peers' all-to-alls.
+  const bool expert_parallel =
+      runtime.ep_group != nullptr && runtime.ep_group->getSize() > 1;
+  TokenBatch empty;
+  empty.inputs = at::zeros({0, 1}, at::TensorOptions().dtype(at::kLong).device(runtime.device));
+  empty.labels = empty.inputs;
   std::vector<const TokenBatch*> defined;
   for (const TokenBatch& batch : batches) {
-    if (batch.defined()) defined.push_back(&batch);
+    if (batch.defined()) {
+      defined.push_back(&batch);
+    } else if (expert_parallel) {
+      defined.push_back(&empty);
+    }
   }
   const auto num_micro_batches = static_cast<int64_t>(defined.size());
   double loss_sum = 0.0;
