@@ -83,6 +83,17 @@ TEST(TrainMoeTest, ExpertParallelismDoesNotChangeTheNumbers) {
     EXPECT_THAT(child.DrainStdout(), HasSubstr(layout.geometry));
     ASSERT_EQ(Metrics(reference).size(), static_cast<size_t>(kSteps));
     ExpectLayoutInvariant(reference, run_dir);
+    // The metrics count every routed token once: samples x 64 tokens x 2 experts x 2 blocks,
+    // as the one-rank run does.
+    for (const auto& [expected, actual] : {std::pair{Metrics(reference)[0], Metrics(run_dir)[0]}}) {
+      ASSERT_TRUE(actual.tokens_per_expert.has_value());
+      int64_t routed = 0;
+      for (const int64_t tokens : *actual.tokens_per_expert) routed += tokens;
+      EXPECT_EQ(routed, (layout.name == "ep2_8_micro_batches" ? 16 : 8) * 64 * 2 * 2);
+      EXPECT_EQ(actual.tokens_per_expert, expected.tokens_per_expert);
+      ASSERT_TRUE(actual.moe_aux_loss.has_value());
+      EXPECT_NEAR(*actual.moe_aux_loss, *expected.moe_aux_loss, 1e-6 * *expected.moe_aux_loss);
+    }
   }
 }
 

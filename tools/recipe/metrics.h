@@ -45,6 +45,11 @@ struct StepMetrics {
   // Steps skipped so far for a non-finite loss or gradient norm (numerics.on_nonfinite
   // "skip" only).
   std::optional<int64_t> skipped_steps;
+  // Mixture of experts only: the step's load-balancing loss (every MoE block's, summed, and
+  // averaged over the micro-batches of every rank) and the tokens routed to each expert
+  // (summed over the blocks, micro-batches and data-parallel ranks).
+  std::optional<double> moe_aux_loss;
+  std::optional<std::vector<int64_t>> tokens_per_expert;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, StepMetrics> = 0>
@@ -58,6 +63,8 @@ void VisitFields(O& o, V&& v) {
   v("elapsed_seconds", o.elapsed_seconds);
   v("val_loss", o.val_loss);
   v("skipped_steps", o.skipped_steps);
+  v("moe_aux_loss", o.moe_aux_loss);
+  v("tokens_per_expert", o.tokens_per_expert);
 }
 
 // Appends StepMetrics to a JSONL file, one JSON object per line in VisitFields order. Doubles

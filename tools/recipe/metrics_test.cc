@@ -69,14 +69,16 @@ TEST(JsonlWriterTest, WritesOneObjectPerLineInFieldOrder) {
   m.step = 4;
   m.val_loss = 2.0;
   m.skipped_steps = 1;
+  m.moe_aux_loss = 0.125;
+  m.tokens_per_expert = std::vector<int64_t>{3, 5};
   KEEL_ASSERT_OK(writer.Write(m));
   EXPECT_EQ(ReadFileOrFail(path),
             "{\"step\":3,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
             "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":null,"
-            "\"skipped_steps\":null}\n"
+            "\"skipped_steps\":null,\"moe_aux_loss\":null,\"tokens_per_expert\":null}\n"
             "{\"step\":4,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
             "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":2.0,"
-            "\"skipped_steps\":1}\n");
+            "\"skipped_steps\":1,\"moe_aux_loss\":0.125,\"tokens_per_expert\":[3,5]}\n");
 }
 
 // Lines written before a field that may be absent existed (skipped_steps) still read.

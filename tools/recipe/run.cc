@@ -418,9 +418,8 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   scaling.dp_group_size = runtime_.dp_size;
   // NeMo's EP scaling: an expert's gradient gathers the tokens of every expert-parallel rank,
   // then averages over the expert data-parallel ones only.
-  scaling.ep_shard_size = runtime_.mesh == nullptr
-                              ? 1
-                              : runtime_.mesh->GroupSize(parallel::GroupKind::kExpertDp);
+  scaling.ep_shard_size =
+      runtime_.mesh == nullptr ? 1 : runtime_.mesh->GroupSize(parallel::GroupKind::kExpertDp);
   scaling.ep_axis_name = kExpertDim;
   (*s.model)->moe_stats().aux_loss_scale = 1.0 / static_cast<double>(micro_batches.size());
   StageRunOptions stages;
@@ -437,6 +436,9 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   KEEL_RETURN_IF_ERROR(SumOverStages(step_loss, runtime_, "step loss"));
   output.loss = step_loss.item<double>() / label_tokens;
   output.grad_norm = grad_norm.item<double>();
+  if (options_.model.num_moe_experts > 0) {
+    KEEL_RETURN_IF_ERROR(CollectMoeStats(output, static_cast<int64_t>(micro_batches.size())));
+  }
 
   // Before the optimizer step: a non-finite value stops the run or drops the step everywhere.
   KEEL_ASSIGN_OR_RETURN(NonFiniteGuard::Verdict verdict,
@@ -450,6 +452,22 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   KEEL_RETURN_IF_ERROR(s.optimizer->Step());
   KEEL_RETURN_IF_ERROR(s.Bookkept([&] { return s.lr_scheduler->Step(1); }));
   return output;
+}
+
+absl::Status Run::CollectMoeStats(StepOutput& output, int64_t micro_batches) {
+  MoeStats& stats = (*state_->model)->moe_stats();
+  at::Tensor aux = at::full({1}, stats.aux_loss_sum, at::kDouble);
+  at::Tensor tokens = stats.tokens.defined()
+                          ? stats.tokens.to(at::kLong)
+                          : at::zeros({options_.model.num_moe_experts}, at::kLong);
+  stats.aux_loss_sum = 0.0;
+  stats.tokens = at::Tensor();
+  KEEL_RETURN_IF_ERROR(SumOverData(aux, runtime_, "the load-balancing loss"));
+  KEEL_RETURN_IF_ERROR(SumOverData(tokens, runtime_, "the tokens per expert"));
+  output.moe_aux_loss = aux.item<double>() / static_cast<double>(micro_batches * runtime_.dp_size);
+  output.tokens_per_expert =
+      std::vector<int64_t>(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + tokens.numel());
+  return absl::OkStatus();
 }
 
 absl::Status Run::CheckNorm(double norm) {
@@ -557,20 +575,7 @@ absl::Status Run::Record(const StepMetrics& metrics) {
   State& s = *state_;
   if (s.jsonl) KEEL_RETURN_IF_ERROR(s.jsonl->Write(metrics));
   if (!s.tensorboard) return absl::OkStatus();
-  const double now = NowSeconds();
-  KEEL_RETURN_IF_ERROR(s.tensorboard->AddScalar("train/loss", metrics.step, metrics.loss, now));
-  KEEL_RETURN_IF_ERROR(s.tensorboard->AddScalar("train/lr", metrics.step, metrics.lr, now));
-  KEEL_RETURN_IF_ERROR(
-      s.tensorboard->AddScalar("train/grad_norm", metrics.step, metrics.grad_norm, now));
-  if (metrics.val_loss) {
-    KEEL_RETURN_IF_ERROR(
-        s.tensorboard->AddScalar("val/loss", metrics.step, *metrics.val_loss, now));
-  }
-  if (metrics.skipped_steps) {
-    KEEL_RETURN_IF_ERROR(s.tensorboard->AddScalar(
-        "train/skipped_steps", metrics.step, static_cast<double>(*metrics.skipped_steps), now));
-  }
-  return absl::OkStatus();
+  return AddStepScalars(*s.tensorboard, metrics, NowSeconds());
 }
 
 absl::Status Run::AfterStep(StepMetrics& metrics) {
@@ -615,6 +620,8 @@ absl::Status Run::Loop() {
       metrics.loss = output.loss;
       metrics.lr = output.lr;
       metrics.grad_norm = output.grad_norm;
+      metrics.moe_aux_loss = output.moe_aux_loss;
+      metrics.tokens_per_expert = output.tokens_per_expert;
       if (options_.numerics.on_nonfinite == NonFinitePolicy::kSkip) {
         metrics.skipped_steps = s.numerics->state().skipped_steps;
       }

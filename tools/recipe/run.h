@@ -58,6 +58,9 @@ struct StepOutput {
   // The step was dropped for a non-finite loss or gradient norm (numerics.on_nonfinite
   // "skip"): no update, no learning-rate step.
   bool skipped = false;
+  // Mixture of experts only: StepMetrics' moe_aux_loss and tokens_per_expert.
+  std::optional<double> moe_aux_loss;
+  std::optional<std::vector<int64_t>> tokens_per_expert;
 };
 
 class Run {
@@ -124,6 +127,10 @@ class Run {
   // the checkpoint's key layout) on every rank, all agreeing on the outcome.
   absl::Status LoadPretrained();
   absl::Status OpenOutputs();
+  // Mixture of experts: the routing statistics of the step's micro-batches into `output`,
+  // summed over the data-parallel ranks, and the model's taken back to none.
+  // Collective: over the data-parallel group.
+  absl::Status CollectMoeStats(StepOutput& output, int64_t micro_batches);
   // clip_grad.check_norm_every_steps: on those steps, `norm` (ClipGradNorm's) against the
   // norm of every rank's gradient blocks; an error naming the parameters when they differ.
   // Collective: over the control group, on those steps.

@@ -114,4 +114,30 @@ absl::Status TensorBoardWriter::Flush() {
   return absl::OkStatus();
 }
 
+absl::Status AddStepScalars(TensorBoardWriter& writer, const StepMetrics& metrics,
+                            double wall_time) {
+  const int64_t step = metrics.step;
+  KEEL_RETURN_IF_ERROR(writer.AddScalar("train/loss", step, metrics.loss, wall_time));
+  KEEL_RETURN_IF_ERROR(writer.AddScalar("train/lr", step, metrics.lr, wall_time));
+  KEEL_RETURN_IF_ERROR(writer.AddScalar("train/grad_norm", step, metrics.grad_norm, wall_time));
+  if (metrics.val_loss) {
+    KEEL_RETURN_IF_ERROR(writer.AddScalar("val/loss", step, *metrics.val_loss, wall_time));
+  }
+  if (metrics.moe_aux_loss) {
+    KEEL_RETURN_IF_ERROR(writer.AddScalar("moe/aux_loss", step, *metrics.moe_aux_loss, wall_time));
+  }
+  if (metrics.tokens_per_expert) {
+    for (size_t e = 0; e < metrics.tokens_per_expert->size(); ++e) {
+      KEEL_RETURN_IF_ERROR(writer.AddScalar(absl::StrCat("moe/tokens_per_expert/", e), step,
+                                            static_cast<double>((*metrics.tokens_per_expert)[e]),
+                                            wall_time));
+    }
+  }
+  if (metrics.skipped_steps) {
+    KEEL_RETURN_IF_ERROR(writer.AddScalar("train/skipped_steps", step,
+                                          static_cast<double>(*metrics.skipped_steps), wall_time));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace keel::tools::recipe

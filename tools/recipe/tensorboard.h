@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "base/files.h"
+#include "tools/recipe/metrics.h"
 
 namespace keel::tools::recipe {
 
@@ -55,6 +56,12 @@ uint32_t Crc32c(absl::string_view data);
 
 // TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8 of Crc32c(data).
 uint32_t MaskedCrc32c(absl::string_view data);
+
+// A step's scalars at `wall_time`: train/loss, train/lr, train/grad_norm, and where the step
+// has them val/loss, train/skipped_steps, moe/aux_loss and moe/tokens_per_expert/<expert>.
+// Errors: AddScalar's.
+[[nodiscard]] absl::Status AddStepScalars(TensorBoardWriter& writer, const StepMetrics& metrics,
+                                          double wall_time);
 
 }  // namespace keel::tools::recipe
 
