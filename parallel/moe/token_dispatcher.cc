@@ -1,5 +1,7 @@
 #include "parallel/moe/token_dispatcher.h"
 
+#include <atomic>
+#include <chrono>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -12,6 +14,18 @@ namespace {
 
 int64_t SizeOf(c10d::ProcessGroup* group) { return group == nullptr ? 1 : group->getSize(); }
 
+std::atomic<int64_t> dispatch_nanoseconds{0};
+
+// Runs `fn`, counting its time as dispatch.
+template <typename Fn>
+void Timed(Fn&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  dispatch_nanoseconds +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+}
+
 // `input`'s rows split by `send` (rows for each rank, in rank order) to the ranks of `group`;
 // returns the rows each rank sent here, `receive` of them from each, in rank order.
 at::Tensor AllToAllRows(const at::Tensor& input, std::vector<int64_t> send,
@@ -22,7 +36,7 @@ at::Tensor AllToAllRows(const at::Tensor& input, std::vector<int64_t> send,
   shape[0] = rows;
   at::Tensor output = at::empty(shape, input.options());
   at::Tensor contiguous = input.contiguous();
-  group.alltoall_base(output, contiguous, receive, send)->wait();
+  Timed([&] { group.alltoall_base(output, contiguous, receive, send)->wait(); });
   return output;
 }
 
@@ -119,7 +133,7 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
     received_counts = at::empty_like(counts);
     std::vector<int64_t> send(ranks, 1);  // one row of counts for each rank
     std::vector<int64_t> receive(ranks, 1);
-    ep->alltoall_base(received_counts, counts, receive, send)->wait();
+    Timed([&] { ep->alltoall_base(received_counts, counts, receive, send)->wait(); });
     received =
         AllToAll::apply(permuted, ToVector(counts.sum(1)), ToVector(received_counts.sum(1)), ep);
   }
@@ -132,5 +146,7 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
   const at::Tensor weights = routing.probs.reshape({-1}).index_select(0, order).unsqueeze(1);
   return at::zeros_like(tokens).index_add(0, token_of, expert_out * weights.to(expert_out.dtype()));
 }
+
+double ExpertDispatchSeconds() { return 1e-9 * static_cast<double>(dispatch_nanoseconds.load()); }
 
 }  // namespace keel::parallel

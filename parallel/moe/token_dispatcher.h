@@ -63,6 +63,10 @@ TORCH_MODULE(GroupedMlp);
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
                              GroupedMlpImpl& experts, c10d::ProcessGroup* ep);
 
+// Wall-clock seconds this process has spent in DispatchToExperts' all-to-alls (the counts and
+// the tokens, both ways, forward and backward) since it started. Thread-safe.
+double ExpertDispatchSeconds();
+
 }  // namespace keel::parallel
 
 #endif  // KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_

@@ -30,6 +30,7 @@
 #include "optim/data_parallel_optimizer.h"
 #include "optim/param_scheduler.h"
 #include "parallel/device_mesh.h"
+#include "parallel/moe/token_dispatcher.h"
 #include "parallel/pipeline_parallel/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "sampling/megatron_sampler.h"
@@ -138,6 +139,7 @@ class Run::State {
   // started.
   double tensor_parallel_start = 0.0;
   double pipeline_wait_start = 0.0;
+  double expert_dispatch_start = 0.0;
   Clock::time_point interval_start;
   int64_t interval_tokens = 0;
 
@@ -608,6 +610,7 @@ absl::Status Run::Loop() {
   s.loop_start = s.interval_start = Clock::now();
   s.tensor_parallel_start = parallel::TensorParallelCollectiveSeconds();
   s.pipeline_wait_start = parallel::PipelineWaitSeconds();
+  s.expert_dispatch_start = parallel::ExpertDispatchSeconds();
   result_.final_loss = std::numeric_limits<double>::quiet_NaN();
   for (int64_t epoch : scheduler.Epochs()) {
     scheduler.SetEpoch(epoch);
@@ -647,6 +650,7 @@ absl::StatusOr<TrainResult> Run::Finish() {
   result_.tensor_parallel_seconds =
       parallel::TensorParallelCollectiveSeconds() - s.tensor_parallel_start;
   result_.pipeline_wait_seconds = parallel::PipelineWaitSeconds() - s.pipeline_wait_start;
+  result_.expert_dispatch_seconds = parallel::ExpertDispatchSeconds() - s.expert_dispatch_start;
   if (runtime_.rank != 0) return result_;
   std::ostream& log = *runtime_.log;
   if (s.checkpointer->last_saved()) log << "checkpoint: " << *s.checkpointer->last_saved() << "\n";
@@ -661,6 +665,10 @@ absl::StatusOr<TrainResult> Run::Finish() {
   if (result_.tensor_parallel_seconds > 0) {
     log << "; tensor-parallel collectives "
         << 100.0 * result_.tensor_parallel_seconds / result_.loop_seconds << "%";
+  }
+  if (result_.expert_dispatch_seconds > 0) {
+    log << "; expert dispatch " << 100.0 * result_.expert_dispatch_seconds / result_.loop_seconds
+        << "%";
   }
   if (result_.pipeline_wait_seconds > 0) {
     log << "; pipeline waits " << 100.0 * result_.pipeline_wait_seconds / result_.loop_seconds

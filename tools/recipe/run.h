@@ -44,6 +44,8 @@ struct TrainResult {
   // Seconds of the loop this rank's pipeline stage spent waiting for an activation or a
   // gradient (the pipeline bubble and the transfers); 0 on one stage.
   double pipeline_wait_seconds = 0.0;
+  // Seconds of the loop spent in the experts' all-to-alls; 0 without expert parallelism.
+  double expert_dispatch_seconds = 0.0;
 };
 
 // What one optimizer step computed.
