@@ -179,5 +179,24 @@ TEST(GroupedMlpTest, ExpertsAreShardedOverEpByIndex) {
   EXPECT_TRUE(GroupedMlp(kExperts, kHidden, kFfn, nullptr)->LocalLayouts().empty());
 }
 
+TEST(MoeGeometryTest, BadSizesThrowNamingTheNumbers) {
+  RouterOptions options;
+  options.num_moe_experts = 4;
+  options.moe_router_topk = 5;
+  EXPECT_THAT([&] { TopKRouter router(kHidden, options); },
+              ::testing::ThrowsMessage<c10::Error>(
+                  ::testing::HasSubstr("moe_router_topk (5) must be in [1, num_moe_experts (4)]")));
+  options.moe_router_topk = 0;
+  EXPECT_THAT([&] { TopKRouter router(kHidden, options); },
+              ::testing::ThrowsMessage<c10::Error>(::testing::HasSubstr("moe_router_topk (0)")));
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    EXPECT_THAT(
+        [&] { GroupedMlp experts(3, kHidden, kFfn, r.group.get()); },
+        ::testing::ThrowsMessage<c10::Error>(::testing::HasSubstr(
+            "num_experts (3) must be a positive multiple of the expert-parallel size (2)")));
+    return absl::OkStatus();
+  }));
+}
+
 }  // namespace
 }  // namespace keel::parallel

@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "ATen/ATen.h"
+#include "c10/util/Exception.h"
 #include "torch/csrc/autograd/custom_function.h"
 
 namespace keel::parallel {
@@ -28,8 +29,12 @@ class AuxLossScaler : public torch::autograd::Function<AuxLossScaler> {
 }  // namespace
 
 TopKRouterImpl::TopKRouterImpl(int64_t hidden_size, const RouterOptions& options)
-    : options_(options),
-      weight_(register_parameter("weight", at::zeros({options.num_moe_experts, hidden_size}))) {}
+    : options_(options) {
+  TORCH_CHECK(options.moe_router_topk >= 1 && options.moe_router_topk <= options.num_moe_experts,
+              "moe_router_topk (", options.moe_router_topk, ") must be in [1, num_moe_experts (",
+              options.num_moe_experts, ")]");
+  weight_ = register_parameter("weight", at::zeros({options.num_moe_experts, hidden_size}));
+}
 
 Routing TopKRouterImpl::forward(const at::Tensor& tokens) {
   const int64_t k = options_.moe_router_topk;

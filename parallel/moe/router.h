@@ -49,8 +49,8 @@ struct Routing {
 class TopKRouterImpl : public torch::nn::Module {
  public:
   // A router for tokens of `hidden_size`; its weight [E, hidden_size] starts at zeros (a model
-  // copies its weights in). Requires: 1 <= moe_router_topk <= num_moe_experts (the caller's
-  // config validation).
+  // copies its weights in). Throws c10::Error naming both numbers unless 1 <= moe_router_topk
+  // <= num_moe_experts.
   TopKRouterImpl(int64_t hidden_size, const RouterOptions& options);
 
   // Routes `tokens` ([T, hidden_size]); the logits in float32 as Megatron's router computes

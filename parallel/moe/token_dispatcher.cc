@@ -89,12 +89,13 @@ at::Tensor RunLocalExperts(const at::Tensor& received, const at::Tensor& counts,
 
 GroupedMlpImpl::GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
                                c10d::ProcessGroup* ep)
-    : num_experts_(num_experts),
-      ep_(ep),
-      fc1_(register_parameter("fc1",
-                              at::zeros({num_experts / SizeOf(ep), hidden_size, ffn_hidden_size}))),
-      fc2_(register_parameter(
-          "fc2", at::zeros({num_experts / SizeOf(ep), ffn_hidden_size, hidden_size}))) {}
+    : num_experts_(num_experts), ep_(ep) {
+  TORCH_CHECK(num_experts > 0 && num_experts % SizeOf(ep) == 0, "num_experts (", num_experts,
+              ") must be a positive multiple of the expert-parallel size (", SizeOf(ep), ")");
+  const int64_t local = num_experts / SizeOf(ep);
+  fc1_ = register_parameter("fc1", at::zeros({local, hidden_size, ffn_hidden_size}));
+  fc2_ = register_parameter("fc2", at::zeros({local, ffn_hidden_size, hidden_size}));
+}
 
 at::Tensor GroupedMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {
   return at::matmul(at::gelu(at::matmul(tokens, fc1_[expert])), fc2_[expert]);

@@ -30,8 +30,9 @@ namespace keel::parallel {
 // This rank's num_experts / ep experts (experts [rank x that, ...)), each an MLP
 // x -> gelu(x fc1_e) fc2_e without biases, their weights stacked: fc1 [local, hidden, ffn],
 // fc2 [local, ffn, hidden], laid out as blocks of the whole [num_experts, ...] tensors
-// sharded over "ep". The weights start at zeros (a model copies its weights in).
-// Requires: ep's size divides num_experts; `ep` (nullptr: one rank) outlives the module.
+// sharded over "ep". The weights start at zeros (a model copies its weights in). Throws
+// c10::Error naming both numbers unless num_experts is a positive multiple of ep's size.
+// Requires: `ep` (nullptr: one rank) outlives the module.
 class GroupedMlpImpl : public torch::nn::Module, public LaidOut {
  public:
   GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
