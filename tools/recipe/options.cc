@@ -207,7 +207,7 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
 }
 
 // Mixture of experts: experts split evenly over ep, k of them per token; not yet with tensor
-// or pipeline parallelism or the distributed optimizer.
+// parallelism or the distributed optimizer.
 absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
   const GptOptions& m = options.model;
   const parallel::ModelParallelOptions& p = options.distributed.parallel;
@@ -237,15 +237,14 @@ absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
         m.num_moe_experts, "): each expert-parallel rank holds an equal share; sizes that do: ",
         Working(m.num_moe_experts, [&](int64_t n) { return m.num_moe_experts % n == 0; })));
   }
-  const char* unsupported = p.tensor_model_parallel_size > 1     ? "tensor_model_parallel_size"
-                            : p.pipeline_model_parallel_size > 1 ? "pipeline_model_parallel_size"
+  const char* unsupported = p.tensor_model_parallel_size > 1 ? "tensor_model_parallel_size"
                             : options.distributed.use_distributed_optimizer
                                 ? "use_distributed_optimizer"
                                 : nullptr;
   if (unsupported == nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "model.num_moe_experts (", m.num_moe_experts, ") with distributed.", unsupported,
-      ": not supported yet; mixture-of-experts runs are data- and expert-parallel"));
+      ": not supported yet; mixture-of-experts runs are data-, pipeline- and expert-parallel"));
 }
 
 // The tensor-parallel size splits the attention heads and the MLP evenly (the vocabulary is

@@ -423,9 +423,12 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   scaling.ep_shard_size =
       runtime_.mesh == nullptr ? 1 : runtime_.mesh->GroupSize(parallel::GroupKind::kExpertDp);
   scaling.ep_axis_name = kExpertDim;
-  (*s.model)->moe_stats().aux_loss_scale = 1.0 / static_cast<double>(micro_batches.size());
   StageRunOptions stages;
   stages.loss_scale = pipelined ? 1.0 : static_cast<double>(runtime_.dp_size) / label_tokens;
+  // Each micro-batch's load-balancing loss weighs 1 / micro-batches in the gradient (once the
+  // PP scaling has divided the pipeline's gradients by label_tokens / dp).
+  const double pp_scaling = pipelined ? label_tokens / static_cast<double>(runtime_.dp_size) : 1.0;
+  (*s.model)->moe_stats().aux_loss_scale = pp_scaling / static_cast<double>(micro_batches.size());
   stages.before_last_backward = [&s] { s.optimizer->PrepareForFinalBackward(); };
   KEEL_ASSIGN_OR_RETURN(const double loss_sum, RunStages(*s.model, batches, runtime_, stages));
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
@@ -464,8 +467,10 @@ absl::Status Run::CollectMoeStats(StepOutput& output, int64_t micro_batches) {
                           : at::zeros({options_.model.num_moe_experts}, at::kLong);
   stats.aux_loss_sum = 0.0;
   stats.tokens = at::Tensor();
-  KEEL_RETURN_IF_ERROR(SumOverData(aux, runtime_, "the load-balancing loss"));
-  KEEL_RETURN_IF_ERROR(SumOverData(tokens, runtime_, "the tokens per expert"));
+  for (at::Tensor* sum : {&aux, &tokens}) {
+    KEEL_RETURN_IF_ERROR(SumOverData(*sum, runtime_, "the routing statistics"));
+    KEEL_RETURN_IF_ERROR(SumOverStages(*sum, runtime_, "the routing statistics"));
+  }
   output.moe_aux_loss = aux.item<double>() / static_cast<double>(micro_batches * runtime_.dp_size);
   output.tokens_per_expert =
       std::vector<int64_t>(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + tokens.numel());

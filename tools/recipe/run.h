@@ -130,8 +130,8 @@ class Run {
   absl::Status LoadPretrained();
   absl::Status OpenOutputs();
   // Mixture of experts: the routing statistics of the step's micro-batches into `output`,
-  // summed over the data-parallel ranks, and the model's taken back to none.
-  // Collective: over the data-parallel group.
+  // summed over the data-parallel ranks and the pipeline stages, and the model's taken back
+  // to none. Collective: over the data-parallel group, then the pipeline group.
   absl::Status CollectMoeStats(StepOutput& output, int64_t micro_batches);
   // clip_grad.check_norm_every_steps: on those steps, `norm` (ClipGradNorm's) against the
   // norm of every rank's gradient blocks; an error naming the parameters when they differ.
