@@ -59,19 +59,15 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
   for (const gradients::NamedParameter& p : o.parameters_) {
     (IsExpert(p, options.expert_dim_name) ? experts : dense).push_back(p);
   }
-  if (!experts.empty() && options.use_distributed_optimizer) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("use_distributed_optimizer with expert parameters ('", experts.front().name,
-                     "' and ", experts.size() - 1, " other(s)): not supported yet"));
-  }
   if (group != nullptr && options.use_distributed_optimizer) {
-    KEEL_ASSIGN_OR_RETURN(o.sharded_,
-                          DistributedOptimizer::Create(
-                              o.parameters_, *group,
-                              [&factory](const std::vector<gradients::ParamShard>& shards) {
-                                return factory(AsParameters(shards));
-                              },
-                              options.sync));
+    KEEL_ASSIGN_OR_RETURN(
+        o.sharded_,
+        DistributedOptimizer::Create(
+            {{std::move(dense), group}, {std::move(experts), options.expert_data_parallel_group}},
+            [&factory](const std::vector<gradients::ParamShard>& shards) {
+              return factory(AsParameters(shards));
+            },
+            options.sync));
   } else {
     KEEL_ASSIGN_OR_RETURN(o.whole_, BuildWhole(o.parameters_, factory));
     KEEL_ASSIGN_OR_RETURN(o.sync_, SyncOf(dense, group, options.sync));
@@ -141,7 +137,7 @@ void DataParallelOptimizer::SkipStep() {
 }
 
 at::Tensor DataParallelOptimizer::LocalGradientSum() const {
-  if (sharded_) return sharded_->grad_sync().LocalGradientSum();
+  if (sharded_) return sharded_->LocalGradientSum();
   at::Tensor sum;
   for (const auto* sync : {sync_.get(), expert_sync_.get()}) {
     if (sync == nullptr) continue;
@@ -167,15 +163,14 @@ std::string DataParallelOptimizer::Describe() const {
   const absl::StatusOr<OptimizerKind> kind = KindOf(o);
   const std::string name(kind.ok() ? OptimizerKindName(*kind) : "optimizer");
   if (!sharded_) return name;
-  const gradients::ShardedGradSync& sync = sharded_->grad_sync();
   int64_t total = 0;
-  for (const gradients::ParamShard& shard : sync.shards()) {
+  for (const gradients::ParamShard& shard : sharded_->shards()) {
     int64_t numel = 1;
     for (int64_t size : shard.layout.global_shape) numel *= size;
     total += numel;
   }
-  return absl::StrCat(name, " sharded over the data-parallel ranks (", sync.shard_numel(), " of ",
-                      total, " parameters' state here)");
+  return absl::StrCat(name, " sharded over the data-parallel ranks (", sharded_->shard_numel(),
+                      " of ", total, " parameters' state here)");
 }
 
 }  // namespace keel::optim

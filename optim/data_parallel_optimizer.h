@@ -54,8 +54,9 @@ struct DataParallelOptimizerOptions {
   gradients::ClipGradNormOptions clip;
   // Expert parameters, those whose layout has a dimension of this name ("ep"), average their
   // gradients over `expert_data_parallel_group` instead of the data-parallel group (Megatron's
-  // expert data-parallel group: the ranks holding the same experts); nullptr: one rank holds
-  // them. Not with use_distributed_optimizer yet. Default: "" (no expert parameters).
+  // expert data-parallel group: the ranks holding the same experts), and with
+  // use_distributed_optimizer their state is sharded over it (Create fails without it then);
+  // nullptr: one rank holds them. Default: "" (no expert parameters).
   std::string expert_dim_name;
   c10d::ProcessGroup* expert_data_parallel_group = nullptr;
 };

@@ -22,6 +22,7 @@
 #include "torch/nn/module.h"
 #include "torch/optim/adamw.h"
 #include "torch/optim/lbfgs.h"
+#include "torch/optim/sgd.h"
 
 namespace keel::optim {
 namespace {
@@ -123,54 +124,79 @@ TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
   EXPECT_FALSE(alone->LocalGradientSum().defined());
 }
 
+// SGD with a learning rate of 1: a step subtracts the averaged gradient.
+OptimizerFactory PlainSgd() {
+  return [](const std::vector<NamedParameter>& params) {
+    std::vector<at::Tensor> tensors;
+    for (const NamedParameter& p : params) tensors.push_back(p.param);
+    return std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(1.0));
+  };
+}
+
 // On 4 ranks with ep = 2 (Megatron's expert grid: ep groups {0, 1} {2, 3}, expert data
 // parallel {0, 2} {1, 3}), dense gradients average over all 4 ranks and expert ones (a layout
-// dimension "ep") over the ranks holding the same experts.
+// dimension "ep") over the ranks holding the same experts; the distributed optimizer shards
+// each over its group (some ranks' shards have no rows) and steps the same parameters.
 TEST(DataParallelOptimizerTest, ExpertGradientsAverageOverTheExpertDataParallelGroup) {
   parallel::ModelParallelOptions sizes;
   sizes.expert_model_parallel_size = 2;
   KEEL_ASSERT_OK_AND_ASSIGN(const parallel::MeshLayout layout,
                             parallel::MeshLayout::Create(sizes, 4));
-  std::vector<double> dense(4), expert(4);
-  KEEL_ASSERT_OK(testing::RunOnRanksWithStore(4, [&](Rank& r) -> absl::Status {
-    KEEL_ASSIGN_OR_RETURN(
-        const parallel::DeviceMesh mesh,
-        parallel::DeviceMesh::Create(layout, r.rank, r.store, parallel::Backend::kGloo,
-                                     std::chrono::seconds(20)));
-    c10d::ProcessGroup* ep = mesh.Group(parallel::GroupKind::kEp);
-    const at::Tensor w = at::zeros({3}).requires_grad_(true);
-    const at::Tensor e = at::zeros({1, 3}).requires_grad_(true);  // this rank's expert
-    KEEL_ASSIGN_OR_RETURN(
-        parallel::TensorLayout e_layout,
-        parallel::EvenlySharded({2, 3}, {{"ep", ep, parallel::Placement::Shard(0)}}));
-    DataParallelOptimizerOptions options;
-    options.expert_dim_name = "ep";
-    options.expert_data_parallel_group = mesh.Group(parallel::GroupKind::kExpertDp);
-    KEEL_ASSIGN_OR_RETURN(
-        auto optimizer,
-        DataParallelOptimizer::Create({{"w", w}, {"experts", e, e_layout}},
-                                      mesh.Group(parallel::GroupKind::kDp), AdamW(), options));
-    optimizer->PrepareForFinalBackward();
-    ((w.sum() + e.sum()) * (r.rank + 1)).backward();
-    KEEL_RETURN_IF_ERROR(optimizer->Wait());
-    dense[r.rank] = w.grad()[0].item<double>();
-    expert[r.rank] = e.grad()[0][0].item<double>();
+  for (const bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "distributed optimizer" : "whole parameters");
+    std::vector<std::vector<float>> dense(4), expert(4);
+    KEEL_ASSERT_OK(testing::RunOnRanksWithStore(4, [&](Rank& r) -> absl::Status {
+      KEEL_ASSIGN_OR_RETURN(
+          const parallel::DeviceMesh mesh,
+          parallel::DeviceMesh::Create(layout, r.rank, r.store, parallel::Backend::kGloo,
+                                       std::chrono::seconds(20)));
+      c10d::ProcessGroup* ep = mesh.Group(parallel::GroupKind::kEp);
+      const at::Tensor w = at::zeros({3}).requires_grad_(true);
+      const at::Tensor e = at::zeros({1, 3}).requires_grad_(true);  // this rank's expert
+      KEEL_ASSIGN_OR_RETURN(
+          parallel::TensorLayout e_layout,
+          parallel::EvenlySharded({2, 3}, {{"ep", ep, parallel::Placement::Shard(0)}}));
+      DataParallelOptimizerOptions options;
+      options.use_distributed_optimizer = sharded;
+      options.expert_dim_name = "ep";
+      options.expert_data_parallel_group = mesh.Group(parallel::GroupKind::kExpertDp);
+      KEEL_ASSIGN_OR_RETURN(
+          auto optimizer,
+          DataParallelOptimizer::Create({{"w", w}, {"experts", e, e_layout}},
+                                        mesh.Group(parallel::GroupKind::kDp), PlainSgd(), options));
+      EXPECT_EQ(optimizer->sharded() != nullptr, sharded);
+      optimizer->PrepareForFinalBackward();
+      ((w.sum() + e.sum()) * (r.rank + 1)).backward();
+      KEEL_RETURN_IF_ERROR(optimizer->Wait());
+      KEEL_RETURN_IF_ERROR(optimizer->Step());
+      dense[r.rank] = std::vector<float>(w.data_ptr<float>(), w.data_ptr<float>() + 3);
+      expert[r.rank] = std::vector<float>(e.data_ptr<float>(), e.data_ptr<float>() + 3);
+      return absl::OkStatus();
+    }));
+    for (int rank = 0; rank < 4; ++rank) {
+      SCOPED_TRACE(rank);
+      EXPECT_THAT(dense[rank], ::testing::Each(-2.5f));  // -(1 + 2 + 3 + 4) / 4
+      // -(1 + 3) / 2 on ranks 0 and 2, -(2 + 4) / 2 on ranks 1 and 3.
+      EXPECT_THAT(expert[rank], ::testing::Each(rank % 2 == 0 ? -2.0f : -3.0f));
+    }
+  }
+}
+
+TEST(DataParallelOptimizerTest, ShardedExpertParametersNeedTheirGroup) {
+  KEEL_ASSERT_OK(RunOnRanks(1, [&](Rank& r) -> absl::Status {
+    Net net;
+    std::vector<NamedParameter> params = TrainableParameters({&net});
+    params[0].layout = parallel::BlockLayout({9, 4}, {0, 0});
+    params[0].layout->dims.push_back({"ep", nullptr, parallel::Placement::Shard(0)});
+    DataParallelOptimizerOptions sharded;
+    sharded.use_distributed_optimizer = true;
+    sharded.expert_dim_name = "ep";
+    EXPECT_THAT(
+        DataParallelOptimizer::Create(params, r.group.get(), AdamW(), sharded),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr("parameters ('embed' and 0 other(s)) to shard without a group")));
     return absl::OkStatus();
   }));
-  EXPECT_THAT(dense, ::testing::ElementsAre(2.5, 2.5, 2.5, 2.5));   // (1 + 2 + 3 + 4) / 4
-  EXPECT_THAT(expert, ::testing::ElementsAre(2.0, 3.0, 2.0, 3.0));  // (1 + 3) / 2, (2 + 4) / 2
-
-  // The distributed optimizer does not shard expert parameters yet: refused, naming one.
-  Net net;
-  std::vector<NamedParameter> params = TrainableParameters({&net});
-  params[0].layout = parallel::BlockLayout({9, 4}, {0, 0});
-  params[0].layout->dims.push_back({"ep", nullptr, parallel::Placement::Shard(0)});
-  DataParallelOptimizerOptions sharded;
-  sharded.use_distributed_optimizer = true;
-  sharded.expert_dim_name = "ep";
-  EXPECT_THAT(DataParallelOptimizer::Create(params, nullptr, AdamW(), sharded),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("use_distributed_optimizer with expert parameters ('embed'")));
 }
 
 TEST(DataParallelOptimizerTest, SkipStepChangesNothingAndResetRestoresTheOptions) {

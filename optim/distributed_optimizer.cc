@@ -9,58 +9,139 @@
 
 namespace keel::optim {
 
+namespace {
+
+// The first error of `statuses`, or OK.
+absl::Status FirstError(const std::vector<absl::Status>& statuses) {
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
+    std::vector<ShardingGroup> groups, const ShardOptimizerFactory& factory,
+    const gradients::DataParallelGradSyncOptions& options) {
+  std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs;
+  for (ShardingGroup& g : groups) {
+    if (g.parameters.empty()) continue;
+    if (g.group == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("parameters ('", g.parameters.front().name,
+                                                     "' and ", g.parameters.size() - 1,
+                                                     " other(s)) to shard without a group"));
+    }
+    KEEL_ASSIGN_OR_RETURN(syncs.emplace_back(), gradients::ShardedGradSync::Create(
+                                                    std::move(g.parameters), *g.group, options));
+  }
+  return Make(std::move(syncs), factory);
+}
+
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     std::vector<gradients::NamedParameter> parameters, c10d::ProcessGroup& group,
     const ShardOptimizerFactory& factory, const gradients::DataParallelGradSyncOptions& options) {
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<gradients::ShardedGradSync> sync,
+  std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs;
+  KEEL_ASSIGN_OR_RETURN(syncs.emplace_back(),
                         gradients::ShardedGradSync::Create(std::move(parameters), group, options));
-  return Make(std::move(sync), factory);
+  return Make(std::move(syncs), factory);
 }
 
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     torch::nn::Module& module, c10d::ProcessGroup& group, const ShardOptimizerFactory& factory,
     const gradients::DataParallelGradSyncOptions& options) {
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<gradients::ShardedGradSync> sync,
+  std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs;
+  KEEL_ASSIGN_OR_RETURN(syncs.emplace_back(),
                         gradients::ShardedGradSync::Create(module, group, options));
-  return Make(std::move(sync), factory);
+  return Make(std::move(syncs), factory);
 }
 
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Make(
-    std::unique_ptr<gradients::ShardedGradSync> sync, const ShardOptimizerFactory& factory) {
+    std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
+    const ShardOptimizerFactory& factory) {
+  std::vector<gradients::ParamShard> shards;
+  for (const auto& sync : syncs) {
+    shards.insert(shards.end(), sync->shards().begin(), sync->shards().end());
+  }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument,
                                        "building the shards' optimizer",
-                                       [&] { optimizer = factory(sync->shards()); }));
+                                       [&] { optimizer = factory(shards); }));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const gradients::ParamShard& shard : sync->shards()) {
-    tensors.emplace_back(shard.name, shard.tensor);
-  }
+  for (const gradients::ParamShard& shard : shards) tensors.emplace_back(shard.name, shard.tensor);
   KEEL_RETURN_IF_ERROR(CheckOptimizerHoldsEachOnce(optimizer.get(), tensors, "shard"));
   return std::unique_ptr<DistributedOptimizer>(
-      new DistributedOptimizer(std::move(sync), std::move(optimizer)));
+      new DistributedOptimizer(std::move(syncs), std::move(optimizer)));
 }
 
-DistributedOptimizer::DistributedOptimizer(std::unique_ptr<gradients::ShardedGradSync> sync,
-                                           std::unique_ptr<torch::optim::Optimizer> optimizer)
-    : sync_(std::move(sync)), optimizer_(std::move(optimizer)) {}
+DistributedOptimizer::DistributedOptimizer(
+    std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
+    std::unique_ptr<torch::optim::Optimizer> optimizer)
+    : syncs_(std::move(syncs)), optimizer_(std::move(optimizer)) {
+  for (const auto& sync : syncs_) {
+    shards_.insert(shards_.end(), sync->shards().begin(), sync->shards().end());
+  }
+}
+
+void DistributedOptimizer::PrepareForGradAccumulation() {
+  for (const auto& sync : syncs_) sync->PrepareForGradAccumulation();
+}
+
+void DistributedOptimizer::PrepareForFinalBackward() {
+  for (const auto& sync : syncs_) sync->PrepareForFinalBackward();
+}
+
+absl::Status DistributedOptimizer::Wait() {
+  std::vector<absl::Status> statuses;
+  for (const auto& sync : syncs_) statuses.push_back(sync->Wait());
+  return FirstError(statuses);
+}
+
+std::vector<gradients::NamedParameter> DistributedOptimizer::ShardParameters() const {
+  std::vector<gradients::NamedParameter> parameters;
+  for (const auto& sync : syncs_) {
+    std::vector<gradients::NamedParameter> group = sync->ShardParameters();
+    parameters.insert(parameters.end(), group.begin(), group.end());
+  }
+  return parameters;
+}
 
 absl::Status DistributedOptimizer::Step() {
-  // A step that throws on one rank still joins the all-gather, whose agreement then fails every
-  // rank: returning early would leave the peers waiting in it.
+  // A step that throws on one rank still joins the all-gathers, whose agreement then fails
+  // every rank: returning early would leave the peers waiting in them.
   const absl::Status stepped = base::CallTorch(absl::StatusCode::kInternal, "stepping the shards",
                                                [&] { optimizer_->step(); });
-  return sync_->AllGather(stepped);
+  std::vector<absl::Status> statuses;
+  for (const auto& sync : syncs_) statuses.push_back(sync->AllGather(stepped));
+  return FirstError(statuses);
 }
 
 void DistributedOptimizer::ZeroGrad() {
-  for (const gradients::NamedParameter& p : sync_->parameters()) {
-    at::Tensor param = p.param;
-    param.mutable_grad().reset();
+  for (const auto& sync : syncs_) {
+    for (const gradients::NamedParameter& p : sync->parameters()) {
+      at::Tensor param = p.param;
+      param.mutable_grad().reset();
+    }
   }
-  for (const gradients::ParamShard& shard : sync_->shards()) {
+  for (const gradients::ParamShard& shard : shards_) {
     at::Tensor tensor = shard.tensor;
     tensor.mutable_grad().reset();
   }
+}
+
+at::Tensor DistributedOptimizer::LocalGradientSum() const {
+  at::Tensor sum;
+  for (const auto& sync : syncs_) {
+    const at::Tensor& local = sync->LocalGradientSum();
+    if (local.defined()) sum = sum.defined() ? sum + local : local;
+  }
+  return sum;
+}
+
+int64_t DistributedOptimizer::shard_numel() const {
+  int64_t numel = 0;
+  for (const auto& sync : syncs_) numel += sync->shard_numel();
+  return numel;
 }
 
 }  // namespace keel::optim

@@ -48,8 +48,22 @@ using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimi
 // has the same param groups and step counts as the unsharded one.
 //
 // Requires: `module` and `group` outlive this object; as gradients::ShardedGradSync.
+// Parameters sharded over one group.
+struct ShardingGroup {
+  std::vector<gradients::NamedParameter> parameters;
+  c10d::ProcessGroup* group = nullptr;
+};
+
 class DistributedOptimizer {
  public:
+  // Shards each group's parameters over its group (Megatron's dense parameters over the
+  // data-parallel group and expert ones over the expert data-parallel group; their layouts
+  // travel to the shards) and builds one optimizer over all the shards, in group order. A group
+  // without parameters is left out. Collective: every rank calls it, over every group.
+  // Errors: as the Create below; kInvalidArgument for a group with parameters and no group.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
+      std::vector<ShardingGroup> groups, const ShardOptimizerFactory& factory,
+      const gradients::DataParallelGradSyncOptions& options = {});
   // Shards `parameters` over `group` (their layouts travel to the shards) and builds the
   // optimizer over the shards. Collective: every rank calls it.
   // Errors: ShardedGradSync::Create's; kInvalidArgument when the factory returns no optimizer,
@@ -65,15 +79,14 @@ class DistributedOptimizer {
       const gradients::DataParallelGradSyncOptions& options = {});
 
   // As DataParallelGradSync's: accumulation micro-batches do not communicate.
-  void PrepareForGradAccumulation() { sync_->PrepareForGradAccumulation(); }
-  void PrepareForFinalBackward() { sync_->PrepareForFinalBackward(); }
-  // ShardedGradSync::Wait: each shard's grad() is the group average of its rows. Collective.
-  [[nodiscard]] absl::Status Wait() { return sync_->Wait(); }
+  void PrepareForGradAccumulation();
+  void PrepareForFinalBackward();
+  // ShardedGradSync::Wait of every group, all of them even when one fails (the first error
+  // is returned): each shard's grad() is its group's average of its rows. Collective.
+  [[nodiscard]] absl::Status Wait();
 
   // For ClipGradNorm between Wait and Step: the shards, with their layouts.
-  std::vector<gradients::NamedParameter> ShardParameters() const {
-    return sync_->ShardParameters();
-  }
+  std::vector<gradients::NamedParameter> ShardParameters() const;
 
   // Steps the shards with optimizer(), then all-gathers them into every rank's parameters; a
   // rank whose step throws still all-gathers, and every rank then fails. Collective.
@@ -84,17 +97,23 @@ class DistributedOptimizer {
   void ZeroGrad();
 
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
-  const std::vector<gradients::ParamShard>& shards() const { return sync_->shards(); }
-  const gradients::ShardedGradSync& grad_sync() const { return *sync_; }
+  // Every group's shards, in group order.
+  const std::vector<gradients::ParamShard>& shards() const { return shards_; }
+  // ShardedGradSync::LocalGradientSum over the groups: a float64 scalar.
+  at::Tensor LocalGradientSum() const;
+  // The elements of this rank's shards.
+  int64_t shard_numel() const;
 
  private:
-  DistributedOptimizer(std::unique_ptr<gradients::ShardedGradSync> sync,
+  DistributedOptimizer(std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
                        std::unique_ptr<torch::optim::Optimizer> optimizer);
-  // The optimizer over `sync`'s shards, checked.
+  // The optimizer over the syncs' shards, checked.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Make(
-      std::unique_ptr<gradients::ShardedGradSync> sync, const ShardOptimizerFactory& factory);
+      std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
+      const ShardOptimizerFactory& factory);
 
-  std::unique_ptr<gradients::ShardedGradSync> sync_;
+  std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs_;
+  std::vector<gradients::ParamShard> shards_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

@@ -1,9 +1,10 @@
 // //tools:train with a mixture-of-experts GPT (4 experts a block, 2 per token, the
 // load-balancing loss at 0.01), as child processes: expert parallelism must not change the
 // numbers (ep=2 on 2 ranks, ep=2 on 4 ranks with 2 expert data-parallel replicas, 8
-// micro-batches, pp=2 x ep=2), checkpoints hold the experts under their global index (they
-// resume across expert-parallel sizes and pipeline stages), kill -9 and resume is
-// bit-identical, and bad geometry exits 2.
+// micro-batches, pp=2 x ep=2, ep=2 on 4 ranks with the distributed optimizer), checkpoints
+// hold the experts under their global index (they resume across expert-parallel sizes,
+// pipeline stages and sharded optimizer state), kill -9 and resume is bit-identical, and bad
+// geometry exits 2.
 //
 // Every run shuffles globally (sampler.shuffle_scope=global): each step's samples are the same
 // on any number of ranks. Megatron's load-balancing loss is one micro-batch's, so each layout is
@@ -46,6 +47,7 @@ using ::testing::HasSubstr;
 
 constexpr char kEp2[] = "distributed.expert_model_parallel_size=2";
 constexpr char kPp2[] = "distributed.pipeline_model_parallel_size=2";
+constexpr char kZero[] = "distributed.use_distributed_optimizer=true";
 
 // The MoE model at a peak learning rate of 1e-3.
 std::vector<std::string> MoeModel() {
@@ -83,6 +85,11 @@ TEST(TrainMoeTest, ExpertParallelismDoesNotChangeTheNumbers) {
        {kEp2},
        "8 micro-batches of 1 per rank on 2 rank(s)"},
       {"pp2_ep2", 4, {LocalBatch(2)}, {kEp2, kPp2}, "2 micro-batches of 2 per rank on 2 rank(s)"},
+      {"ep2_expert_dp2_distributed_optimizer",
+       4,
+       {LocalBatch(2)},
+       {kEp2, kZero},
+       "1 micro-batches of 2 per rank on 4 rank(s)"},
   };
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
@@ -114,9 +121,9 @@ TEST(TrainMoeTest, ExpertParallelismDoesNotChangeTheNumbers) {
   }
 }
 
-// One run through 1 rank, ep=2, 1 rank, pp=2 x ep=2, ep=4 (one expert a rank) and ep=2, 6
-// steps each (no load-balancing loss: the legs split the batch into other micro-batches),
-// continuing the uninterrupted one-rank trace.
+// One run through 1 rank, ep=2, 1 rank, pp=2 x ep=2, ep=4 (one expert a rank) with the
+// distributed optimizer, and ep=2, 6 steps each (no load-balancing loss: the legs split the
+// batch into other micro-batches), continuing the uninterrupted one-rank trace.
 TEST(TrainMoeTest, CheckpointsResumeAcrossExpertParallelSizes) {
   ExpectResumesAcrossLayouts(
       "moe_reshard",
@@ -124,7 +131,7 @@ TEST(TrainMoeTest, CheckpointsResumeAcrossExpertParallelSizes) {
        {2, {kEp2}},
        {1, {}},
        {4, {kEp2, kPp2, LocalBatch(2)}},
-       {4, {"distributed.expert_model_parallel_size=4", LocalBatch(2)}},
+       {4, {"distributed.expert_model_parallel_size=4", kZero, LocalBatch(2)}},
        {2, {kEp2}}},
       /*steps_per_leg=*/6, [](size_t, const std::string&) {}, MoeModel());
 }

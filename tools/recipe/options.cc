@@ -207,7 +207,7 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
 }
 
 // Mixture of experts: experts split evenly over ep, k of them per token; not yet with tensor
-// parallelism or the distributed optimizer.
+// parallelism.
 absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
   const GptOptions& m = options.model;
   const parallel::ModelParallelOptions& p = options.distributed.parallel;
@@ -220,16 +220,16 @@ absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
     return Require(ep == 1, "distributed.expert_model_parallel_size", ep,
                    "needs model.num_moe_experts > 0 (experts to split); allowed: 1");
   }
-  KEEL_RETURN_IF_ERROR(Require(m.moe_layer_freq > 0, "model.moe_layer_freq", m.moe_layer_freq,
-                               "must be > 0"));
+  KEEL_RETURN_IF_ERROR(
+      Require(m.moe_layer_freq > 0, "model.moe_layer_freq", m.moe_layer_freq, "must be > 0"));
   if (!(m.moe_aux_loss_coeff >= 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.moe_aux_loss_coeff (", m.moe_aux_loss_coeff, ") must be >= 0"));
   }
   if (m.moe_router_topk < 1 || m.moe_router_topk > m.num_moe_experts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.moe_router_topk (", m.moe_router_topk, ") must be in [1, model.num_moe_experts (",
-        m.num_moe_experts, ")]"));
+    return absl::InvalidArgumentError(absl::StrCat("model.moe_router_topk (", m.moe_router_topk,
+                                                   ") must be in [1, model.num_moe_experts (",
+                                                   m.num_moe_experts, ")]"));
   }
   if (m.num_moe_experts % ep != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -237,14 +237,11 @@ absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
         m.num_moe_experts, "): each expert-parallel rank holds an equal share; sizes that do: ",
         Working(m.num_moe_experts, [&](int64_t n) { return m.num_moe_experts % n == 0; })));
   }
-  const char* unsupported = p.tensor_model_parallel_size > 1 ? "tensor_model_parallel_size"
-                            : options.distributed.use_distributed_optimizer
-                                ? "use_distributed_optimizer"
-                                : nullptr;
-  if (unsupported == nullptr) return absl::OkStatus();
+  if (p.tensor_model_parallel_size == 1) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "model.num_moe_experts (", m.num_moe_experts, ") with distributed.", unsupported,
-      ": not supported yet; mixture-of-experts runs are data-, pipeline- and expert-parallel"));
+      "model.num_moe_experts (", m.num_moe_experts,
+      ") with distributed.tensor_model_parallel_size: not supported yet; mixture-of-experts runs "
+      "are data-, pipeline- and expert-parallel"));
 }
 
 // The tensor-parallel size splits the attention heads and the MLP evenly (the vocabulary is
