@@ -1,5 +1,6 @@
 #include "optim/data_parallel_optimizer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -169,8 +170,12 @@ std::string DataParallelOptimizer::Describe() const {
     for (int64_t size : shard.layout.global_shape) numel *= size;
     total += numel;
   }
-  return absl::StrCat(name, " sharded over the data-parallel ranks (", sharded_->shard_numel(),
-                      " of ", total, " parameters' state here)");
+  const bool experts = std::any_of(parameters_.begin(), parameters_.end(), [&](const auto& p) {
+    return IsExpert(p, options_.expert_dim_name);
+  });
+  return absl::StrCat(name, " sharded over the data-parallel ranks",
+                      experts ? ", experts over the expert data-parallel ones" : "", " (",
+                      sharded_->shard_numel(), " of ", total, " parameters' state here)");
 }
 
 }  // namespace keel::optim

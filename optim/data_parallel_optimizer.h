@@ -103,7 +103,8 @@ class DataParallelOptimizer {
   const std::vector<gradients::NamedParameter>& parameters() const { return parameters_; }
   // The distributed optimizer, when the state is sharded; else nullptr.
   DistributedOptimizer* sharded() { return sharded_.get(); }
-  // "AdamW", or "AdamW sharded over the data-parallel ranks (E of N parameters' state here)".
+  // "AdamW", or "AdamW sharded over the data-parallel ranks[, experts over the expert
+  // data-parallel ones] (E of N parameters' state here)".
   std::string Describe() const;
 
  private:

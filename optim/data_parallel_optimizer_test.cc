@@ -165,6 +165,11 @@ TEST(DataParallelOptimizerTest, ExpertGradientsAverageOverTheExpertDataParallelG
           DataParallelOptimizer::Create({{"w", w}, {"experts", e, e_layout}},
                                         mesh.Group(parallel::GroupKind::kDp), PlainSgd(), options));
       EXPECT_EQ(optimizer->sharded() != nullptr, sharded);
+      if (sharded) {
+        EXPECT_THAT(optimizer->Describe(),
+                    HasSubstr("SGD sharded over the data-parallel ranks, experts over the expert "
+                              "data-parallel ones ("));
+      }
       optimizer->PrepareForFinalBackward();
       ((w.sum() + e.sum()) * (r.rank + 1)).backward();
       KEEL_RETURN_IF_ERROR(optimizer->Wait());
