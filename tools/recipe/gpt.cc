@@ -7,9 +7,9 @@
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
 #include "c10/util/Exception.h"
-#include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/moe/router.h"
 #include "parallel/moe/token_dispatcher.h"
+#include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -47,9 +47,8 @@ class BlockImpl : public torch::nn::Module {
     if (!moe) {
       fc_ = register_module(
           "fc", parallel::ColumnParallelLinear(options.hidden_size, options.ffn_hidden_size, tp));
-      mlp_proj_ = register_module(
-          "mlp_proj",
-          parallel::RowParallelLinear(options.ffn_hidden_size, options.hidden_size, tp));
+      mlp_proj_ = register_module("mlp_proj", parallel::RowParallelLinear(options.ffn_hidden_size,
+                                                                          options.hidden_size, tp));
       return;
     }
     parallel::RouterOptions router;
@@ -58,9 +57,9 @@ class BlockImpl : public torch::nn::Module {
     router.moe_aux_loss_coeff = options.moe_aux_loss_coeff;
     router.moe_router_pre_softmax = options.moe_router_pre_softmax;
     router_ = register_module("router", parallel::TopKRouter(options.hidden_size, router));
-    experts_ = register_module(
-        "experts", parallel::GroupedMlp(options.num_moe_experts, options.hidden_size,
-                                        options.ffn_hidden_size, ep));
+    experts_ = register_module("experts",
+                               parallel::GroupedMlp(options.num_moe_experts, options.hidden_size,
+                                                    options.ffn_hidden_size, ep));
   }
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
@@ -139,6 +138,14 @@ void MoeStats::Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expe
   tokens = tokens.defined() ? tokens + tokens_per_expert.cpu() : tokens_per_expert.cpu();
 }
 
+std::pair<at::Tensor, at::Tensor> MoeStats::Take(int64_t num_experts) {
+  at::Tensor aux = at::full({1}, aux_loss_sum, at::kDouble);
+  at::Tensor counts = tokens.defined() ? tokens.to(at::kLong) : at::zeros({num_experts}, at::kLong);
+  aux_loss_sum = 0.0;
+  tokens = at::Tensor();
+  return {aux, counts};
+}
+
 GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp,
                  c10d::ProcessGroup* ep)
     : GptImpl(options, {tp, ep}, PaddedVocabSize(options, SizeOf(tp)), LayersOf(options, pp),
@@ -173,8 +180,8 @@ GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_
   } else {
     // Megatron's master-weight path: the whole model's weights on one rank (with this model's
     // padded vocabulary), this rank's slice of them.
-    const GptImpl one_rank(options, {nullptr, nullptr}, padded_vocab_size,
-                           {0, options.num_layers}, true, true);
+    const GptImpl one_rank(options, {nullptr, nullptr}, padded_vocab_size, {0, options.num_layers},
+                           true, true);
     const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
     TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
   }

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
@@ -96,6 +97,8 @@ struct MoeStats {
   double aux_loss_scale = 1.0;
 
   void Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert);
+  // The sums so far ([1] float64, and [num_experts] int64: zeros before any), reset to none.
+  std::pair<at::Tensor, at::Tensor> Take(int64_t num_experts);
 };
 
 class GptImpl : public torch::nn::Module {

@@ -460,13 +460,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
 }
 
 absl::Status Run::CollectMoeStats(StepOutput& output, int64_t micro_batches) {
-  MoeStats& stats = (*state_->model)->moe_stats();
-  at::Tensor aux = at::full({1}, stats.aux_loss_sum, at::kDouble);
-  at::Tensor tokens = stats.tokens.defined()
-                          ? stats.tokens.to(at::kLong)
-                          : at::zeros({options_.model.num_moe_experts}, at::kLong);
-  stats.aux_loss_sum = 0.0;
-  stats.tokens = at::Tensor();
+  auto [aux, tokens] = (*state_->model)->moe_stats().Take(options_.model.num_moe_experts);
   for (at::Tensor* sum : {&aux, &tokens}) {
     KEEL_RETURN_IF_ERROR(SumOverData(*sum, runtime_, "the routing statistics"));
     KEEL_RETURN_IF_ERROR(SumOverStages(*sum, runtime_, "the routing statistics"));
