@@ -1,10 +1,10 @@
 // //tools:train with a mixture-of-experts GPT (4 experts a block, 2 per token, the
 // load-balancing loss at 0.01), as child processes: expert parallelism must not change the
 // numbers (ep=2 on 2 ranks, ep=2 on 4 ranks with 2 expert data-parallel replicas, 8
-// micro-batches, pp=2 x ep=2, ep=2 on 4 ranks with the distributed optimizer), checkpoints
-// hold the experts under their global index (they resume across expert-parallel sizes,
-// pipeline stages and sharded optimizer state), kill -9 and resume is bit-identical, and bad
-// geometry exits 2.
+// micro-batches; tp=2 x ep=2, pp=2 x ep=2, ep=2 on 4 ranks with the distributed optimizer),
+// checkpoints hold the experts under their global index (they resume across expert- and
+// tensor-parallel sizes, pipeline stages and sharded optimizer state), kill -9 and resume is
+// bit-identical, and bad geometry exits 2.
 //
 // Every run shuffles globally (sampler.shuffle_scope=global): each step's samples are the same
 // on any number of ranks. Megatron's load-balancing loss is one micro-batch's, so each layout is
@@ -43,10 +43,12 @@ namespace {
 
 using ::keel::testing::NewTempDir;
 using ::keel::tools::cli::Subprocess;
+using ::keel::tools::recipe::StepMetrics;
 using ::testing::HasSubstr;
 
 constexpr char kEp2[] = "distributed.expert_model_parallel_size=2";
 constexpr char kPp2[] = "distributed.pipeline_model_parallel_size=2";
+constexpr char kTp2[] = "distributed.tensor_model_parallel_size=2";
 constexpr char kZero[] = "distributed.use_distributed_optimizer=true";
 
 // The MoE model at a peak learning rate of 1e-3.
@@ -67,39 +69,27 @@ std::string LocalBatch(int64_t size) {
   return absl::StrCat("step_scheduler.local_batch_size=", size);
 }
 
-TEST(TrainMoeTest, ExpertParallelismDoesNotChangeTheNumbers) {
+struct Layout {
+  std::string name;
+  int ranks;
+  std::vector<std::string> common;  // for the layout and its one-rank reference
+  std::vector<std::string> assignments;
+  std::string geometry;  // what the model line says
+  int64_t samples = 8;   // a step's
+};
+
+// Each layout's 30 steps beside its one-rank reference's (ExpectLayoutInvariant), and the first
+// step's routing statistics: every routed token counted once (samples x 64 tokens x 2 experts
+// x 2 blocks) and the same load-balancing loss.
+void ExpectLayoutsMatchOneRank(const std::vector<Layout>& layouts) {
   constexpr int64_t kSteps = 30;
-  struct Layout {
-    std::string name;
-    int ranks;
-    std::vector<std::string> common;  // for the layout and its one-rank reference
-    std::vector<std::string> assignments;
-    std::string geometry;  // what the model line says
-  };
-  const std::vector<Layout> layouts = {
-      {"ep2", 2, {LocalBatch(4)}, {kEp2}, "1 micro-batches of 4 per rank on 2 rank(s)"},
-      {"ep2_expert_dp2", 4, {LocalBatch(2)}, {kEp2}, "1 micro-batches of 2 per rank on 4 rank(s)"},
-      {"ep2_8_micro_batches",
-       2,
-       {LocalBatch(1), "step_scheduler.global_batch_size=16"},
-       {kEp2},
-       "8 micro-batches of 1 per rank on 2 rank(s)"},
-      {"pp2_ep2", 4, {LocalBatch(2)}, {kEp2, kPp2}, "2 micro-batches of 2 per rank on 2 rank(s)"},
-      {"ep2_expert_dp2_distributed_optimizer",
-       4,
-       {LocalBatch(2)},
-       {kEp2, kZero},
-       "1 micro-batches of 2 per rank on 4 rank(s)"},
-  };
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
-    const std::vector<std::string> reference_args = Moe(layout.common);
     std::vector<std::string> args = Moe(layout.common);
-    args.insert(args.end(), layout.assignments.begin(), layout.assignments.end());
     const std::string reference = NewTempDir(layout.name + "_reference");
-    Subprocess one =
-        StartTrain(SameSamplesRun(reference, kSteps, reference_args), reference + "/stderr");
+    Subprocess one = StartTrain(SameSamplesRun(reference, kSteps, args), reference + "/stderr");
     ASSERT_EQ(one.Wait(), 0) << one.Stderr();
+    args.insert(args.end(), layout.assignments.begin(), layout.assignments.end());
     const std::string run_dir = NewTempDir(layout.name);
     Subprocess child =
         StartOnRanks(layout.ranks, SameSamplesRun(run_dir, kSteps, args), run_dir + "/stderr");
@@ -107,23 +97,46 @@ TEST(TrainMoeTest, ExpertParallelismDoesNotChangeTheNumbers) {
     EXPECT_THAT(child.DrainStdout(), HasSubstr(layout.geometry));
     ASSERT_EQ(Metrics(reference).size(), static_cast<size_t>(kSteps));
     ExpectLayoutInvariant(reference, run_dir);
-    // The metrics count every routed token once: samples x 64 tokens x 2 experts x 2 blocks,
-    // as the one-rank run does.
-    for (const auto& [expected, actual] : {std::pair{Metrics(reference)[0], Metrics(run_dir)[0]}}) {
-      ASSERT_TRUE(actual.tokens_per_expert.has_value());
-      int64_t routed = 0;
-      for (const int64_t tokens : *actual.tokens_per_expert) routed += tokens;
-      EXPECT_EQ(routed, (layout.name == "ep2_8_micro_batches" ? 16 : 8) * 64 * 2 * 2);
-      EXPECT_EQ(actual.tokens_per_expert, expected.tokens_per_expert);
-      ASSERT_TRUE(actual.moe_aux_loss.has_value());
-      EXPECT_NEAR(*actual.moe_aux_loss, *expected.moe_aux_loss, 1e-6 * *expected.moe_aux_loss);
-    }
+    const StepMetrics expected = Metrics(reference)[0];
+    const StepMetrics actual = Metrics(run_dir)[0];
+    ASSERT_TRUE(actual.tokens_per_expert.has_value());
+    int64_t routed = 0;
+    for (const int64_t tokens : *actual.tokens_per_expert) routed += tokens;
+    EXPECT_EQ(routed, layout.samples * 64 * 2 * 2);
+    EXPECT_EQ(actual.tokens_per_expert, expected.tokens_per_expert);
+    ASSERT_TRUE(actual.moe_aux_loss.has_value());
+    EXPECT_NEAR(*actual.moe_aux_loss, *expected.moe_aux_loss, 1e-6 * *expected.moe_aux_loss);
   }
 }
 
-// One run through 1 rank, ep=2, 1 rank, pp=2 x ep=2, ep=4 (one expert a rank) with the
-// distributed optimizer, and ep=2, 6 steps each (no load-balancing loss: the legs split the
-// batch into other micro-batches), continuing the uninterrupted one-rank trace.
+TEST(TrainMoeTest, ExpertParallelismDoesNotChangeTheNumbers) {
+  ExpectLayoutsMatchOneRank({
+      {"ep2", 2, {LocalBatch(4)}, {kEp2}, "1 micro-batches of 4 per rank on 2 rank(s)"},
+      {"ep2_expert_dp2", 4, {LocalBatch(2)}, {kEp2}, "1 micro-batches of 2 per rank on 4 rank(s)"},
+      {"ep2_8_micro_batches",
+       2,
+       {LocalBatch(1), "step_scheduler.global_batch_size=16"},
+       {kEp2},
+       "8 micro-batches of 1 per rank on 2 rank(s)",
+       16},
+  });
+}
+
+TEST(TrainMoeTest, ExpertParallelismWithTheOtherLayoutsDoesNotChangeTheNumbers) {
+  ExpectLayoutsMatchOneRank({
+      {"tp2_ep2", 4, {LocalBatch(4)}, {kTp2, kEp2}, "1 micro-batches of 4 per rank on 2 rank(s)"},
+      {"pp2_ep2", 4, {LocalBatch(2)}, {kPp2, kEp2}, "2 micro-batches of 2 per rank on 2 rank(s)"},
+      {"ep2_expert_dp2_distributed_optimizer",
+       4,
+       {LocalBatch(2)},
+       {kEp2, kZero},
+       "1 micro-batches of 2 per rank on 4 rank(s)"},
+  });
+}
+
+// One run through 1 rank, ep=2, 1 rank, pp=2 x ep=2, tp=2 x ep=2, ep=4 (one expert a rank)
+// with the distributed optimizer, and ep=2, 6 steps each (no load-balancing loss: the legs split
+// the batch into other micro-batches), continuing the uninterrupted one-rank trace.
 TEST(TrainMoeTest, CheckpointsResumeAcrossExpertParallelSizes) {
   ExpectResumesAcrossLayouts(
       "moe_reshard",
@@ -131,6 +144,7 @@ TEST(TrainMoeTest, CheckpointsResumeAcrossExpertParallelSizes) {
        {2, {kEp2}},
        {1, {}},
        {4, {kEp2, kPp2, LocalBatch(2)}},
+       {4, {kTp2, kEp2}},
        {4, {"distributed.expert_model_parallel_size=4", kZero, LocalBatch(2)}},
        {2, {kEp2}}},
       /*steps_per_leg=*/6, [](size_t, const std::string&) {}, MoeModel());
@@ -199,8 +213,9 @@ TEST(TrainMoeTest, BadGeometryExitsTwoNamingTheNumbers) {
        "model.moe_router_topk (5) must be in [1, model.num_moe_experts (4)]"},
       {2, {kEp2}, "distributed.expert_model_parallel_size (2) needs model.num_moe_experts > 0"},
       {2,
-       {"model.num_moe_experts=4", "distributed.tensor_model_parallel_size=2"},
-       "model.num_moe_experts (4) with distributed.tensor_model_parallel_size: not supported yet"},
+       {"model.num_moe_experts=4", kTp2, "distributed.expert_tensor_parallel_size=1"},
+       "distributed.expert_tensor_parallel_size (1): the trainer's experts split as its MLPs do; "
+       "allowed: unset or tensor_model_parallel_size (2)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);

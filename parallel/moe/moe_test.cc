@@ -118,47 +118,88 @@ Routing RouteOf(const at::Tensor& tokens, bool onto_first_half) {
   return routing;
 }
 
+// The one-rank layer's output and token gradients for `tokens` routed by `routing`, the loss
+// sum(out^2); its weights' gradients accumulate in `whole`.
+struct Expected {
+  at::Tensor output, token_grads;
+};
+Expected OneRank(Whole& whole, const at::Tensor& tokens, const Routing& routing) {
+  const at::Tensor x = tokens.clone().requires_grad_(true);
+  const at::Tensor out = DispatchToExperts(x, routing, *whole.experts, nullptr);
+  (out * out).sum().backward();
+  return {out.detach(), x.grad()};
+}
+
+// A split of the layer (`experts`, over `ep`) given the blocks of `whole`'s weights, run on
+// `tokens`: what differs from `expected` ("output", "token gradients") and, for each weight,
+// from its block of `whole`'s gradients (by name).
+std::vector<std::string> DifferencesFromOneRank(GroupedMlpImpl& experts, const Whole& whole,
+                                                const at::Tensor& tokens, const Routing& routing,
+                                                c10d::ProcessGroup* ep, const Expected& expected) {
+  const auto whole_params = whole.experts->named_parameters();
+  const auto layouts = experts.LocalLayouts();
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : experts.named_parameters()) {
+      item.value().copy_(
+          BlockOf(whole_params[item.key()], layouts.at(item.key()), item.value().sizes()));
+    }
+  }
+  const at::Tensor x = tokens.clone().requires_grad_(true);
+  const at::Tensor out = DispatchToExperts(x, routing, experts, ep);
+  (out * out).sum().backward();
+  std::vector<std::string> differing;
+  if (!at::allclose(out, expected.output, 1e-5, 1e-6)) differing.push_back("output");
+  if (!at::allclose(x.grad(), expected.token_grads, 1e-5, 1e-6)) {
+    differing.push_back("token gradients");
+  }
+  for (const auto& item : experts.named_parameters()) {
+    const at::Tensor block =
+        BlockOf(whole_params[item.key()].grad(), layouts.at(item.key()), item.value().sizes());
+    if (!at::allclose(item.value().grad(), block, 1e-5, 1e-6)) differing.push_back(item.key());
+  }
+  return differing;
+}
+
 TEST(DispatchToExpertsTest, TwoExpertParallelRanksComputeTheOneRankLayer) {
   for (const bool onto_first_half : {false, true}) {
     SCOPED_TRACE(onto_first_half ? "rank 1's experts get no tokens" : "the router's choice");
-    std::vector<at::Tensor> tokens = {Draw({256, kHidden}, 6), Draw({256, kHidden}, 7)};
+    const std::vector<at::Tensor> tokens = {Draw({256, kHidden}, 6), Draw({256, kHidden}, 7)};
     Whole whole;
-    std::vector<at::Tensor> expected(2), expected_token_grads(2);
+    std::vector<Expected> expected;
     for (int r = 0; r < 2; ++r) {
-      const at::Tensor x = tokens[r].clone().requires_grad_(true);
-      expected[r] =
-          DispatchToExperts(x, RouteOf(tokens[r], onto_first_half), *whole.experts, nullptr);
-      (expected[r] * expected[r]).sum().backward();
-      expected_token_grads[r] = x.grad();
+      expected.push_back(OneRank(whole, tokens[r], RouteOf(tokens[r], onto_first_half)));
     }
-    const auto whole_params = whole.experts->named_parameters();
     std::vector<std::vector<std::string>> differing(2);
     KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
       GroupedMlp experts(kExperts, kHidden, kFfn, r.group.get());
-      const auto layouts = experts->LocalLayouts();
       EXPECT_EQ(experts->num_local_experts(), 2);
-      {
-        at::NoGradGuard no_grad;
-        for (auto& item : experts->named_parameters()) {
-          item.value().copy_(
-              BlockOf(whole_params[item.key()], layouts.at(item.key()), item.value().sizes()));
-        }
-      }
-      const at::Tensor x = tokens[r.rank].clone().requires_grad_(true);
-      const at::Tensor out =
-          DispatchToExperts(x, RouteOf(tokens[r.rank], onto_first_half), *experts, r.group.get());
-      (out * out).sum().backward();
-      if (!at::allclose(out, expected[r.rank], 1e-5, 1e-6)) differing[r.rank].push_back("output");
-      if (!at::allclose(x.grad(), expected_token_grads[r.rank], 1e-5, 1e-6)) {
-        differing[r.rank].push_back("token gradients");
-      }
-      for (const auto& item : experts->named_parameters()) {
-        const at::Tensor block =
-            BlockOf(whole_params[item.key()].grad(), layouts.at(item.key()), item.value().sizes());
-        if (!at::allclose(item.value().grad(), block, 1e-5, 1e-6)) {
-          differing[r.rank].push_back(item.key());
-        }
-      }
+      differing[r.rank] = DifferencesFromOneRank(*experts, whole, tokens[r.rank],
+                                                 RouteOf(tokens[r.rank], onto_first_half),
+                                                 r.group.get(), expected[r.rank]);
+      return absl::OkStatus();
+    }));
+    EXPECT_THAT(differing[0], ::testing::IsEmpty());
+    EXPECT_THAT(differing[1], ::testing::IsEmpty());
+  }
+}
+
+// Over an expert tensor-parallel group of 2 (each rank half of every expert's ffn, the same
+// tokens on both), the layer is the one-rank layer, experts without tokens included.
+TEST(DispatchToExpertsTest, TwoExpertTensorParallelRanksComputeTheOneRankLayer) {
+  for (const bool onto_first_half : {false, true}) {
+    SCOPED_TRACE(onto_first_half ? "experts 2 and 3 get no tokens" : "the router's choice");
+    const at::Tensor tokens = Draw({256, kHidden}, 8);
+    Whole whole;
+    const Expected expected = OneRank(whole, tokens, RouteOf(tokens, onto_first_half));
+    std::vector<std::vector<std::string>> differing(2);
+    KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+      GroupedMlp experts(kExperts, kHidden, kFfn, nullptr, r.group.get());
+      EXPECT_EQ(experts->named_parameters()["fc1"].sizes(),
+                (std::vector<int64_t>{kExperts, kHidden, kFfn / 2}));
+      EXPECT_EQ(experts->LocalLayouts().at("fc2").dims.at(0).name, "expert_tp");
+      differing[r.rank] = DifferencesFromOneRank(
+          *experts, whole, tokens, RouteOf(tokens, onto_first_half), nullptr, expected);
       return absl::OkStatus();
     }));
     EXPECT_THAT(differing[0], ::testing::IsEmpty());

@@ -2,10 +2,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <tuple>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "c10/util/Exception.h"
+#include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -78,6 +80,8 @@ at::Tensor RunLocalExperts(const at::Tensor& received, const at::Tensor& counts,
   std::vector<at::Tensor> outputs;
   int64_t start = 0;
   for (size_t c = 0; c < flat.size(); ++c) {
+    // An expert without tokens still runs (its weights get zero gradients, and the ranks of
+    // expert_tp, which hold the same tokens, run the same collectives).
     outputs.push_back(
         experts.forward(static_cast<int64_t>(c) % local, received.narrow(0, start, flat[c])));
     start += flat[c];
@@ -88,26 +92,38 @@ at::Tensor RunLocalExperts(const at::Tensor& received, const at::Tensor& counts,
 }  // namespace
 
 GroupedMlpImpl::GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
-                               c10d::ProcessGroup* ep)
-    : num_experts_(num_experts), ep_(ep) {
+                               c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp)
+    : num_experts_(num_experts), ep_(ep), expert_tp_(expert_tp) {
   TORCH_CHECK(num_experts > 0 && num_experts % SizeOf(ep) == 0, "num_experts (", num_experts,
               ") must be a positive multiple of the expert-parallel size (", SizeOf(ep), ")");
+  TORCH_CHECK(ffn_hidden_size > 0 && ffn_hidden_size % SizeOf(expert_tp) == 0, "ffn_hidden_size (",
+              ffn_hidden_size, ") must be a positive multiple of the expert tensor-parallel size (",
+              SizeOf(expert_tp), ")");
   const int64_t local = num_experts / SizeOf(ep);
-  fc1_ = register_parameter("fc1", at::zeros({local, hidden_size, ffn_hidden_size}));
-  fc2_ = register_parameter("fc2", at::zeros({local, ffn_hidden_size, hidden_size}));
+  const int64_t ffn = ffn_hidden_size / SizeOf(expert_tp);
+  fc1_ = register_parameter("fc1", at::zeros({local, hidden_size, ffn}));
+  fc2_ = register_parameter("fc2", at::zeros({local, ffn, hidden_size}));
 }
 
 at::Tensor GroupedMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {
-  return at::matmul(at::gelu(at::matmul(tokens, fc1_[expert])), fc2_[expert]);
+  const at::Tensor x = CopyToTensorParallelRegion(tokens, expert_tp_);
+  return ReduceFromTensorParallelRegion(
+      at::matmul(at::gelu(at::matmul(x, fc1_[expert])), fc2_[expert]), expert_tp_);
 }
 
 std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
-  if (SizeOf(ep_) == 1) return {};
   std::map<std::string, TensorLayout> layouts;
-  for (const auto& [name, local] : {std::pair{"fc1", fc1_}, {"fc2", fc2_}}) {
+  // fc1's columns and fc2's rows are the ffn dimension split over expert_tp.
+  for (const auto& [name, local, ffn_dim] : {std::tuple{"fc1", fc1_, 2}, {"fc2", fc2_, 1}}) {
     std::vector<int64_t> shape = local.sizes().vec();
     shape[0] = num_experts_;
-    absl::StatusOr<TensorLayout> layout = EvenlySharded(shape, {{"ep", ep_, Placement::Shard(0)}});
+    shape[ffn_dim] *= SizeOf(expert_tp_);
+    std::vector<LayoutDim> dims;
+    if (SizeOf(ep_) > 1) dims.push_back({"ep", ep_, Placement::Shard(0)});
+    if (SizeOf(expert_tp_) > 1)
+      dims.push_back({"expert_tp", expert_tp_, Placement::Shard(ffn_dim)});
+    if (dims.empty()) return {};
+    absl::StatusOr<TensorLayout> layout = EvenlySharded(shape, std::move(dims));
     TORCH_INTERNAL_ASSERT(layout.ok(), layout.status().ToString());
     layouts[name] = *std::move(layout);
   }

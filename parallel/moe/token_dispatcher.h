@@ -30,15 +30,20 @@ namespace keel::parallel {
 // This rank's num_experts / ep experts (experts [rank x that, ...)), each an MLP
 // x -> gelu(x fc1_e) fc2_e without biases, their weights stacked: fc1 [local, hidden, ffn],
 // fc2 [local, ffn, hidden], laid out as blocks of the whole [num_experts, ...] tensors
-// sharded over "ep". The weights start at zeros (a model copies its weights in). Throws
-// c10::Error naming both numbers unless num_experts is a positive multiple of ep's size.
-// Requires: `ep` (nullptr: one rank) outlives the module.
+// sharded over "ep". Over `expert_tp` (Megatron's expert tensor-parallel group) each expert is
+// split as a column- then row-parallel MLP: this rank holds ffn / its size of the ffn columns
+// (dimension "expert_tp"), and the ranks of the group, which hold the same tokens, sum their
+// partial outputs. The weights start at zeros (a model copies its weights in). Throws
+// c10::Error naming the numbers unless num_experts is a positive multiple of ep's size and
+// ffn_hidden_size one of expert_tp's. Requires: `ep` and `expert_tp` (nullptr: one rank)
+// outlive the module.
 class GroupedMlpImpl : public torch::nn::Module, public LaidOut {
  public:
   GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
-                 c10d::ProcessGroup* ep);
+                 c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp = nullptr);
 
-  // Local expert `expert`'s output for `tokens` ([n, hidden]).
+  // Local expert `expert`'s output for `tokens` ([n, hidden]). Collective over expert_tp
+  // (forward and backward) when it has more than one rank.
   at::Tensor forward(int64_t expert, const at::Tensor& tokens);
 
   int64_t num_experts() const { return num_experts_; }
@@ -48,6 +53,7 @@ class GroupedMlpImpl : public torch::nn::Module, public LaidOut {
  private:
   int64_t num_experts_;
   c10d::ProcessGroup* ep_;
+  c10d::ProcessGroup* expert_tp_;
   at::Tensor fc1_;
   at::Tensor fc2_;
 };

@@ -34,16 +34,18 @@ torch::nn::LayerNorm Norm(int64_t hidden_size) {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  // A block whose MLP is a mixture of experts over `ep` if `moe`; `moe_stats` (the model's)
-  // gathers its routing statistics and gives the load-balancing loss's gradient weight.
-  BlockImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* ep, bool moe,
-            MoeStats* moe_stats)
+  // A block whose MLP is a mixture of experts over `groups.ep` and `groups.expert_tp` if `moe`;
+  // `moe_stats` (the model's) gathers its routing statistics and gives the load-balancing
+  // loss's gradient weight.
+  BlockImpl(const GptOptions& options, GptImpl::Groups groups, bool moe, MoeStats* moe_stats)
       : ln_1_(register_module("ln_1", Norm(options.hidden_size))),
-        attn_(register_module("attn", parallel::ParallelSelfAttention(
-                                          options.hidden_size, options.num_attention_heads, tp))),
+        attn_(register_module(
+            "attn", parallel::ParallelSelfAttention(options.hidden_size,
+                                                    options.num_attention_heads, groups.tp))),
         ln_2_(register_module("ln_2", Norm(options.hidden_size))),
-        ep_(ep),
+        ep_(groups.ep),
         moe_stats_(moe_stats) {
+    c10d::ProcessGroup* tp = groups.tp;
     if (!moe) {
       fc_ = register_module(
           "fc", parallel::ColumnParallelLinear(options.hidden_size, options.ffn_hidden_size, tp));
@@ -57,9 +59,9 @@ class BlockImpl : public torch::nn::Module {
     router.moe_aux_loss_coeff = options.moe_aux_loss_coeff;
     router.moe_router_pre_softmax = options.moe_router_pre_softmax;
     router_ = register_module("router", parallel::TopKRouter(options.hidden_size, router));
-    experts_ = register_module("experts",
-                               parallel::GroupedMlp(options.num_moe_experts, options.hidden_size,
-                                                    options.ffn_hidden_size, ep));
+    experts_ = register_module(
+        "experts", parallel::GroupedMlp(options.num_moe_experts, options.hidden_size,
+                                        options.ffn_hidden_size, groups.ep, groups.expert_tp));
   }
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
@@ -147,9 +149,9 @@ std::pair<at::Tensor, at::Tensor> MoeStats::Take(int64_t num_experts) {
 }
 
 GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp,
-                 c10d::ProcessGroup* ep)
-    : GptImpl(options, {tp, ep}, PaddedVocabSize(options, SizeOf(tp)), LayersOf(options, pp),
-              RankOf(pp) == 0, RankOf(pp) == SizeOf(pp) - 1) {}
+                 c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp)
+    : GptImpl(options, {tp, ep, expert_tp}, PaddedVocabSize(options, SizeOf(tp)),
+              LayersOf(options, pp), RankOf(pp) == 0, RankOf(pp) == SizeOf(pp) - 1) {}
 
 GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_size,
                  parallel::StageLayers layers, bool first, bool last)
@@ -170,18 +172,18 @@ GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_
   auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
     const bool moe = options.num_moe_experts > 0 && i % options.moe_layer_freq == 0;
-    blocks_.push_back(blocks->register_module(std::to_string(i),
-                                              Block(options, tp, groups.ep, moe, &moe_stats_)));
+    blocks_.push_back(
+        blocks->register_module(std::to_string(i), Block(options, groups, moe, &moe_stats_)));
   }
   if (last) ln_f_ = register_module("ln_f", Norm(options.hidden_size));
   const bool whole = first && last;
-  if (whole && SizeOf(tp) == 1 && SizeOf(groups.ep) == 1) {
+  if (whole && SizeOf(tp) == 1 && SizeOf(groups.ep) == 1 && SizeOf(groups.expert_tp) == 1) {
     InitialiseLikeGpt2(*this);
   } else {
     // Megatron's master-weight path: the whole model's weights on one rank (with this model's
     // padded vocabulary), this rank's slice of them.
-    const GptImpl one_rank(options, {nullptr, nullptr}, padded_vocab_size, {0, options.num_layers},
-                           true, true);
+    const GptImpl one_rank(options, Groups{}, padded_vocab_size, {0, options.num_layers}, true,
+                           true);
     const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
     TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
   }

@@ -107,10 +107,18 @@ class GptImpl : public torch::nn::Module {
   // initialisation: N(0, 0.02) for embeddings and projection weights, zero biases, LayerNorms
   // at (1, 0)) and keeps this rank's slice of them. Requires: all sizes positive; tp's size
   // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size; pp's size
-  // divides num_layers (checked by the caller's config validation); `tp` and `pp` (nullptr:
-  // one rank, one stage) outlive the model.
+  // divides num_layers (checked by the caller's config validation). The experts of
+  // mixture-of-experts blocks are split over `ep` by index and each over `expert_tp`
+  // (parallel::GroupedMlp). The groups (nullptr: one rank, one stage) outlive the model.
   GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp = nullptr,
-          c10d::ProcessGroup* ep = nullptr);
+          c10d::ProcessGroup* ep = nullptr, c10d::ProcessGroup* expert_tp = nullptr);
+
+  // The groups a stage's layers are split over.
+  struct Groups {
+    c10d::ProcessGroup* tp = nullptr;
+    c10d::ProcessGroup* ep = nullptr;
+    c10d::ProcessGroup* expert_tp = nullptr;
+  };
 
   // This rank's slice of the logits for every position of `tokens` ([batch, seq] int64,
   // seq <= max_sequence_length): [batch, seq, padded vocabulary / tp]. Requires: one stage.
@@ -143,11 +151,6 @@ class GptImpl : public torch::nn::Module {
   MoeStats& moe_stats() { return moe_stats_; }
 
  private:
-  struct Groups {
-    c10d::ProcessGroup* tp;
-    c10d::ProcessGroup* ep;
-  };
-
   // The stage holding `layers` of the model with `padded_vocab_size` rows of vocabulary, the
   // embeddings if `first`, the head if `last`.
   GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_size,

@@ -61,13 +61,20 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
 absl::Status RefuseModelParallelism(const parallel::ModelParallelOptions& p) {
   for (const auto& [field, size] :
        {std::pair{"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
-        {"context_parallel_size", std::optional(p.context_parallel_size)},
-        {"expert_tensor_parallel_size", p.expert_tensor_parallel_size}}) {
+        {"context_parallel_size", std::optional(p.context_parallel_size)}}) {
     if (size.value_or(1) == 1) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "distributed.", field, " (", *size,
         "): the trainer's model runs data-, tensor-, pipeline- and expert-parallel only for now; "
         "allowed: 1"));
+  }
+  const int64_t tp = p.tensor_model_parallel_size;
+  if (p.expert_tensor_parallel_size.value_or(tp) != tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed.expert_tensor_parallel_size (", *p.expert_tensor_parallel_size,
+                     "): the trainer's experts split as its MLPs do; allowed: unset or "
+                     "tensor_model_parallel_size (",
+                     tp, ")"));
   }
   return absl::OkStatus();
 }
@@ -206,8 +213,8 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
   return absl::OkStatus();
 }
 
-// Mixture of experts: experts split evenly over ep, k of them per token; not yet with tensor
-// parallelism.
+// Mixture of experts: experts split evenly over ep, k of them per token (each expert split over
+// tp as the MLPs are, which CheckModelParallelModel checks).
 absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
   const GptOptions& m = options.model;
   const parallel::ModelParallelOptions& p = options.distributed.parallel;
@@ -237,11 +244,7 @@ absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
         m.num_moe_experts, "): each expert-parallel rank holds an equal share; sizes that do: ",
         Working(m.num_moe_experts, [&](int64_t n) { return m.num_moe_experts % n == 0; })));
   }
-  if (p.tensor_model_parallel_size == 1) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model.num_moe_experts (", m.num_moe_experts,
-      ") with distributed.tensor_model_parallel_size: not supported yet; mixture-of-experts runs "
-      "are data-, pipeline- and expert-parallel"));
+  return absl::OkStatus();
 }
 
 // The tensor-parallel size splits the attention heads and the MLP evenly (the vocabulary is

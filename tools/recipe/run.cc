@@ -193,7 +193,8 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
 absl::Status Run::BuildModel() {
   State& s = *state_;
   torch::manual_seed(options_.seed);
-  s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group);
+  s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group,
+                  runtime_.expert_tp_group);
   (*s.model)->to(runtime_.device);
   optim::DataParallelOptimizerOptions optimizer_options;
   optimizer_options.use_distributed_optimizer = options_.distributed.use_distributed_optimizer;
@@ -378,7 +379,8 @@ absl::Status Run::ResetState() {
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
-  Gpt fresh(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group);
+  Gpt fresh(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group,
+            runtime_.expert_tp_group);
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
     at::NoGradGuard no_grad;
     auto live = (*s.model)->named_parameters();

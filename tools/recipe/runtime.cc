@@ -60,6 +60,7 @@ void ProcessGroups::Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime
   runtime.group = mesh_.Group(parallel::GroupKind::kDpCp);
   runtime.tp_group = mesh_.Group(parallel::GroupKind::kTp);
   runtime.ep_group = mesh_.Group(parallel::GroupKind::kEp);
+  runtime.expert_tp_group = mesh_.Group(parallel::GroupKind::kExpertTp);
   runtime.expert_data_group = mesh_.Group(parallel::GroupKind::kExpertDp);
   if (mesh_.GroupSize(parallel::GroupKind::kPp) > 1) {
     runtime.pp_group = mesh_.Group(parallel::GroupKind::kPp);

@@ -60,6 +60,8 @@ struct TrainRuntime {
   // group (the ranks holding the same experts) on `device`; nullptr for a single process.
   c10d::ProcessGroup* ep_group = nullptr;
   c10d::ProcessGroup* expert_data_group = nullptr;
+  // The ranks one expert's weights are split across (Megatron's expert tensor-parallel group).
+  c10d::ProcessGroup* expert_tp_group = nullptr;
   // A CPU (Gloo) group of all ranks for host scalars: the preemption flag, agreement on
   // errors. nullptr for a single process.
   c10d::ProcessGroup* control_group = nullptr;

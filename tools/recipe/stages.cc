@@ -36,8 +36,7 @@ absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batc
                                  const TrainRuntime& runtime, const StageRunOptions& options) {
   // Expert-parallel ranks exchange tokens in every MoE block: a rank without a batch runs an
   // empty one, so that it joins its peers' all-to-alls.
-  const bool expert_parallel =
-      runtime.ep_group != nullptr && runtime.ep_group->getSize() > 1;
+  const bool expert_parallel = runtime.ep_group != nullptr && runtime.ep_group->getSize() > 1;
   TokenBatch empty;
   empty.inputs = at::zeros({0, 1}, at::TensorOptions().dtype(at::kLong).device(runtime.device));
   empty.labels = empty.inputs;
