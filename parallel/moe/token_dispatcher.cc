@@ -80,8 +80,7 @@ at::Tensor RunLocalExperts(const at::Tensor& received, const at::Tensor& counts,
   std::vector<at::Tensor> outputs;
   int64_t start = 0;
   for (size_t c = 0; c < flat.size(); ++c) {
-    // An expert without tokens still runs (its weights get zero gradients, and the ranks of
-    // expert_tp, which hold the same tokens, run the same collectives).
+    // An expert without tokens still runs: its weights get zero gradients.
     outputs.push_back(
         experts.forward(static_cast<int64_t>(c) % local, received.narrow(0, start, flat[c])));
     start += flat[c];
@@ -106,9 +105,7 @@ GroupedMlpImpl::GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t
 }
 
 at::Tensor GroupedMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {
-  const at::Tensor x = CopyToTensorParallelRegion(tokens, expert_tp_);
-  return ReduceFromTensorParallelRegion(
-      at::matmul(at::gelu(at::matmul(x, fc1_[expert])), fc2_[expert]), expert_tp_);
+  return at::matmul(at::gelu(at::matmul(tokens, fc1_[expert])), fc2_[expert]);
 }
 
 std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
@@ -154,7 +151,12 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
     received =
         AllToAll::apply(permuted, ToVector(counts.sum(1)), ToVector(received_counts.sum(1)), ep);
   }
-  at::Tensor expert_out = RunLocalExperts(received, received_counts, experts);
+  // Over expert_tp every rank holds the same tokens and its part of each expert: one sum of the
+  // parts (and of the parts of the tokens' gradients, backward) for all the experts.
+  at::Tensor expert_out = ReduceFromTensorParallelRegion(
+      RunLocalExperts(CopyToTensorParallelRegion(received, experts.expert_tp()), received_counts,
+                      experts),
+      experts.expert_tp());
   if (ranks > 1) {
     expert_out =
         AllToAll::apply(expert_out, ToVector(received_counts.sum(1)), ToVector(counts.sum(1)), ep);

@@ -42,12 +42,13 @@ class GroupedMlpImpl : public torch::nn::Module, public LaidOut {
   GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
                  c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp = nullptr);
 
-  // Local expert `expert`'s output for `tokens` ([n, hidden]). Collective over expert_tp
-  // (forward and backward) when it has more than one rank.
+  // Local expert `expert`'s output for `tokens` ([n, hidden]): over expert_tp, this rank's
+  // part, which the ranks' parts add up to (DispatchToExperts sums them).
   at::Tensor forward(int64_t expert, const at::Tensor& tokens);
 
   int64_t num_experts() const { return num_experts_; }
   int64_t num_local_experts() const { return fc1_.size(0); }
+  c10d::ProcessGroup* expert_tp() const { return expert_tp_; }
   std::map<std::string, TensorLayout> LocalLayouts() const override;
 
  private:
@@ -64,9 +65,11 @@ TORCH_MODULE(GroupedMlp);
 // layer's experts), the outputs summed with the routing probabilities as weights: [T, hidden].
 // Over `ep` the tokens of each rank travel to the ranks of their experts and back (two
 // all-to-alls each way with their counts); a rank whose experts receive no tokens runs the
-// same collectives. Differentiable (the backward pass runs the all-to-alls in reverse).
-// Collective: over `ep`, forward and backward; nothing on one rank. Throws c10::Error when a
-// collective fails, as LibTorch does (callers wrap forward and backward in base::CallTorch).
+// same collectives. Over the experts' expert_tp, whose ranks hold the same tokens, one
+// all-reduce sums the parts of the experts' outputs (and one the parts of the tokens'
+// gradients). Differentiable (the backward pass runs the all-to-alls in reverse).
+// Collective: over `ep` and expert_tp, forward and backward; nothing on one rank. Throws c10::Error
+// when a collective fails, as LibTorch does (callers wrap forward and backward in base::CallTorch).
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
                              GroupedMlpImpl& experts, c10d::ProcessGroup* ep);
 
