@@ -32,10 +32,14 @@ absl::Status RunOnRankThreads(int world_size, const std::function<absl::Status(R
   auto store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("run", calls++), *kStore);
 
   std::vector<absl::Status> statuses(world_size);
+  // The ranks (their groups) outlive every thread: a rank done early must not close its Gloo
+  // connections while a peer is still connecting to it.
+  std::vector<Rank> ranks(world_size);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
-      Rank r{rank, world_size, {}, store};
+      Rank& r = ranks[rank];
+      r = Rank{rank, world_size, {}, store};
       absl::Status status;
       if (with_group) {
         status = base::CallTorch(absl::StatusCode::kUnavailable, "Gloo rendezvous", [&] {
