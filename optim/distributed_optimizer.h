@@ -39,7 +39,14 @@ namespace keel::optim {
 using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     const std::vector<gradients::ParamShard>& shards)>;
 
-// A data-parallel optimizer whose state is sharded over the group. The optimizer must be one of
+// Parameters sharded over one group.
+struct ShardingGroup {
+  std::vector<gradients::NamedParameter> parameters;
+  c10d::ProcessGroup* group = nullptr;
+};
+
+// A data-parallel optimizer whose state is sharded over the group (or each parameter set over
+// its own: experts over the expert data-parallel group). The optimizer must be one of
 // optim::OptimizerKind's (Adam, AdamW, SGD, RMSprop, Adagrad): elementwise (each element's
 // update depends only on its own gradient and state), so that stepping shards equals stepping
 // the whole parameters, and known to checkpoint::OptimizerState; its
@@ -48,12 +55,6 @@ using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimi
 // has the same param groups and step counts as the unsharded one.
 //
 // Requires: `module` and `group` outlive this object; as gradients::ShardedGradSync.
-// Parameters sharded over one group.
-struct ShardingGroup {
-  std::vector<gradients::NamedParameter> parameters;
-  c10d::ProcessGroup* group = nullptr;
-};
-
 class DistributedOptimizer {
  public:
   // Shards each group's parameters over its group (Megatron's dense parameters over the

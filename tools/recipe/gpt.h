@@ -93,7 +93,8 @@ struct MoeStats {
   // before any.
   at::Tensor tokens;
   // The gradient the load-balancing loss of a micro-batch receives (Megatron's
-  // MoEAuxLossAutoScaler scale: 1 / the micro-batches of a step on a rank). Default: 1.
+  // MoEAuxLossAutoScaler scale: 1 / the micro-batches of a step on a rank, times what the
+  // gradients are divided by after the backward pass, if anything). Default: 1.
   double aux_loss_scale = 1.0;
 
   void Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert);
