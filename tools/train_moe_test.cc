@@ -219,11 +219,7 @@ TEST(TrainMoeTest, BadGeometryExitsTwoNamingTheNumbers) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    const std::string run_dir = NewTempDir("moe_bad");
-    Subprocess child =
-        StartOnRanks(c.ranks, SameSamplesRun(run_dir, 4, c.assignments), run_dir + ".stderr");
-    EXPECT_EQ(child.Wait(), 2) << child.Stderr();
-    EXPECT_THAT(child.Stderr(), HasSubstr(c.message));
+    ExpectRefused(c.ranks, c.assignments, c.message, NewTempDir("moe_bad"));
   }
 }
 

@@ -90,6 +90,14 @@ Subprocess StartOnRanks(int ranks, const std::vector<std::string>& args,
   return ranks == 1 ? StartTrain(args, stderr_path) : LaunchTrain(ranks, args, stderr_path);
 }
 
+void ExpectRefused(int ranks, const std::vector<std::string>& assignments,
+                   const std::string& message, const std::string& run_dir) {
+  Subprocess child =
+      StartOnRanks(ranks, SameSamplesRun(run_dir, 4, assignments), run_dir + ".stderr");
+  EXPECT_EQ(child.Wait(), 2) << child.Stderr();
+  EXPECT_THAT(child.Stderr(), ::testing::HasSubstr(message));
+}
+
 void ExpectLayoutInvariant(const std::string& reference, const std::string& run_dir) {
   const std::vector<StepMetrics> expected = Metrics(reference);
   const std::vector<StepMetrics> actual = Metrics(run_dir);

@@ -80,6 +80,11 @@ std::string LatestCheckpoint(const std::string& run_dir);
 cli::Subprocess StartOnRanks(int ranks, const std::vector<std::string>& args,
                              const std::string& stderr_path);
 
+// A configuration the trainer must refuse: SameSamplesRun(run_dir, 4, assignments) on `ranks`
+// ranks exits 2 with `message` on stderr.
+void ExpectRefused(int ranks, const std::vector<std::string>& assignments,
+                   const std::string& message, const std::string& run_dir);
+
 // The run at `run_dir` follows the run at `reference` as a run of another layout must: the
 // first loss within 1e-6 relative, later losses within 1e-4 and gradient norms within 1e-3
 // (ExpectCloseTrace), over the reference's steps.
