@@ -389,13 +389,9 @@ absl::StatusOr<at::Tensor> ScaleGradsAndClipGradNorm(std::optional<double> max_n
       if (!grad.defined()) continue;
       if (pp_divisor.has_value()) grad.div_(*pp_divisor);
       if (!ep_ratio.has_value()) continue;
-      bool is_expert = IsTeExpertParam(parameter.name);
-      if (parameter.layout && !scaling.ep_axis_name.empty()) {
-        for (const parallel::LayoutDim& dim : parameter.layout->dims) {
-          is_expert |= dim.name == scaling.ep_axis_name;
-        }
+      if (IsTeExpertParam(parameter.name) || HasLayoutDim(parameter, scaling.ep_axis_name)) {
+        grad.div_(*ep_ratio);
       }
-      if (is_expert) grad.div_(*ep_ratio);
     }
   }
   return ClipGradNorm(max_norm, parameters, options);

@@ -6,6 +6,14 @@
 
 namespace keel::gradients {
 
+bool HasLayoutDim(const NamedParameter& p, const std::string& dim_name) {
+  if (dim_name.empty() || !p.layout) return false;
+  for (const parallel::LayoutDim& dim : p.layout->dims) {
+    if (dim.name == dim_name) return true;
+  }
+  return false;
+}
+
 std::vector<NamedParameter> TrainableParameters(
     const std::vector<torch::nn::Module*>& model_parts) {
   std::vector<NamedParameter> parameters;

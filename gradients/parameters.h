@@ -32,6 +32,10 @@ struct NamedParameter {
   bool shared = false;
 };
 
+// Whether `p`'s layout has a mesh dimension named `dim_name` (an expert parameter's "ep", say);
+// false without a layout or for an empty name.
+bool HasLayoutDim(const NamedParameter& p, const std::string& dim_name);
+
 // The parameters with requires_grad of each module, in order, each tensor once under its first
 // name as Python's named_parameters() gives them (a tied weight is counted once), without
 // layouts.

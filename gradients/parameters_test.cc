@@ -54,5 +54,15 @@ TEST(TrainableParametersTest, LayoutsComeByName) {
   EXPECT_FALSE(TrainableParameters({&model}, {})[0].layout.has_value());
 }
 
+TEST(HasLayoutDimTest, NamesAMeshDimensionOfTheLayout) {
+  NamedParameter p{"experts", at::zeros({1, 3})};
+  EXPECT_FALSE(HasLayoutDim(p, "ep"));  // no layout
+  p.layout = parallel::BlockLayout({2, 3}, {0, 0});
+  p.layout->dims.push_back({"ep", nullptr, parallel::Placement::Shard(0)});
+  EXPECT_TRUE(HasLayoutDim(p, "ep"));
+  EXPECT_FALSE(HasLayoutDim(p, "tp"));
+  EXPECT_FALSE(HasLayoutDim(p, ""));
+}
+
 }  // namespace
 }  // namespace keel::gradients

@@ -32,14 +32,6 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildWhole(
   return optimizer;
 }
 
-bool IsExpert(const gradients::NamedParameter& p, const std::string& dim_name) {
-  if (dim_name.empty() || !p.layout) return false;
-  for (const parallel::LayoutDim& dim : p.layout->dims) {
-    if (dim.name == dim_name) return true;
-  }
-  return false;
-}
-
 // A sync of `parameters` over `group`, or none without a group or parameters.
 absl::StatusOr<std::unique_ptr<gradients::DataParallelGradSync>> SyncOf(
     const std::vector<gradients::NamedParameter>& parameters, c10d::ProcessGroup* group,
@@ -58,7 +50,7 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
   DataParallelOptimizer& o = *optimizer;
   std::vector<gradients::NamedParameter> dense, experts;
   for (const gradients::NamedParameter& p : o.parameters_) {
-    (IsExpert(p, options.expert_dim_name) ? experts : dense).push_back(p);
+    (gradients::HasLayoutDim(p, options.expert_dim_name) ? experts : dense).push_back(p);
   }
   if (group != nullptr && options.use_distributed_optimizer) {
     KEEL_ASSIGN_OR_RETURN(
@@ -171,7 +163,7 @@ std::string DataParallelOptimizer::Describe() const {
     total += numel;
   }
   const bool experts = std::any_of(parameters_.begin(), parameters_.end(), [&](const auto& p) {
-    return IsExpert(p, options_.expert_dim_name);
+    return gradients::HasLayoutDim(p, options_.expert_dim_name);
   });
   return absl::StrCat(name, " sharded over the data-parallel ranks",
                       experts ? ", experts over the expert data-parallel ones" : "", " (",
