@@ -136,14 +136,17 @@ int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size) {
 }
 
 void MoeStats::Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert) {
-  aux_loss_sum += aux_loss.item<double>();
-  tokens = tokens.defined() ? tokens + tokens_per_expert.cpu() : tokens_per_expert.cpu();
+  const at::Tensor aux = aux_loss.to(at::kDouble);
+  aux_loss_sum = aux_loss_sum.defined() ? aux_loss_sum + aux : aux;
+  tokens = tokens.defined() ? tokens + tokens_per_expert : tokens_per_expert;
 }
 
 std::pair<at::Tensor, at::Tensor> MoeStats::Take(int64_t num_experts) {
-  at::Tensor aux = at::full({1}, aux_loss_sum, at::kDouble);
-  at::Tensor counts = tokens.defined() ? tokens.to(at::kLong) : at::zeros({num_experts}, at::kLong);
-  aux_loss_sum = 0.0;
+  at::Tensor aux =
+      aux_loss_sum.defined() ? aux_loss_sum.to(at::kCPU).reshape({1}) : at::zeros({1}, at::kDouble);
+  at::Tensor counts =
+      tokens.defined() ? tokens.to(at::kCPU, at::kLong) : at::zeros({num_experts}, at::kLong);
+  aux_loss_sum = at::Tensor();
   tokens = at::Tensor();
   return {aux, counts};
 }

@@ -87,10 +87,11 @@ int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size);
 // What the mixture-of-experts blocks of a model routed in training since it was last taken,
 // and the weight each micro-batch's load-balancing loss gets in the backward pass.
 struct MoeStats {
-  // The load-balancing losses (each block's, each micro-batch's), summed.
-  double aux_loss_sum = 0.0;
-  // Tokens routed to each expert (summed over the blocks), [num_moe_experts] int64; undefined
-  // before any.
+  // The load-balancing losses (each block's, each micro-batch's), summed: a float64 scalar on
+  // the model's device (no host synchronisation per block); undefined before any.
+  at::Tensor aux_loss_sum;
+  // Tokens routed to each expert (summed over the blocks), [num_moe_experts] int64 on the
+  // model's device; undefined before any.
   at::Tensor tokens;
   // The gradient the load-balancing loss of a micro-batch receives (Megatron's
   // MoEAuxLossAutoScaler scale: 1 / the micro-batches of a step on a rank, times what the
