@@ -92,10 +92,9 @@ void DataParallelOptimizer::PrepareForFinalBackward() {
 absl::Status DataParallelOptimizer::Wait() {
   if (sharded_) return sharded_->Wait();
   // Both syncs finish whatever the first returns, so that every group's collectives pair.
-  absl::Status status = sync_ ? sync_->Wait() : absl::OkStatus();
-  if (expert_sync_) {
-    absl::Status experts = expert_sync_->Wait();
-    if (status.ok()) status = std::move(experts);
+  absl::Status status;  // the first error
+  for (gradients::DataParallelGradSync* sync : {sync_.get(), expert_sync_.get()}) {
+    if (sync != nullptr) status.Update(sync->Wait());
   }
   return status;
 }

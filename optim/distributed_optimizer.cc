@@ -9,18 +9,6 @@
 
 namespace keel::optim {
 
-namespace {
-
-// The first error of `statuses`, or OK.
-absl::Status FirstError(const std::vector<absl::Status>& statuses) {
-  for (const absl::Status& status : statuses) {
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     std::vector<ShardingGroup> groups, const ShardOptimizerFactory& factory,
     const gradients::DataParallelGradSyncOptions& options) {
@@ -92,9 +80,9 @@ void DistributedOptimizer::PrepareForFinalBackward() {
 }
 
 absl::Status DistributedOptimizer::Wait() {
-  std::vector<absl::Status> statuses;
-  for (const auto& sync : syncs_) statuses.push_back(sync->Wait());
-  return FirstError(statuses);
+  absl::Status status;  // the first error; every sync waits whatever failed before it
+  for (const auto& sync : syncs_) status.Update(sync->Wait());
+  return status;
 }
 
 std::vector<gradients::NamedParameter> DistributedOptimizer::ShardParameters() const {
@@ -111,9 +99,9 @@ absl::Status DistributedOptimizer::Step() {
   // every rank: returning early would leave the peers waiting in them.
   const absl::Status stepped = base::CallTorch(absl::StatusCode::kInternal, "stepping the shards",
                                                [&] { optimizer_->step(); });
-  std::vector<absl::Status> statuses;
-  for (const auto& sync : syncs_) statuses.push_back(sync->AllGather(stepped));
-  return FirstError(statuses);
+  absl::Status status;
+  for (const auto& sync : syncs_) status.Update(sync->AllGather(stepped));
+  return status;
 }
 
 void DistributedOptimizer::ZeroGrad() {
