@@ -1,12 +1,22 @@
 #include "base/torch_compat.h"
 
+#include <stdlib.h>
+
+#include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <utility>
 
 #include "ATen/ATen.h"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 #include "torch/version.h"
+
+#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
+    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6) && TORCH_VERSION_MAJOR < 3
+#error "Keel supports LibTorch 1.13 and 2.6 or later (see third_party/libtorch/workspace.bzl)"
+#endif
 
 #ifdef KEEL_LIBTORCH_HAS_CUDA
 #include "ATen/cuda/CUDAEvent.h"
@@ -23,6 +33,22 @@ namespace keel::base {
 namespace {
 
 #if TORCH_VERSION_MAJOR >= 2
+// LibTorch 2.x records collectives in a process-wide flight recorder whose first record of a
+// group inserts it into a map before taking the recorder's lock
+// (FlightRecorder::recordWithResetEnabled, c10d/FlightRecorderDetail.hpp, as of 2.11): two
+// threads starting collectives on new groups at once corrupt the map (a segfault seen in Keel's
+// tests, ranks on threads; a trainer's checkpoint thread and main thread can do the same).
+// Keel turns the recorder off before its first group, unless its size is set.
+void TurnOffFlightRecorderUnlessSet() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("TORCH_FR_BUFFER_SIZE") == nullptr &&
+        std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE") == nullptr) {
+      ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+    }
+  });
+}
+
 // In 2.x a backend serves a ProcessGroup, here one whose only backend is `backend`, for
 // tensors of `device`. (In 1.13 the backend is the group.)
 c10::intrusive_ptr<c10d::ProcessGroup> AsProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
@@ -42,6 +68,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> AsProcessGroup(const c10::intrusive_ptr<c
 c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, const std::string& hostname) {
+#if TORCH_VERSION_MAJOR >= 2
+  TurnOffFlightRecorderUnlessSet();
+#endif
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
@@ -65,6 +94,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateNcclProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout) {
 #ifdef KEEL_HAS_NCCL
+#if TORCH_VERSION_MAJOR >= 2
+  TurnOffFlightRecorderUnlessSet();
+#endif
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
@@ -98,6 +130,16 @@ c10::intrusive_ptr<c10d::Store> CreateTcpStore(const std::string& host, int port
   options.waitWorkers = true;
   options.timeout = timeout;
   return c10::make_intrusive<c10d::TCPStore>(host, options);
+}
+
+OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param) {
+#if TORCH_VERSION_MAJOR >= 2
+  return param.unsafeGetTensorImpl();
+#else
+  std::ostringstream key;  // what 1.13's c10::guts::to_string does with the pointer
+  key << param.unsafeGetTensorImpl();
+  return key.str();
+#endif
 }
 
 void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {

@@ -2,7 +2,10 @@
 // wheels): c10d process-group construction, multi-tensor kernels that 1.13 lacks, and what
 // only a CUDA LibTorch has (NCCL groups, the current device, the caching allocator). In 1.13
 // ProcessGroupGloo is a ProcessGroup; in 2.x it is a Backend that a ProcessGroup wraps. Keel APIs
-// take `c10d::ProcessGroup&`, whose collectives have the same signatures in both.
+// take `c10d::ProcessGroup&`, whose collectives have the same signatures in both. Under 2.x the
+// first group Keel creates turns c10d's flight recorder off (TORCH_FR_BUFFER_SIZE=0) unless
+// TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE is set: it crashes when two threads
+// start collectives on new groups at once (see torch_compat.cc).
 //
 //   auto store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
 //   c10::intrusive_ptr<c10d::ProcessGroup> group =
@@ -13,10 +16,13 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "ATen/core/Tensor.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 #include "torch/csrc/distributed/c10d/Store.hpp"
+#include "torch/optim/optimizer.h"
 
 namespace keel::base {
 
@@ -47,6 +53,12 @@ void SetCudaDevice(int index);
 // Throws c10::Error when the store cannot be reached (callers convert with CallTorch).
 c10::intrusive_ptr<c10d::Store> CreateTcpStore(const std::string& host, int port, bool is_server,
                                                int world_size, std::chrono::milliseconds timeout);
+
+// The key of a parameter's state in torch::optim::Optimizer::state(): the address of its
+// TensorImpl, printed (1.13) or as a void* (2.2 and later).
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param);
 
 // tensors[i] *= scalar (a 0-d tensor on their device) without a host synchronization: one
 // multi-tensor kernel where LibTorch has the Tensor overload of _foreach_mul_ (2.x), one

@@ -17,7 +17,7 @@
 #include "base/json.h"
 #include "base/named_parameters.h"
 #include "base/status.h"
-#include "c10/util/C++17.h"
+#include "base/torch_compat.h"
 #include "checkpoint/internal/optimizer_traits.h"
 #include "parallel/layout.h"
 
@@ -49,11 +49,6 @@ absl::StatusOr<bool> ReadAllFields(const Json& json, const std::string& what, St
   });
   KEEL_RETURN_IF_ERROR(base::ReadJsonFields(json, o, absl::StrCat(what, ".")));
   return complete;
-}
-
-// The key of a parameter's state in Optimizer::state(), as LibTorch's optimizers compute it.
-std::string StateKey(const at::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
 }
 
 std::optional<parallel::TensorLayout> LayoutOf(const Layouts& layouts, const std::string& name) {
@@ -94,7 +89,7 @@ absl::StatusOr<State> SaveOptimizer(torch::optim::Optimizer& optimizer, const Na
     for (size_t j = 0; j < group.params().size(); ++j) {
       const std::string& name = names[i][j];
       if (states.contains(name)) continue;
-      auto it = optimizer.state().find(StateKey(group.params()[j]));
+      auto it = optimizer.state().find(base::OptimizerStateKeyOf(group.params()[j]));
       if (it == optimizer.state().end()) continue;
       const auto* param_state = dynamic_cast<const typename K::ParamState*>(it->second.get());
       if (param_state == nullptr) {
@@ -214,7 +209,9 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
   }
   if (!fits) return absl::OkStatus();
 
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
+  std::vector<
+      std::pair<base::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>>
+      loaded;
   std::set<std::string> seen;
   for (size_t i = 0; i < groups.size(); ++i) {
     for (size_t j = 0; j < groups[i].params().size(); ++j) {
@@ -227,14 +224,16 @@ absl::Status LoadOptimizer(const Json& values, StateReader& reader,
           std::unique_ptr<typename K::ParamState> param_state,
           K::Load(param, saved_options[i], *entry, absl::StrCat("state/", name, "/"),
                   LayoutOf(layouts, name), reader));
-      if (param_state != nullptr) loaded.emplace_back(StateKey(param), std::move(param_state));
+      if (param_state != nullptr)
+        loaded.emplace_back(base::OptimizerStateKeyOf(param), std::move(param_state));
     }
   }
 
   if (reader.checking()) return absl::OkStatus();
   for (size_t i = 0; i < groups.size(); ++i) {
     K::Apply(saved_options[i], *options[i]);
-    for (const at::Tensor& param : groups[i].params()) optimizer.state().erase(StateKey(param));
+    for (const at::Tensor& param : groups[i].params())
+      optimizer.state().erase(base::OptimizerStateKeyOf(param));
   }
   for (auto& [key, param_state] : loaded) optimizer.state()[key] = std::move(param_state);
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/torch_compat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/optimizer_state.h"
 #include "gmock/gmock.h"
@@ -78,7 +79,7 @@ using WholeState = std::map<std::string, at::Tensor>;
 const torch::optim::AdamWParamState& StateOf(torch::optim::Optimizer& optimizer,
                                              const at::Tensor& tensor) {
   return static_cast<const torch::optim::AdamWParamState&>(
-      *optimizer.state().at(c10::guts::to_string(tensor.unsafeGetTensorImpl())));
+      *optimizer.state().at(base::OptimizerStateKeyOf(tensor)));
 }
 
 // From a sharded optimizer: each rank writes its rows into zeros, and a sum over the group

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
+#include "base/torch_compat.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/stateful_conformance_testutil.h"
 #include "gmock/gmock.h"
@@ -308,7 +309,7 @@ TEST(OptimizerStateTest, AdamLayoutIsKeyedByParameterName) {
                                 "state/b.weight/exp_avg", "state/b.weight/exp_avg_sq",
                                 "state/b.weight/max_exp_avg_sq"));
   const auto& live = static_cast<const torch::optim::AdamParamState&>(
-      *adam.state().at(c10::guts::to_string(net.a->weight.unsafeGetTensorImpl())));
+      *adam.state().at(base::OptimizerStateKeyOf(net.a->weight)));
   EXPECT_TRUE(saved.tensors["state/a.weight/exp_avg"].tensor.is_same(live.exp_avg()));
 
   const base::Json& v = saved.values;
@@ -376,10 +377,9 @@ TEST(OptimizerStateTest, LoadReplacesExistingStateAndLeavesUnsavedParametersWith
   EXPECT_TRUE(report.clean()) << report.ToString();
   // a.bias had no saved state, so it has none now.
   EXPECT_EQ(target_adam.state().size(), 3);
-  EXPECT_EQ(target_adam.state().count(c10::guts::to_string(target.a->bias.unsafeGetTensorImpl())),
-            0);
+  EXPECT_EQ(target_adam.state().count(base::OptimizerStateKeyOf(target.a->bias)), 0);
   const auto& loaded = static_cast<const torch::optim::AdamParamState&>(
-      *target_adam.state().at(c10::guts::to_string(target.a->weight.unsafeGetTensorImpl())));
+      *target_adam.state().at(base::OptimizerStateKeyOf(target.a->weight)));
   EXPECT_EQ(loaded.step(), 2);
   EXPECT_TRUE(at::equal(loaded.exp_avg(), saved.tensors["state/a.weight/exp_avg"].tensor));
   // The loaded state is a copy, not the saved tensor.
@@ -535,7 +535,7 @@ TEST(OptimizerStateTest, ParamGroupsMustMatchInCountAndMembership) {
   KEEL_EXPECT_OK(LoadInMemory({{"optim", &swapped_state}}, {{"optim", SavedAdam()}}));
   const auto& state_of = [&](const at::Tensor& p) -> const torch::optim::AdamParamState& {
     return static_cast<const torch::optim::AdamParamState&>(
-        *swapped.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+        *swapped.state().at(base::OptimizerStateKeyOf(p)));
   };
   EXPECT_EQ(state_of(net.a->bias).exp_avg().sizes(), net.a->bias.sizes());
   EXPECT_EQ(state_of(net.a->weight).exp_avg().sizes(), net.a->weight.sizes());
@@ -565,8 +565,8 @@ TEST(OptimizerStateTest, MissingOrMisshapedStateTensorsAreReportedAndNotInstalle
       LoadReport report, LoadInMemory({{"optim", &state}}, {{"optim", saved}}, /*strict=*/false));
   EXPECT_THAT(report.missing_keys, ElementsAre("optim/state/a.weight/exp_avg"));
   EXPECT_EQ(adam.state().size(), 2);
-  EXPECT_EQ(adam.state().count(c10::guts::to_string(net.a->bias.unsafeGetTensorImpl())), 1);
-  EXPECT_EQ(adam.state().count(c10::guts::to_string(net.b->bias.unsafeGetTensorImpl())), 1);
+  EXPECT_EQ(adam.state().count(base::OptimizerStateKeyOf(net.a->bias)), 1);
+  EXPECT_EQ(adam.state().count(base::OptimizerStateKeyOf(net.b->bias)), 1);
   EXPECT_EQ(adam.param_groups()[0].options().get_lr(), 1e-2);
 }
 
@@ -596,7 +596,7 @@ TEST(OptimizerStateTest, ShardedParameterStateUsesTheParameterLayout) {
                             LoadInMemory({{"optim", &fresh_state}}, {{"optim", saved}}));
   EXPECT_TRUE(report.clean()) << report.ToString();
   const auto& loaded = static_cast<const torch::optim::SGDParamState&>(
-      *fresh_sgd.state().at(c10::guts::to_string(fresh.a->weight.unsafeGetTensorImpl())));
+      *fresh_sgd.state().at(base::OptimizerStateKeyOf(fresh.a->weight)));
   EXPECT_TRUE(at::equal(loaded.momentum_buffer(), buffer.tensor));
 }
 

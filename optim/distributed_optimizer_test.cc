@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "gmock/gmock.h"
 #include "gradients/clip_grad_norm.h"
 #include "gradients/dp_sync.h"
@@ -187,9 +188,8 @@ TEST(DistributedOptimizerTest, AdamWStateHasTheShardsShapes) {
     KEEL_RETURN_IF_ERROR(Backward(net, *sharded, 0, r.rank, 3));
     KEEL_RETURN_IF_ERROR(sharded->Step());
     for (const ParamShard& shard : sharded->shards()) {
-      const auto& state =
-          static_cast<const torch::optim::AdamWParamState&>(*sharded->optimizer().state().at(
-              c10::guts::to_string(shard.tensor.unsafeGetTensorImpl())));
+      const auto& state = static_cast<const torch::optim::AdamWParamState&>(
+          *sharded->optimizer().state().at(base::OptimizerStateKeyOf(shard.tensor)));
       EXPECT_EQ(state.exp_avg().sizes(), shard.tensor.sizes()) << shard.name;
       EXPECT_EQ(state.exp_avg_sq().sizes(), shard.tensor.sizes()) << shard.name;
       EXPECT_EQ(state.step(), 1);

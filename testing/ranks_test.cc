@@ -36,7 +36,7 @@ TEST(RunOnRanksWithStoreTest, RanksShareTheStoreAndGetNoGroup) {
   std::vector<std::string> seen(3);
   KEEL_ASSERT_OK(RunOnRanksWithStore(3, [&](Rank& r) {
     if (r.group) return absl::InternalError("a group was built");
-    if (r.rank == 0) r.store->set("greeting", {'h', 'i'});
+    if (r.rank == 0) r.store->set("greeting", std::vector<uint8_t>{'h', 'i'});
     const std::vector<uint8_t> value = r.store->get("greeting");
     seen[r.rank] = std::string(value.begin(), value.end());
     return absl::OkStatus();

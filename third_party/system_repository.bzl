@@ -3,7 +3,9 @@
 The root BUILD file comes from `build_file`; `aliases` adds packages so that upstream label
 paths such as `@com_google_absl//absl/status:statusor` resolve to targets of that root file;
 `symlinks` brings the few system files a rule must see as inputs (protoc, .proto sources);
-`files` writes small shims such as a .bzl that forwards to a native rule.
+`files` writes small shims such as a .bzl that forwards to a native rule; `programs` brings
+command-line tools that only some tests run: a missing one becomes a text file saying which
+package brings it (the tests skip, naming it), not a failed build.
 Nothing is downloaded: headers come from the compiler's default include path (/usr/include)
 and libraries from the linker's default path, as installed by tools/bootstrap.sh.
 With $KEEL_SYSROOT set, `symlinks` are read under it instead, and the C++ toolchain gets the
@@ -19,6 +21,15 @@ def _system_repository_impl(rctx):
         rctx.symlink(sysroot + system_path, repo_path)
     for repo_path, content in rctx.attr.files.items():
         rctx.file(repo_path, content)
+    for system_path, repo_path in rctx.attr.programs.items():
+        if rctx.path(sysroot + system_path).exists:
+            rctx.symlink(sysroot + system_path, repo_path)
+        else:
+            rctx.file(repo_path, "%s is unavailable: %s is not installed (%s; tools/bootstrap.sh installs it)\n" % (
+                repo_path,
+                sysroot + system_path,
+                rctx.attr.programs_package,
+            ), executable = False)
     packages = {}
     for label, actual in rctx.attr.aliases.items():
         package, name = label.split(":")
@@ -36,6 +47,8 @@ keel_system_repository = repository_rule(
         "aliases": attr.string_dict(doc = "upstream 'package:target' -> label in the root BUILD file"),
         "symlinks": attr.string_dict(doc = "absolute system path -> path inside the repository"),
         "files": attr.string_dict(doc = "path inside the repository -> content (small shims)"),
+        "programs": attr.string_dict(doc = "absolute path of a program -> path inside the repository"),
+        "programs_package": attr.string(doc = "the Debian package that brings `programs`"),
     },
     environ = ["KEEL_SYSROOT"],
     local = True,

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Installs every Debian package Keel needs to build, test and run (Debian bookworm).
-# Idempotent: packages already present are reported and left alone; safe to run twice.
+# Installs everything Keel needs to build, test and run on Debian bookworm: Debian's packages,
+# and PyTorch 2.11.0 from PyPI (its CUDA 13 build) in a project-local Python environment,
+# .venv/ (git-ignored), whose torch/ folder is the LibTorch Bazel uses unless KEEL_LIBTORCH
+# names another (third_party/libtorch/workspace.bzl), and whose torchrun and Python the tests
+# and the Python baselines use.
+# Idempotent: what is already present is reported and left alone; safe to run twice.
 set -euo pipefail
 
 # One line per package: what it brings.
@@ -8,11 +12,13 @@ readonly PACKAGES=(
   bazel-bootstrap     # Bazel 4.2.3 (WORKSPACE mode)
   bazel-rules-java    # @rules_java for offline Bazel
   build-essential     # g++ and the C++ standard library
-  libtorch-dev        # LibTorch 1.13.1 (CPU) with c10d
-  libopenblas0-pthread  # OpenBLAS as libblas.so.3: LibTorch's sgemm is ~15x slower on the reference BLAS
-  libgloo-dev         # Gloo headers that c10d's ProcessGroupGloo.hpp includes
+  python3-venv        # the project-local environment that holds PyTorch 2.11 (.venv)
+  libtorch-dev        # LibTorch 1.13.1 (CPU): the second CI leg, exact parity with the golden files
+  python3-torch       # torchrun and Python of LibTorch 1.13.1, for that leg's tests
+  libopenblas0-pthread  # OpenBLAS as libblas.so.3: LibTorch 1.13's sgemm is ~15x slower on the reference BLAS
+  libgloo-dev         # Gloo headers that c10d's ProcessGroupGloo.hpp includes (the wheel has none)
   libabsl-dev         # Abseil (status, strings, flags)
-  libprotobuf-dev     # protobuf runtime, the one LibTorch links
+  libprotobuf-dev     # protobuf runtime (checkpoint manifests, configs)
   protobuf-compiler   # protoc for proto_library / cc_proto_library
   libgtest-dev        # GoogleTest
   libgmock-dev        # GoogleMock
@@ -20,14 +26,18 @@ readonly PACKAGES=(
   nlohmann-json3-dev  # JSON behind //base:json (golden files, parity tool)
   libxxhash-dev       # XXH3 checksums of checkpoint shards and manifests
   libsentencepiece-dev  # SentencePiece tokenization in tools:preprocess --tokenizer_model
-  sentencepiece       # spm_encode: the reference ids in tests, the baseline of preprocess_benchmark.sh
+  sentencepiece       # spm_train and spm_encode: the reference ids in tests, the baseline of preprocess_benchmark.sh
   python3-sentencepiece  # the Python baseline of tools/scripts/preprocess_benchmark.sh
   clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
-  python3-torch       # torchrun (tools:train_test) and the Python baseline of tools/scripts/train_benchmark.sh
   python3-numpy       # numpy's RandomState: the cross-checks and Megatron baseline of tools/scripts/gpt_index_benchmark.py
   python3-pybind11    # compiles Megatron-LM's helpers.cpp for tools/scripts/gpt_index_benchmark.py
 )
+
+# What .venv holds: PyPI's torch 2.11.0 (CUDA 13.0, with its nvidia-* libraries: cuDNN, NCCL,
+# cuBLAS, ...) and numpy, which torch's Python side imports.
+readonly TORCH_VERSION=2.11.0
+readonly PYTHON_PACKAGES=("torch==${TORCH_VERSION}" "numpy==2.3.5")
 
 sudo_cmd=()
 if [[ "$(id -u)" != 0 ]]; then sudo_cmd=(sudo); fi
@@ -49,17 +59,16 @@ else
   echo "bootstrap: all ${#PACKAGES[@]} Debian packages present, nothing to install"
 fi
 
-# buildifier (BUILD-file formatter) comes from the npm registry into tools/node_modules (git-ignored).
-# The machine image ships Node.js with npm; Debian's npm is installed only where npm is missing.
-if ! command -v npm >/dev/null; then
-  echo "bootstrap: installing npm"
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends npm
-fi
+# The project-local environment, made with Debian's Python 3.11 (the interpreter the wheel's
+# cp311 build is for), whatever else `python3` names on this machine.
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -x "${repo_root}/tools/node_modules/.bin/buildifier" ]]; then
-  echo "bootstrap: buildifier already installed"
+venv="${repo_root}/.venv"
+if "${venv}/bin/python" -c "import sys, torch, numpy; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')" 2>/dev/null; then
+  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION} already"
 else
-  echo "bootstrap: installing buildifier into tools/node_modules"
-  npm install --silent --no-audit --no-fund --prefix "${repo_root}/tools" @bazel/buildifier@8.2.1
+  echo "bootstrap: installing ${PYTHON_PACKAGES[*]} from PyPI into ${venv} (about 3 GiB)"
+  /usr/bin/python3 -m venv "${venv}"
+  "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check "${PYTHON_PACKAGES[@]}"
 fi
+"${venv}/bin/python" -c 'import torch; print("bootstrap: LibTorch", torch.__version__, "CUDA", torch.version.cuda, "at", torch.__path__[0])'
 echo "bootstrap: done"

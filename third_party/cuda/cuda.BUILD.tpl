@@ -3,13 +3,23 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "cuda_headers",
-    hdrs = glob(["include/**"], allow_empty = True),
+    hdrs = glob(["include/**"], allow_empty = True) + [":found"],
     includes = ["include"],
 )
 
 cc_library(
     name = "cudart",
-    srcs = glob(["lib/libcudart.so"], allow_empty = True),
-    linkopts = ["-Wl,-rpath,%{lib_dir}"],
+    linkopts = [
+        "%{library}",
+        "-Wl,-rpath,%{lib_dir}",
+    ],
     deps = [":cuda_headers"],
+)
+
+# Fails the build, saying what was looked for, when no CUDA was found.
+genrule(
+    name = "found",
+    outs = ["found.h"],
+    cmd = "if [ -z '%{missing}' ]; then touch $@; else " +
+          "echo 'no CUDA for Keel: %{missing}; set KEEL_CUDA to a CUDA toolkit' >&2; exit 1; fi",
 )

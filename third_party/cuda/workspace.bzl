@@ -1,43 +1,107 @@
-"""@local_cuda (toolkit headers, cudart) and the shared rule for @local_nccl.
+"""@local_cuda (CUDA headers and runtime) and the shared rule for @local_nccl.
 
-The toolkit root is $KEEL_CUDA, else /usr/local/cuda. Only --config=cuda builds use these
-repositories; on a machine without the toolkit they are empty and those targets fail to build.
+The CUDA that LibTorch loads, first found: $KEEL_CUDA (a toolkit root: include/ and lib64/ or
+lib/); the nvidia/cuXX folder beside a wheel's torch/ (what its libtorch_cuda.so loads through
+its rpath); /usr/local/cuda. Keel's binaries then load the same libcudart as LibTorch.
+Libraries are linked by their real path (a wheel ships only libcudart.so.13), with an rpath to
+their folder. Only a LibTorch with CUDA (@libtorch) and --config=cuda use these repositories;
+without any CUDA their targets fail to build, saying so.
 """
 
 load("@bazel_tools//tools/build_defs/repo:utils.bzl", "maybe")
+load("//third_party/libtorch:workspace.bzl", "find_libtorch")
 
-def _first_existing(rctx, root, candidates):
-    for candidate in candidates:
-        if rctx.path(root + "/" + candidate).exists:
-            return root + "/" + candidate
-    return None
+def _library(rctx, lib_dir, name):
+    """The path of lib_dir/name.so, else of its highest-numbered name.so.N, else None."""
+    if rctx.path(lib_dir + "/" + name + ".so").exists:
+        return lib_dir + "/" + name + ".so"
+    if not rctx.path(lib_dir).exists:
+        return None
+    versioned = sorted([
+        str(p)
+        for p in rctx.path(lib_dir).readdir()
+        if p.basename.startswith(name + ".so.") and p.basename[len(name) + 4:].isdigit()
+    ])
+    return versioned[-1] if versioned else None
 
-def local_toolkit_impl(rctx, root, lib_candidates, lib_name):
-    """Symlinks root/include and lib_name into the repository and renders its BUILD template.
+def local_library_impl(rctx, roots, lib_name, header, expose_headers = [], skip_headers = []):
+    """Renders rctx.attr._build_tpl for the first root that has `header` and `lib_name`.
+
+    Symlinks the root's include/ entries that start with one of `expose_headers` (all when
+    empty) and with none of `skip_headers` into include/; the template gets %{root}, %{library} (the library's real path) and
+    %{lib_dir}, or empty values and %{missing} (what was looked for) when no root has both.
 
     Args:
       rctx: the repository context; its `_build_tpl` attribute is the template.
-      root: toolkit root holding include/ and one of `lib_candidates`.
-      lib_candidates: library folders under `root` to search, in order.
-      lib_name: the shared library to link, e.g. "libcudart.so".
+      roots: (folder, where it came from) pairs, in order of preference; folders may be None.
+      lib_name: the library without suffix, e.g. "libcudart".
+      header: a header that the root's include/ must hold, e.g. "cuda_runtime_api.h".
+      expose_headers: prefixes of the include/ entries to expose; empty for all.
+      skip_headers: prefixes of include/ entries not to expose.
     """
-    if rctx.path(root + "/include").exists:
-        rctx.symlink(root + "/include", "include")
-    lib_dir = _first_existing(rctx, root, [d + "/" + lib_name for d in lib_candidates])
-    if lib_dir:
-        lib_dir = lib_dir[:-len(lib_name) - 1]
-        rctx.symlink(lib_dir + "/" + lib_name, "lib/" + lib_name)
+    looked = []
+    for root, origin in roots:
+        if not root:
+            continue
+        looked.append("%s (%s)" % (root, origin))
+        library = None
+        for lib_dir in [root + "/lib64", root + "/lib"]:
+            library = library or _library(rctx, lib_dir, lib_name)
+        if not rctx.path(root + "/include/" + header).exists or not library:
+            continue
+        for entry in rctx.path(root + "/include").readdir():
+            name = entry.basename
+            if expose_headers and not [p for p in expose_headers if name.startswith(p)]:
+                continue
+            if not [p for p in skip_headers if name.startswith(p)]:
+                rctx.symlink(entry, "include/" + name)
+        rctx.template("BUILD.bazel", rctx.attr._build_tpl, {
+            "%{root}": "%s (%s)" % (root, origin),
+            "%{library}": library,
+            "%{lib_dir}": str(rctx.path(library).dirname),
+            "%{missing}": "",
+        })
+        return
     rctx.template("BUILD.bazel", rctx.attr._build_tpl, {
-        "%{root}": root,
-        "%{lib_dir}": lib_dir or root,
+        "%{root}": "none",
+        "%{library}": "",
+        "%{lib_dir}": "",
+        "%{missing}": "no include/%s with %s.so in %s" % (header, lib_name, ", ".join(looked) or "any folder"),
     })
 
+def wheel_folder(rctx, prefix):
+    """The folder nvidia/<prefix> or nvidia/<prefix><N> (highest N) beside the wheel's torch/
+    of find_libtorch, or None."""
+    found = find_libtorch(rctx)
+    if not found or not found.site_packages:
+        return None
+    nvidia = rctx.path(found.site_packages + "/nvidia")
+    if not nvidia.exists:
+        return None
+    matches = sorted([
+        str(p)
+        for p in nvidia.readdir()
+        if p.basename == prefix or (p.basename.startswith(prefix) and p.basename[len(prefix):].isdigit())
+    ])
+    return matches[-1] if matches else None
+
 def _cuda_impl(rctx):
-    local_toolkit_impl(rctx, rctx.os.environ.get("KEEL_CUDA", "/usr/local/cuda"), ["lib64", "lib"], "libcudart.so")
+    local_library_impl(
+        rctx,
+        roots = [
+            (rctx.os.environ.get("KEEL_CUDA"), "KEEL_CUDA"),
+            (wheel_folder(rctx, "cu"), "the CUDA of LibTorch's wheel"),
+            ("/usr/local/cuda", "the CUDA toolkit"),
+        ],
+        lib_name = "libcudart",
+        header = "cuda_runtime_api.h",
+        # NCCL comes from @local_nccl (the NCCL LibTorch loads), never from a toolkit's include/.
+        skip_headers = ["nccl"],
+    )
 
 _cuda = repository_rule(
     implementation = _cuda_impl,
-    environ = ["KEEL_CUDA"],
+    environ = ["KEEL_CUDA", "KEEL_LIBTORCH"],
     local = True,
     attrs = {"_build_tpl": attr.label(default = Label("//third_party/cuda:cuda.BUILD.tpl"))},
 )

@@ -1,54 +1,161 @@
-"""@libtorch: LibTorch from $KEEL_LIBTORCH, else Debian's libtorch-dev.
+"""@libtorch: the LibTorch Keel builds against, and the Python and torchrun of the same PyTorch.
 
-KEEL_LIBTORCH names a folder with include/ and lib/: the layout of a PyTorch wheel's torch/
-folder (used on GPU machines, e.g. .../site-packages/torch). Without it, Debian's layout is
-used: headers in /usr/include/{torch,ATen,c10,caffe2}, libraries in /usr/lib/<multiarch>.
-Either way the headers and libraries are symlinked into the repository so Bazel tracks them.
+Where LibTorch comes from (`find_libtorch`):
+  1. $KEEL_LIBTORCH: a folder with include/ and lib/ (a PyTorch wheel's torch/ folder, or a
+     LibTorch archive from pytorch.org, unpacked), or /usr for Debian's libtorch-dev.
+  2. <keel>/.venv/lib/python3.*/site-packages/torch: PyTorch 2.11.0 from PyPI, which
+     tools/bootstrap.sh installs.
+Supported: LibTorch 1.13 and 2.6 or later, built with the C++11 ABI; anything else fails here,
+naming the version. Only LibTorch's own header folders are exposed (never a wheel's bundled
+protobuf or pybind11), and its libraries are linked by their real paths with an rpath to
+their folder, so that a wheel's libtorch_cuda.so finds nvidia/*/lib through its own $ORIGIN
+rpath, with no LD_LIBRARY_PATH. A LibTorch with CUDA (lib/libtorch_cuda.so) brings
+@local_cuda (headers, cudart) and, for c10d, @local_nccl: the NCCL it loads.
 """
 
 load("@bazel_tools//tools/build_defs/repo:utils.bzl", "maybe")
 
-_DEBIAN_INCLUDE = "/usr/include"
-_DEBIAN_LIB = "/usr/lib/x86_64-linux-gnu"
 _HEADER_DIRS = ["torch", "ATen", "c10", "caffe2"]
-_LIBS = ["libtorch.so", "libtorch_cpu.so", "libc10.so", "libtorch_cuda.so", "libc10_cuda.so"]
+_VERSION_HEADERS = ["torch/headeronly/version.h", "torch/csrc/api/include/torch/version.h"]
+_DEBIAN_MULTIARCH = "lib/x86_64-linux-gnu"
+
+def _is_dir(rctx, path):
+    return rctx.path(path).exists
+
+def _bootstrapped_torch(rctx):
+    """<keel>/.venv/lib/python3.*/site-packages/torch, or None."""
+    keel_root = rctx.path(Label("//:repositories.bzl")).dirname
+    lib = keel_root.get_child(".venv").get_child("lib")
+    if not lib.exists:
+        return None
+    for python in sorted([str(p) for p in lib.readdir()]):
+        torch = python + "/site-packages/torch"
+        if _is_dir(rctx, torch + "/include"):
+            return torch
+    return None
+
+def find_libtorch(rctx):
+    """The LibTorch to build against, or None when there is none.
+
+    Args:
+      rctx: a repository context whose rule lists KEEL_LIBTORCH in `environ`.
+
+    Returns:
+      struct(root, include_dir, lib_dir, site_packages, origin): `site_packages` is the folder
+      holding torch/ and nvidia/ for a wheel (None otherwise); `origin` says where it was found.
+    """
+    root = rctx.os.environ.get("KEEL_LIBTORCH", "")
+    origin = "KEEL_LIBTORCH=" + root
+    if not root:
+        root = _bootstrapped_torch(rctx)
+        origin = "tools/bootstrap.sh's .venv"
+        if not root:
+            return None
+    root = str(rctx.path(root).realpath)
+    lib_dir = root + "/lib"
+    if not rctx.path(lib_dir + "/libtorch.so").exists and rctx.path(root + "/" + _DEBIAN_MULTIARCH + "/libtorch.so").exists:
+        lib_dir = root + "/" + _DEBIAN_MULTIARCH
+    parent = rctx.path(root).dirname
+    site_packages = str(parent) if parent.basename in ["site-packages", "dist-packages"] else None
+    return struct(root = root, include_dir = root + "/include", lib_dir = lib_dir, site_packages = site_packages, origin = origin)
+
+def _version(rctx, include_dir):
+    for header in _VERSION_HEADERS:
+        path = rctx.path(include_dir + "/" + header)
+        if not path.exists:
+            continue
+        fields = {}
+        for line in rctx.read(path).splitlines():
+            words = [w for w in line.replace("\t", " ").split(" ") if w]
+            if len(words) == 3 and words[0] == "#define" and words[1] in ["TORCH_VERSION_MAJOR", "TORCH_VERSION_MINOR", "TORCH_VERSION_PATCH"]:
+                fields[words[1]] = int(words[2])
+        if len(fields) == 3:
+            return (fields["TORCH_VERSION_MAJOR"], fields["TORCH_VERSION_MINOR"], fields["TORCH_VERSION_PATCH"])
+    return None
+
+def _check(rctx, found):
+    """Fails unless `found` is a supported LibTorch; returns its (major, minor, patch)."""
+    where = "LibTorch at %s (%s)" % (found.root, found.origin)
+    for name in _HEADER_DIRS:
+        if not _is_dir(rctx, found.include_dir + "/" + name):
+            fail("%s has no include/%s: KEEL_LIBTORCH must name a folder with include/ and lib/ (a wheel's torch/ folder or an unpacked LibTorch archive), or /usr for Debian's libtorch-dev" % (where, name))
+    for lib in ["libtorch.so", "libtorch_cpu.so", "libc10.so"]:
+        if not rctx.path(found.lib_dir + "/" + lib).exists:
+            fail("%s has no %s in %s" % (where, lib, found.lib_dir))
+    version = _version(rctx, found.include_dir)
+    if not version:
+        fail("%s: no TORCH_VERSION_MAJOR/MINOR/PATCH in include/{%s}" % (where, ",".join(_VERSION_HEADERS)))
+    major, minor, patch = version
+    if (major, minor) != (1, 13) and (major, minor) < (2, 6):
+        fail("%s is version %d.%d.%d; Keel supports LibTorch 1.13 and 2.6 or later (2.0 to 2.5 lack c10d's ProcessGroup(store, rank, size) with per-device backends)" % (where, major, minor, patch))
+
+    # Keel links Debian's C++ libraries (Abseil, protobuf), built with the C++11 ABI, so
+    # LibTorch's std::string must be std::__cxx11::basic_string too: libc10.so says which.
+    libc10 = found.lib_dir + "/libc10.so"
+    if rctx.execute(["grep", "-q", "-a", "_ZNSt7__cxx11", libc10]).return_code != 0:
+        fail("%s was built with the pre-C++11 ABI (no std::__cxx11 symbol in %s); Keel needs a cxx11-ABI LibTorch (every PyPI wheel since 2.6, the cxx11-abi archives)" % (where, libc10))
+    return version
+
+def _python(rctx, found, version):
+    """(interpreter, why_not): the Python whose `import torch` is this LibTorch's PyTorch."""
+    if found.site_packages and found.site_packages.endswith("/site-packages"):
+        # <prefix>/lib/pythonX.Y/site-packages/torch: a venv or an installation under <prefix>.
+        candidate = str(rctx.path(found.site_packages).dirname.dirname.dirname) + "/bin/python3"
+    elif found.site_packages or found.lib_dir.endswith(_DEBIAN_MULTIARCH):
+        candidate = "/usr/bin/python3"  # Debian's python3-torch (dist-packages)
+    else:
+        return None, "LibTorch at %s is not part of a Python installation (an unpacked LibTorch archive): the tests that need torchrun are skipped" % found.root
+    if not rctx.path(candidate).exists:
+        return None, "%s does not exist" % candidate
+    result = rctx.execute([candidate, "-c", "import torch; print(torch.__version__)"])
+    expected = "%d.%d." % (version[0], version[1])
+    if result.return_code != 0 or not result.stdout.startswith(expected):
+        return None, "%s cannot import torch %sx (got: %s%s); install the PyTorch of LibTorch %s (tools/bootstrap.sh, or Debian's python3-torch for /usr)" % (
+            candidate,
+            expected,
+            result.stdout.strip(),
+            result.stderr.strip()[-200:],
+            found.root,
+        )
+    return candidate, None
+
+def _write_program(rctx, name, interpreter, why_not, args):
+    if interpreter:
+        rctx.file(name, "#!/bin/sh\nexec %s %s\"$@\"\n" % (interpreter, args), executable = True)
+    else:
+        rctx.file(name, "%s is unavailable: %s\n" % (name, why_not), executable = False)
 
 def _libtorch_impl(rctx):
-    root = rctx.os.environ.get("KEEL_LIBTORCH", "")
-    if root:
-        include_dir, lib_dir, layout = root + "/include", root + "/lib", "KEEL_LIBTORCH"
-        if not rctx.path(include_dir).exists or not rctx.path(lib_dir).exists:
-            fail("KEEL_LIBTORCH=%s must be a folder with include/ and lib/ (a wheel's torch/ folder)" % root)
-        rctx.symlink(include_dir, "include")
-    else:
-        root, include_dir, lib_dir, layout = "/usr", _DEBIAN_INCLUDE, _DEBIAN_LIB, "Debian libtorch-dev"
-        for name in _HEADER_DIRS:
-            if not rctx.path(include_dir + "/" + name).exists:
-                fail("%s/%s is missing: run tools/bootstrap.sh or set KEEL_LIBTORCH" % (include_dir, name))
-            rctx.symlink(include_dir + "/" + name, "include/" + name)
+    found = find_libtorch(rctx)
+    if not found:
+        fail("no LibTorch: run tools/bootstrap.sh (PyTorch %s into .venv) or set KEEL_LIBTORCH to a folder with include/ and lib/" % "2.11.0")
+    version = _check(rctx, found)
+    for name in _HEADER_DIRS:
+        rctx.symlink(found.include_dir + "/" + name, "include/" + name)
+    has_cuda = rctx.path(found.lib_dir + "/libtorch_cuda.so").exists
+    libs = ["libtorch.so", "libtorch_cpu.so", "libc10.so"] + (["libtorch_cuda.so", "libc10_cuda.so"] if has_cuda else [])
+    # A wheel's libtorch.so also exports pieces of a newer libstdc++ that its build linked in
+    # statically (std::filesystem among them; Keel's calls of remove_all crashed in its copy):
+    # libstdc++ is needed first, so that the dynamic linker binds std:: symbols to it.
+    linkopts = (["-Wl,--push-state,--no-as-needed", "-lstdc++"] +
+                ["%s/%s" % (found.lib_dir, lib) for lib in libs] +
+                ["-Wl,--pop-state", "-Wl,-rpath," + found.lib_dir, "-pthread"])
 
-    # Keel links Debian's C++ libraries (Abseil, protobuf), built with the C++11 ABI.
-    for config in ["share/cmake/Torch/TorchConfig.cmake", "lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake"]:
-        path = rctx.path(root + "/" + config)
-        if path.exists and "_GLIBCXX_USE_CXX11_ABI=0" in rctx.read(path):
-            fail("LibTorch at %s uses the pre-C++11 ABI; Keel needs a cxx11-ABI LibTorch" % root)
+    interpreter, why_not = _python(rctx, found, version)
+    _write_program(rctx, "python", interpreter, why_not, "")
+    _write_program(rctx, "torchrun", interpreter, why_not, "-m torch.distributed.run ")
 
-    libs = []
-    for lib in _LIBS:
-        if rctx.path(lib_dir + "/" + lib).exists:
-            rctx.symlink(lib_dir + "/" + lib, "lib/" + lib)
-            libs.append('"lib/%s"' % lib)
-    if "libtorch.so" not in [lib[5:-1] for lib in libs]:
-        fail("no libtorch.so in %s" % lib_dir)
-
-    linkopts = ['"-Wl,-rpath,%s"' % lib_dir, '"-pthread"']
-    defines = ['"KEEL_LIBTORCH_HAS_CUDA"'] if '"lib/libtorch_cuda.so"' in libs else []
     rctx.template("BUILD.bazel", rctx.attr._build_tpl, {
-        "%{root}": root,
-        "%{layout}": layout,
-        "%{libs}": ", ".join(libs),
-        "%{linkopts}": ", ".join(linkopts),
-        "%{defines}": ", ".join(defines),
+        "%{root}": found.root,
+        "%{origin}": found.origin,
+        "%{version}": "%d.%d.%d" % version,
+        "%{cuda}": "with CUDA" if has_cuda else "CPU only",
+        "%{linkopts}": ",\n        ".join(['"%s"' % opt for opt in linkopts]),
+        "%{torch_defines}": '"KEEL_LIBTORCH_HAS_CUDA"' if has_cuda else "",
+        "%{torch_deps}": '"@local_cuda//:cudart"' if has_cuda else "",
+        "%{c10d_defines}": '"USE_C10D_GLOO", "USE_C10D_NCCL"' if has_cuda else '"USE_C10D_GLOO"',
+        "%{c10d_deps}": '":torch", "@local_nccl//:nccl_headers"' if has_cuda else '":torch"',
+        "%{has_cuda}": "true" if has_cuda else "false",
         # Spelled with an explicit repository ("@//..." when Keel is the main workspace), so it
         # does not resolve inside @libtorch.
         "%{cuda_enabled}": "@%s//%s:%s" % (

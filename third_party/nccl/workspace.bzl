@@ -1,15 +1,28 @@
-"""@local_nccl: NCCL from $KEEL_NCCL, else from the CUDA toolkit root ($KEEL_CUDA or /usr/local/cuda)."""
+"""@local_nccl: the NCCL that LibTorch loads, first found: $KEEL_NCCL; nvidia/nccl beside a
+wheel's torch/; the CUDA root ($KEEL_CUDA or /usr/local/cuda). c10d compiles against its nccl.h
+(ProcessGroupNCCL's options depend on the NCCL version); only cuda_link_test links it.
+"""
 
 load("@bazel_tools//tools/build_defs/repo:utils.bzl", "maybe")
-load("//third_party/cuda:workspace.bzl", "local_toolkit_impl")
+load("//third_party/cuda:workspace.bzl", "local_library_impl", "wheel_folder")
 
 def _nccl_impl(rctx):
-    root = rctx.os.environ.get("KEEL_NCCL", rctx.os.environ.get("KEEL_CUDA", "/usr/local/cuda"))
-    local_toolkit_impl(rctx, root, ["lib", "lib64"], "libnccl.so")
+    local_library_impl(
+        rctx,
+        roots = [
+            (rctx.os.environ.get("KEEL_NCCL"), "KEEL_NCCL"),
+            (wheel_folder(rctx, "nccl"), "the NCCL of LibTorch's wheel"),
+            (rctx.os.environ.get("KEEL_CUDA", "/usr/local/cuda"), "the CUDA toolkit"),
+        ],
+        lib_name = "libnccl",
+        header = "nccl.h",
+        # A toolkit's include/ holds all of CUDA's headers: only NCCL's come from here.
+        expose_headers = ["nccl"],
+    )
 
 _nccl = repository_rule(
     implementation = _nccl_impl,
-    environ = ["KEEL_NCCL", "KEEL_CUDA"],
+    environ = ["KEEL_NCCL", "KEEL_CUDA", "KEEL_LIBTORCH"],
     local = True,
     attrs = {"_build_tpl": attr.label(default = Label("//third_party/nccl:nccl.BUILD.tpl"))},
 )
