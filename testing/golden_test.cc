@@ -40,6 +40,26 @@ TEST(GoldenDiffTest, UlpBoundIsInclusive) {
   EXPECT_THAT(GoldenDiff(expected, actual, 1), IsEmpty());
 }
 
+// Ulps of a narrower format count its spacing at the expected value: bfloat16 has 7 mantissa
+// bits, so its values in [1, 2) are 2^-7 apart and in [0.5, 1) 2^-8; float16's in [1, 2) 2^-10,
+// float32's 2^-23.
+TEST(GoldenDiffTest, UlpsOfANarrowerFormatAreItsSpacingAtTheExpectedValue) {
+  // 1.0234375 - 1 = 3 * 2^-7: 3 ulps of bfloat16 in [1, 2).
+  EXPECT_THAT(GoldenDiff(Json::parse("[1.0]"), Json::parse("[1.0234375]"), 3, UlpsOf::kBFloat16),
+              IsEmpty());
+  EXPECT_THAT(GoldenDiff(Json::parse("[1.0]"), Json::parse("[1.0234375]"), 2, UlpsOf::kBFloat16),
+              ElementsAre(HasSubstr("expected 1.0, got 1.0234375 (3 ulps of bfloat16)")));
+  // 0.765625 - 0.75 = 4 * 2^-8: 4 ulps of bfloat16 in [0.5, 1).
+  EXPECT_THAT(GoldenDiff(Json::parse("[0.75]"), Json::parse("[0.765625]"), 3, UlpsOf::kBFloat16),
+              ElementsAre(HasSubstr("(4 ulps of bfloat16)")));
+  // 2^-9 = 2 ulps of float16 in [1, 2); 2^-22 = 2 ulps of float32.
+  EXPECT_THAT(GoldenDiff(Json::parse("[1.0]"), Json::parse("[1.001953125]"), 1, UlpsOf::kFloat16),
+              ElementsAre(HasSubstr("(2 ulps of float16)")));
+  EXPECT_THAT(
+      GoldenDiff(Json::parse("[1.0]"), Json::parse("[1.0000002384185791]"), 2, UlpsOf::kFloat32),
+      IsEmpty());
+}
+
 TEST(GoldenDiffTest, ArrayLengthMismatchIsReported) {
   EXPECT_THAT(GoldenDiff(Json::parse("[1, 2]"), Json::parse("[1]"), 0),
               ElementsAre(HasSubstr("expected 2 elements, got 1")));
