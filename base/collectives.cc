@@ -14,6 +14,8 @@ namespace keel::base {
 
 absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
                        absl::string_view context) {
+  KEEL_RETURN_IF_ERROR(
+      CheckGroupCarries(&group, tensor.device(), absl::StrCat("all-reducing ", context)));
   std::vector<at::Tensor> tensors = {tensor};
   c10d::AllreduceOptions options;
   switch (op) {
@@ -34,6 +36,8 @@ absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
 absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
                                                         c10d::ProcessGroup& group,
                                                         absl::string_view context) {
+  KEEL_RETURN_IF_ERROR(
+      CheckGroupCarries(&group, at::kCPU, absl::StrCat("all-gathering ", context)));
   const int world = group.getSize();
   std::vector<std::string> gathered(world);
   KEEL_RETURN_IF_ERROR(
@@ -113,16 +117,31 @@ absl::Status AgreeOnFailure(const absl::Status& status, c10d::ProcessGroup& grou
   return absl::AbortedError(absl::StrCat("rank ", failed, " failed ", context, "; see its error"));
 }
 
-absl::Status CheckHandlesCpuTensors(absl::string_view backend_name, absl::string_view who) {
-  if (backend_name != "nccl") return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(who, " exchanges host values (CPU tensors), which a process group of backend \"",
-                   backend_name, "\" cannot carry; give it a Gloo group over the same ranks"));
+absl::Status CheckGroupCarries(const c10d::ProcessGroup* group, const at::Device& device,
+                               absl::string_view what) {
+  if (group == nullptr) return absl::OkStatus();
+  const std::string backend = group->getBackendName();
+  if (backend == "nccl" && device.is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": a host (cpu) tensor cannot go over a process group of backend \"nccl\", which "
+        "carries device tensors only; keep it on the group's device, or exchange host values "
+        "over a Gloo group of the same ranks"));
+  }
+  if (backend == "gloo" && !device.is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": a ", device.str(),
+        " tensor cannot go over a process group of backend "
+        "\"gloo\", which Keel uses for host (cpu) tensors only; copy it to the host, or use the "
+        "device group of the same ranks"));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status CheckHandlesCpuTensors(const c10d::ProcessGroup* group, absl::string_view who) {
-  if (group == nullptr) return absl::OkStatus();
-  return CheckHandlesCpuTensors(group->getBackendName(), who);
+void CheckGroupCarriesOrThrow(const c10d::ProcessGroup* group, const at::Device& device,
+                              absl::string_view what) {
+  const absl::Status status = CheckGroupCarries(group, device, what);
+  TORCH_CHECK(status.ok(), std::string(status.message()));
 }
 
 }  // namespace keel::base

@@ -1,6 +1,6 @@
 // Blocking c10d collectives that report failure as a Status, for Keel's few small exchanges
-// (norm scalars, agreement flags, checkpoint plans), and agreement: every rank returns the same
-// status when any rank failed.
+// (norm scalars, agreement flags, checkpoint plans); agreement: every rank returns the same
+// status when any rank failed; and the check that a group carries a tensor's device.
 //
 //   at::Tensor flag = at::ones({1}, at::kInt);
 //   KEEL_RETURN_IF_ERROR(AllReduce(flag, Reduce::kMax, group, "the stop flag"));
@@ -25,13 +25,14 @@ enum class Reduce { kSum, kMax, kMin };
 
 // All-reduces `tensor` in place over `group` and waits for it. Collective: over `group`.
 // Errors: kUnavailable, "all-reducing <context>: <what c10d said>", when a peer or the backend
-// fails.
+// fails; kInvalidArgument when `group` does not carry the tensor's device (CheckGroupCarries).
 // Requires: every rank of `group` calls it with a tensor of the same shape and dtype.
 [[nodiscard]] absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
                                      absl::string_view context);
 
-// Gathers every rank's `bytes` (any length) on every rank, in rank order. Collective: over
-// `group`. Errors: kUnavailable, "all-gathering <context>: ...", when a peer or the backend fails.
+// Gathers every rank's `bytes` (any length) on every rank, in rank order, through host tensors.
+// Collective: over `group`. Errors: kUnavailable, "all-gathering <context>: ...", when a peer
+// or the backend fails; kInvalidArgument for a device group (CheckGroupCarries).
 // Requires: every rank of `group` calls it.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes,
                                                                       c10d::ProcessGroup& group,
@@ -60,14 +61,19 @@ enum class Reduce { kSum, kMax, kMin };
 [[nodiscard]] absl::Status AgreeOnFailure(const absl::Status& status, c10d::ProcessGroup& group,
                                           const at::Device& device, absl::string_view context);
 
-// OK when a group of backend `backend_name` ("gloo", "nccl", ...) runs collectives on CPU
-// tensors, as the host values of `who` need; kInvalidArgument naming `who` and the backend
-// otherwise (NCCL: give `who` a Gloo group over the same ranks).
-[[nodiscard]] absl::Status CheckHandlesCpuTensors(absl::string_view backend_name,
-                                                  absl::string_view who);
-// The same for `group`'s backend; OK for nullptr (a single process).
-[[nodiscard]] absl::Status CheckHandlesCpuTensors(const c10d::ProcessGroup* group,
-                                                  absl::string_view who);
+// OK when `group` carries tensors on `device`: a device group (backend "nccl") carries no
+// host (CPU) tensor, and a host group (backend "gloo", which Keel registers for CPU tensors
+// only) no device tensor; nullptr (a single process) carries any. Keel checks the exchanges
+// it launches with it, so that a tensor on the wrong side of a group fails naming the exchange
+// (`what`) instead of inside c10d ("No backend type associated with device type cpu").
+// Errors: kInvalidArgument naming `what`, the device and the backend, and what to do.
+[[nodiscard]] absl::Status CheckGroupCarries(const c10d::ProcessGroup* group,
+                                             const at::Device& device, absl::string_view what);
+
+// CheckGroupCarries for code whose errors are exceptions (autograd functions' passes): throws
+// c10::Error with its message.
+void CheckGroupCarriesOrThrow(const c10d::ProcessGroup* group, const at::Device& device,
+                              absl::string_view what);
 
 }  // namespace keel::base
 

@@ -1,4 +1,5 @@
-// The collectives on real Gloo ranks (threads), including one rank failing among two and three.
+// The collectives on real Gloo ranks (threads), including one rank failing among two and three,
+// and on a device group (the NCCL-like group of a fake GPU's tensors).
 #include "base/collectives.h"
 
 #include <string>
@@ -16,8 +17,10 @@ namespace {
 
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 using ::keel::testing::StatusIs;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 TEST(AllReduceTest, SumMaxAndMinOverThreeRanks) {
   std::vector<std::vector<int64_t>> results(3);
@@ -83,17 +86,50 @@ TEST(AgreeOnFailureTest, PeersLearnTheLowestFailingRank) {
   }
 }
 
-TEST(CheckHandlesCpuTensorsTest, GlooAndNoGroupDoNcclDoesNot) {
-  KEEL_EXPECT_OK(CheckHandlesCpuTensors(static_cast<const c10d::ProcessGroup*>(nullptr), "x"));
-  KEEL_EXPECT_OK(CheckHandlesCpuTensors("gloo", "the step scheduler"));
-  EXPECT_THAT(CheckHandlesCpuTensors("nccl", "the step scheduler"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "the step scheduler exchanges host values (CPU tensors), which a process "
-                       "group of backend \"nccl\" cannot carry; give it a Gloo group over the "
-                       "same ranks"));
-  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-    return CheckHandlesCpuTensors(r.group.get(), "the checkpointer");
+TEST(CheckGroupCarriesTest, DeviceGroupsCarryDeviceTensorsAndGlooGroupsHostTensors) {
+  KEEL_EXPECT_OK(CheckGroupCarries(nullptr, at::kCPU, "alone"));
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, [&](Rank& r) -> absl::Status {
+    KEEL_EXPECT_OK(CheckGroupCarries(r.group.get(), r.device, "the gradient buckets"));
+    KEEL_EXPECT_OK(CheckGroupCarries(r.host_group.get(), at::kCPU, "the checkpointer"));
+    EXPECT_THAT(CheckGroupCarries(r.group.get(), at::kCPU, "the step scheduler's exchanges"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "the step scheduler's exchanges: a host (cpu) tensor cannot go over a "
+                         "process group of backend \"nccl\", which carries device tensors only; "
+                         "keep it on the group's device, or exchange host values over a Gloo "
+                         "group of the same ranks"));
+    EXPECT_THAT(CheckGroupCarries(r.host_group.get(), r.device, "the loss sum"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("the loss sum: a ", r.device.str(),
+                                      " tensor cannot go over a process group of backend "
+                                      "\"gloo\", which Keel uses for host (cpu) tensors only; "
+                                      "copy it to the host, or use the device group of the same "
+                                      "ranks")));
+    return absl::OkStatus();
   }));
+}
+
+// On a device group the helpers refuse a host tensor, naming the exchange, before c10d sees
+// it; device tensors go through, and agreement works on the group's device.
+TEST(CollectivesOnADeviceGroupTest, HostTensorsAreRefusedDeviceTensorsExchanged) {
+  std::vector<absl::Status> failed(2);
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, [&](Rank& r) -> absl::Status {
+    at::Tensor host = at::ones({1});
+    EXPECT_THAT(AllReduce(host, Reduce::kSum, *r.group, "the norm"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("all-reducing the norm: a host (cpu) tensor")));
+    EXPECT_THAT(AllGatherBytes("plan", *r.group, "the plans"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("all-gathering the plans: a host (cpu) tensor")));
+    at::Tensor device = at::full({1}, r.rank + 1, at::kLong).to(r.device);
+    KEEL_RETURN_IF_ERROR(AllReduce(device, Reduce::kSum, *r.group, "the norm"));
+    EXPECT_EQ(device.cpu().item<int64_t>(), 1 + 2);
+    const absl::Status mine = r.rank == 1 ? absl::InternalError("step threw") : absl::OkStatus();
+    failed[r.rank] = AgreeOnFailure(mine, *r.group, r.device, "stepping the shards");
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(failed[0], StatusIs(absl::StatusCode::kAborted,
+                                  "rank 1 failed stepping the shards; see its error"));
+  EXPECT_THAT(failed[1], StatusIs(absl::StatusCode::kInternal, "step threw"));
 }
 
 TEST(ExchangeWithStatusTest, PayloadsWhenAllSucceedAndAloneWithoutAGroup) {

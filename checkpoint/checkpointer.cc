@@ -494,7 +494,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   if (options.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint_dir must be set");
   }
-  KEEL_RETURN_IF_ERROR(base::CheckHandlesCpuTensors(group, "the checkpointer"));
+  KEEL_RETURN_IF_ERROR(base::CheckGroupCarries(group, at::kCPU, "the checkpointer's exchanges"));
   if (options.keep_last_k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("keep_last_k (", options.keep_last_k, ") must be >= 0 (0 keeps all)"));

@@ -298,7 +298,7 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
     laid_out.push_back({parameter.param, parameter.layout ? KeyOf(*parameter.layout) : GroupKey()});
   }
   KEEL_RETURN_IF_ERROR(ResolvePartials(laid_out));
-  const at::Device target = parameters.empty() ? at::Device(at::kCPU) : FirstDevice(parameters);
+  const at::Device target = parameters.empty() ? options.device : FirstDevice(parameters);
 
   // Group by the resolved layout, in order of first appearance.
   std::vector<GroupKey> keys;

@@ -29,6 +29,10 @@ struct ClipGradNormOptions {
   double norm_type = 2.0;
   // Pipeline stages whose norms combine into the total; nullptr for none. Default: nullptr.
   c10d::ProcessGroup* pp_group = nullptr;
+  // Where the norm is computed when `parameters` is empty (a pipeline stage without
+  // parameters still exchanges its zero over pp_group, which may be a device group); otherwise
+  // it lives on the first parameter's device. Default: CPU.
+  at::Device device = at::kCPU;
   // Scale the gradients with one multi-tensor kernel where it gives the same values. Default: true.
   bool foreach = true;
   // A non-finite total norm is an error instead of being applied. Default: false.

@@ -1,5 +1,6 @@
 // Clipping gradients sharded over Gloo ranks (threads) gives the norm and the clipped values
-// of the same gradients unsharded on one rank.
+// of the same gradients unsharded on one rank; over device groups (the NCCL-like group of a fake
+// GPU's tensors) it exchanges no host tensor.
 #include <cmath>
 #include <limits>
 #include <map>
@@ -23,6 +24,7 @@ namespace {
 using ::keel::parallel::Placement;
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 
 constexpr double kMaxNorm = 1.0;
 
@@ -43,9 +45,10 @@ const std::map<std::string, at::Tensor>& FullGrads() {
   return *grads;
 }
 
-NamedParameter Param(const std::string& name, const at::Tensor& grad) {
-  at::Tensor param = at::zeros_like(grad).requires_grad_(true);
-  param.mutable_grad() = grad.clone();
+NamedParameter Param(const std::string& name, const at::Tensor& grad,
+                     const at::Device& device = at::kCPU) {
+  at::Tensor param = at::zeros_like(grad).to(device).requires_grad_(true);
+  param.mutable_grad() = grad.clone().to(device);
   return {name, param};
 }
 
@@ -220,6 +223,65 @@ TEST(ClipGradNormMultiRankTest, TwoPipelineStagesCombineIntoTheUnshardedNorm) {
     EXPECT_TRUE(at::equal(tied[0], tied[1]));
     EXPECT_TRUE(at::equal(tied[0], full.front().param.grad()));
   }
+}
+
+// On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
+// refuses them): the Partial all-reduces and each layout's reductions exchange no host tensor
+// and give the norm and clipped gradients of the same ranks over Gloo (the fake GPU runs the
+// CPU's kernels, or LibTorch's generic ones: up to rounding).
+TEST(ClipGradNormMultiRankTest, OnADeviceGroupNoHostTensorIsExchanged) {
+  FullGrads();
+  constexpr int kWorld = 2;
+  const auto clip = [](std::vector<double>& norms,
+                       std::vector<std::map<std::string, at::Tensor>>& clipped) {
+    return [&](Rank& r) -> absl::Status {
+      std::vector<NamedParameter> local;
+      for (const auto& [name, grad] : FullGrads()) {
+        local.push_back(Param(name, LocalGrad(name, grad, r.rank, kWorld), r.device));
+      }
+      KEEL_ASSIGN_OR_RETURN(at::Tensor norm,
+                            ClipGradNorm(kMaxNorm, WithLayouts(local, r.group.get())));
+      norms[r.rank] = norm.item<double>();
+      for (const NamedParameter& p : local) clipped[r.rank][p.name] = p.param.grad().cpu();
+      return absl::OkStatus();
+    };
+  };
+  std::vector<double> host_norms(kWorld), device_norms(kWorld);
+  std::vector<std::map<std::string, at::Tensor>> host(kWorld), device(kWorld);
+  KEEL_ASSERT_OK(RunOnRanks(kWorld, clip(host_norms, host)));
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(kWorld, clip(device_norms, device)));
+  for (int rank = 0; rank < kWorld; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    EXPECT_NEAR(device_norms[rank], host_norms[rank], 1e-12 * host_norms[rank]);
+    for (const auto& [name, grad] : host[rank]) {
+      EXPECT_TRUE(at::allclose(device[rank].at(name), grad, /*rtol=*/1e-6, /*atol=*/0)) << name;
+    }
+  }
+}
+
+// A pipeline stage without parameters still joins the stages' exchange of the norm, on the
+// device the options name: over a device group a host zero would be refused (it was, before
+// ClipGradNormOptions::device).
+TEST(ClipGradNormMultiRankTest, AStageWithoutParametersExchangesOnTheGroupsDevice) {
+  std::vector<NamedParameter> full;
+  for (const auto& [name, grad] : FullGrads()) full.push_back(Param(name, grad));
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor reference, ClipGradNorm(kMaxNorm, full));
+  std::vector<double> norms(2);
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, [&](Rank& r) -> absl::Status {
+    std::vector<NamedParameter> stage;
+    if (r.rank == 0) {
+      for (const auto& [name, grad] : FullGrads()) stage.push_back(Param(name, grad, r.device));
+    }
+    ClipGradNormOptions options;
+    options.pp_group = r.group.get();
+    options.device = r.device;
+    KEEL_ASSIGN_OR_RETURN(at::Tensor norm, ClipGradNorm(kMaxNorm, stage, options));
+    EXPECT_EQ(norm.device(), r.device);
+    norms[r.rank] = norm.item<double>();
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(norms[0], norms[1]);
+  EXPECT_NEAR(norms[0], reference.item<double>(), 1e-12 * reference.item<double>());
 }
 
 }  // namespace

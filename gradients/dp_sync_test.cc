@@ -29,6 +29,7 @@ namespace {
 using ::absl::StatusCode;
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 using ::keel::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -65,6 +66,8 @@ class Mlp : public torch::nn::Module {
     return use_extra ? y.mul(extra_) : y;
   }
 
+  at::Device device() const { return w1_.device(); }
+
   bool use_extra = false;
 
  private:
@@ -89,8 +92,8 @@ at::Tensor Targets(int64_t first, int64_t count, at::ScalarType dtype) {
 // Sum of squared errors over `count` samples, divided by `divisor`.
 at::Tensor Loss(const Mlp& model, int64_t first, int64_t count, double divisor,
                 at::ScalarType dtype) {
-  return model.Forward(Inputs(first, count, dtype))
-      .sub(Targets(first, count, dtype))
+  return model.Forward(Inputs(first, count, dtype).to(model.device()))
+      .sub(Targets(first, count, dtype).to(model.device()))
       .pow(2)
       .sum()
       .div(divisor);
@@ -232,6 +235,48 @@ TEST_P(DataParallelGradSyncTest, TwoOptimizerStepsMatchOneRank) {
   for (int rank = 0; rank < l.world; ++rank) ExpectIdentical(params[rank], params[0]);
   // Parameters (~0.5) move by lr * grad (lr = 0.1), so they stay within the gradient bound.
   EXPECT_LE(MaxRelativeDifference(params[0], expected), Tolerance(dtype));
+}
+
+// On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
+// refuses them) the buckets, the check that the ranks agree, the initial broadcast and the
+// reductions exchange no host tensor, and give the gradients of the same step on Gloo within the
+// bound above (the fake GPU runs the CPU's kernels, or LibTorch's generic ones). The check that
+// the ranks agree all-reduced a host tensor here before it was made to use the parameters'
+// device.
+TEST(DataParallelGradSyncTest, OnADeviceGroupNoHostTensorIsExchanged) {
+  const Layout l{/*world=*/2, /*micro_batches=*/2, /*batch=*/2};
+  const auto step = [&l](std::vector<std::vector<at::Tensor>>& grads) {
+    return [&](Rank& r) -> absl::Status {
+      Mlp model(/*phase=*/r.rank);
+      model.to(r.device);
+      DataParallelGradSyncOptions options;
+      options.bucket_cap_mb = 1e-6;  // one bucket per parameter
+      KEEL_ASSIGN_OR_RETURN(auto sync, DataParallelGradSync::Create(model, *r.group, options));
+      KEEL_RETURN_IF_ERROR(TrainStep(model, *sync, l, /*step=*/0, r.rank, at::kFloat));
+      for (const at::Tensor& grad : Grads(model)) grads[r.rank].push_back(grad.cpu());
+      return absl::OkStatus();
+    };
+  };
+  std::vector<std::vector<at::Tensor>> host(l.world), device(l.world);
+  KEEL_ASSERT_OK(RunOnRanks(l.world, step(host)));
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(l.world, step(device)));
+  for (int rank = 0; rank < l.world; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    EXPECT_LE(MaxRelativeDifference(device[rank], host[rank]), Tolerance(at::kFloat));
+  }
+}
+
+// Parameters on the host cannot be synchronised over a device group: refused at creation,
+// naming the parameter, before any exchange.
+TEST(DataParallelGradSyncTest, HostParametersOnADeviceGroupAreRefused) {
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, [](Rank& r) -> absl::Status {
+    Mlp model(/*phase=*/0);
+    EXPECT_THAT(DataParallelGradSync::Create(model, *r.group).status(),
+                StatusIs(StatusCode::kInvalidArgument,
+                         HasSubstr("the gradient all-reduce of parameter 'w1': a host (cpu) "
+                                   "tensor cannot go over a process group of backend \"nccl\"")));
+    return absl::OkStatus();
+  }));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DataParallelGradSyncTest,

@@ -23,6 +23,7 @@ namespace {
 using ::keel::parallel::Placement;
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 using ::keel::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -38,18 +39,19 @@ const std::map<std::string, at::Tensor>& Whole() {
   return *grads;
 }
 
-NamedParameter WithGrad(const std::string& name, const at::Tensor& grad) {
-  at::Tensor param = at::zeros_like(grad).requires_grad_(true);
-  param.mutable_grad() = grad.clone();
+NamedParameter WithGrad(const std::string& name, const at::Tensor& grad, const at::Device& device) {
+  at::Tensor param = at::zeros_like(grad).to(device).requires_grad_(true);
+  param.mutable_grad() = grad.clone().to(device);
   return {name, param};
 }
 
-// Rank r's parameters: its half of "rows", with the layout `declare` gives, and the bias whole.
+// Rank r's parameters on its device: its half of "rows", with the layout `declare` gives, and
+// the bias whole.
 std::vector<NamedParameter> Local(Rank& r, bool declare_rows, bool rows_whole) {
   const at::Tensor rows = Whole().at("rows");
   std::vector<NamedParameter> params = {
-      WithGrad("rows", rows_whole ? rows : rows.chunk(2, 0)[r.rank]),
-      WithGrad("bias", Whole().at("bias"))};
+      WithGrad("rows", rows_whole ? rows : rows.chunk(2, 0)[r.rank], r.device),
+      WithGrad("bias", Whole().at("bias"), r.device)};
   if (declare_rows) {
     params[0].layout =
         *parallel::EvenlySharded({8, 6}, {{"tp", r.group.get(), Placement::Shard(0)}});
@@ -74,6 +76,25 @@ TEST(CheckGradNormTest, RightLayoutsAgreeWithClipGradNorm) {
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_THAT(checks[rank].problems, IsEmpty());
     EXPECT_NEAR(checks[rank].norm, expected, 1e-12 * expected);
+    EXPECT_TRUE(checks[rank].Agrees(norms[rank]));
+  }
+}
+
+// Gradients on a device, sharded over a device group (the NCCL-like group of a fake GPU's tensors):
+// the check reads them to the host and exchanges its descriptions over the Gloo twin, as the
+// trainer runs it, and agrees with ClipGradNorm's norm over the device group.
+TEST(CheckGradNormTest, DeviceGradientsAreCheckedOverTheHostGroup) {
+  std::vector<double> norms(2);
+  std::vector<NormCheck> checks(2);
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, [&](Rank& r) -> absl::Status {
+    std::vector<NamedParameter> params = Local(r, /*declare_rows=*/true, /*rows_whole=*/false);
+    KEEL_ASSIGN_OR_RETURN(at::Tensor norm, ClipGradNorm(1e9, params));
+    norms[r.rank] = norm.item<double>();
+    KEEL_ASSIGN_OR_RETURN(checks[r.rank], CheckGradNorm(params, r.host_group.get()));
+    return absl::OkStatus();
+  }));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(checks[rank].problems, IsEmpty());
     EXPECT_TRUE(checks[rank].Agrees(norms[rank]));
   }
 }
@@ -111,7 +132,7 @@ TEST(CheckGradNormTest, AReplicatedGradientDeclaredShardedIsNamed) {
 }
 
 TEST(CheckGradNormTest, APartialSumLeftIsAnError) {
-  NamedParameter p = WithGrad("g", at::ones({2}));
+  NamedParameter p = WithGrad("g", at::ones({2}), at::kCPU);
   p.layout = parallel::TensorLayout{{2}, {0}, {{"tp", nullptr, Placement::Partial()}}};
   EXPECT_THAT(CheckGradNorm({p}, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,

@@ -32,6 +32,7 @@ namespace {
 using ::absl::StatusCode;
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 using ::keel::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -57,7 +58,8 @@ class Net : public torch::nn::Module {
 
   // A scalar loss of samples [first, first + count).
   at::Tensor Loss(int64_t first, int64_t count) const {
-    const at::Tensor tokens = at::arange(first, first + count, at::kLong).remainder(13);
+    const at::Tensor tokens =
+        at::arange(first, first + count, at::kLong).remainder(13).to(embed_.device());
     at::Tensor h = embed_.index_select(0, tokens).matmul(w_.t()).add(b_).tanh().mul(scale_);
     h = h.add(kernel_.sum(1).sum(0));
     return h.matmul(out_.t()).pow(2).sum().div(count);
@@ -211,6 +213,49 @@ TEST(ShardedGradSyncTest, ShardsGetTheAverageAndAllGatherMakesTheStepWhole) {
           ExpectMatches(sharded[rank][i], replicated[0][i], exact);
         }
       }
+    }
+  }
+}
+
+// On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
+// refuses them), the sync takes NCCL's path, a flat reduce-scatter and all-gather of each
+// bucket, and exchanges no host tensor: the shards' gradients and the parameters after the
+// all-gather are those of the same step over Gloo, within ExpectMatches' bound (the fake GPU
+// runs the CPU's kernels, or LibTorch's generic ones).
+TEST(ShardedGradSyncTest, OnADeviceGroupNoHostTensorIsExchanged) {
+  constexpr int kWorld = 2;
+  const auto step = [](std::vector<std::vector<at::Tensor>>& grads,
+                       std::vector<std::vector<at::Tensor>>& params) {
+    return [&](Rank& r) -> absl::Status {
+      Net net(/*phase=*/r.rank);
+      net.to(r.device);
+      DataParallelGradSyncOptions options;
+      options.bucket_cap_mb = 3e-4;  // two buckets
+      KEEL_ASSIGN_OR_RETURN(auto sync, ShardedGradSync::Create(net, *r.group, options));
+      KEEL_RETURN_IF_ERROR(Backward(net, *sync, /*step=*/0, r.rank, kWorld, /*micro_batches=*/2));
+      at::NoGradGuard no_grad;
+      for (const ParamShard& shard : sync->shards()) {
+        grads[r.rank].push_back(shard.tensor.grad().cpu());
+        shard.tensor.sub_(shard.tensor.grad().mul(0.1));
+      }
+      KEEL_RETURN_IF_ERROR(sync->AllGather());
+      for (const at::Tensor& p : net.parameters()) params[r.rank].push_back(p.detach().cpu());
+      return absl::OkStatus();
+    };
+  };
+  std::vector<std::vector<at::Tensor>> host_grads(kWorld), host_params(kWorld);
+  std::vector<std::vector<at::Tensor>> device_grads(kWorld), device_params(kWorld);
+  KEEL_ASSERT_OK(RunOnRanks(kWorld, step(host_grads, host_params)));
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(kWorld, step(device_grads, device_params)));
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ASSERT_EQ(device_grads[rank].size(), host_grads[rank].size());
+    for (size_t i = 0; i < host_grads[rank].size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " shard ", i));
+      ExpectMatches(device_grads[rank][i], host_grads[rank][i], /*exact=*/false);
+    }
+    for (size_t i = 0; i < host_params[rank].size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " parameter ", i));
+      ExpectMatches(device_params[rank][i], host_params[rank][i], /*exact=*/false);
     }
   }
 }

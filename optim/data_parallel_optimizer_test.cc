@@ -1,7 +1,8 @@
 // The data-parallel optimizer's two paths on real Gloo ranks (threads): the sharded one steps
 // the weights the unsharded one does (to the bit on 2 ranks without clipping), the same as one
 // rank with the whole batch up to summation order; a skipped step changes nothing; Reset goes
-// back to the options as built; a bad factory is refused naming what is wrong.
+// back to the options as built; a bad factory is refused naming what is wrong; on a device group
+// (the NCCL-like group of a fake GPU's tensors) no host tensor is exchanged.
 #include "optim/data_parallel_optimizer.h"
 
 #include <chrono>
@@ -31,6 +32,7 @@ using ::keel::gradients::NamedParameter;
 using ::keel::gradients::TrainableParameters;
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 using ::keel::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -44,7 +46,8 @@ class Net : public torch::nn::Module {
   }
   // Mean squared output of samples [first, first + count).
   at::Tensor Loss(int64_t first, int64_t count) const {
-    const at::Tensor tokens = at::arange(first, first + count, at::kLong).remainder(9);
+    const at::Tensor tokens =
+        at::arange(first, first + count, at::kLong).remainder(9).to(embed_.device());
     return embed_.index_select(0, tokens).matmul(w_.t()).add(b_).tanh().pow(2).mean();
   }
 
@@ -122,6 +125,39 @@ TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
       auto alone, DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr, AdamW()));
   EXPECT_EQ(alone->Describe(), "AdamW");
   EXPECT_FALSE(alone->LocalGradientSum().defined());
+}
+
+// On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
+// refuses them), both paths (the buckets' all-reduce; the reduce-scatter, sharded AdamW and
+// all-gather) exchange no host tensor and step the weights of the same ranks over Gloo (the fake
+// GPU runs the CPU's kernels, or LibTorch's generic ones: up to a few float32 roundings).
+TEST(DataParallelOptimizerTest, OnADeviceGroupNoHostTensorIsExchanged) {
+  const auto train = [](std::vector<std::vector<at::Tensor>>& weights, bool shard) {
+    return [&weights, shard](Rank& r) -> absl::Status {
+      Net net;
+      net.to(r.device);
+      DataParallelOptimizerOptions options;
+      options.use_distributed_optimizer = shard;
+      KEEL_ASSIGN_OR_RETURN(
+          auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), r.group.get(),
+                                                        AdamW(), options));
+      KEEL_ASSIGN_OR_RETURN(weights[r.rank], Train(net, *optimizer, r.rank, 2));
+      for (at::Tensor& weight : weights[r.rank]) weight = weight.cpu();
+      return absl::OkStatus();
+    };
+  };
+  for (bool shard : {false, true}) {
+    SCOPED_TRACE(shard ? "distributed optimizer" : "data-parallel sync");
+    std::vector<std::vector<at::Tensor>> host(2), device(2);
+    KEEL_ASSERT_OK(RunOnRanks(2, train(host, shard)));
+    KEEL_ASSERT_OK(RunOnRanksNcclLike(2, train(device, shard)));
+    for (int rank = 0; rank < 2; ++rank) {
+      for (size_t i = 0; i < host[rank].size(); ++i) {
+        EXPECT_TRUE(at::allclose(device[rank][i], host[rank][i], /*rtol=*/1e-5, /*atol=*/1e-6))
+            << "rank " << rank << " parameter " << i;
+      }
+    }
+  }
 }
 
 // SGD with a learning rate of 1: a step subtracts the averaged gradient.

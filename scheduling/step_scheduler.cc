@@ -64,7 +64,8 @@ absl::StatusOr<int64_t> CheckBatchesAndStart(const StepSchedulerOptions& options
 
 absl::StatusOr<StepSchedule> StepSchedule::Create(const StepSchedulerOptions& options,
                                                   StepScheduleRuntime runtime) {
-  KEEL_RETURN_IF_ERROR(base::CheckHandlesCpuTensors(runtime.process_group, "the step scheduler"));
+  KEEL_RETURN_IF_ERROR(
+      base::CheckGroupCarries(runtime.process_group, at::kCPU, "the step scheduler's exchanges"));
   KEEL_ASSIGN_OR_RETURN(const int64_t local_global_batch_size,
                         CheckBatchesAndStart(options, runtime));
   StepSchedule schedule(options, std::move(runtime));

@@ -21,6 +21,14 @@ std::string NewTempDir(absl::string_view name, absl::string_view root) {
   return dir;
 }
 
+std::optional<std::string> WhyNotExecutable(const std::string& path) {
+  if (::access(path.c_str(), X_OK) == 0) return std::nullopt;
+  std::ifstream in(path);
+  std::string why;
+  if (!in || !std::getline(in, why) || why.empty()) why = absl::StrCat(path, " is not executable");
+  return why;
+}
+
 std::string ReadFileOrFail(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -7,6 +7,7 @@
 #define KEEL_TESTING_FILES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -22,6 +23,12 @@ std::string ReadFileOrFail(const std::string& path);
 
 // Writes `contents` to `path`, replacing it; fails the test if it cannot.
 void WriteFileOrFail(const std::string& path, absl::string_view contents);
+
+// Why the program at `path` (a test's data, e.g. @libtorch//:torchrun or
+// @sentencepiece//:spm_train) cannot run, or nullopt when it is an executable file. The
+// repository rules put a text file saying what is missing where a program is not installed:
+// `if (auto why = WhyNotExecutable(path)) GTEST_SKIP() << *why;`
+std::optional<std::string> WhyNotExecutable(const std::string& path);
 
 // Flips one bit (0x10) of the byte at `offset` of `path`, in place; fails the test if the
 // file is shorter or cannot be written.

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
+#include "testing/fake_gpu.h"
+#include "testing/nccl_like_group.h"
 #include "torch/csrc/distributed/c10d/HashStore.hpp"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
 
@@ -21,10 +23,11 @@ namespace keel::testing {
 
 namespace {
 
-// Runs `fn` on a thread per rank, each with the shared store and, with `with_group`, a Gloo
-// group of all ranks.
+enum class Groups { kNone, kGloo, kNcclLike };
+
+// Runs `fn` on a thread per rank, each with the shared store and the `groups` of all ranks.
 absl::Status RunOnRankThreads(int world_size, const std::function<absl::Status(Rank&)>& fn,
-                              std::chrono::milliseconds timeout, bool with_group) {
+                              std::chrono::milliseconds timeout, Groups groups) {
   // One store per process, a fresh prefix per call: calls never see each other's keys.
   static const auto* const kStore =
       new c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::HashStore>());
@@ -39,11 +42,20 @@ absl::Status RunOnRankThreads(int world_size, const std::function<absl::Status(R
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
       Rank& r = ranks[rank];
-      r = Rank{rank, world_size, {}, store};
+      r.rank = rank;
+      r.world_size = world_size;
+      r.store = store;
       absl::Status status;
-      if (with_group) {
+      if (groups != Groups::kNone) {
         status = base::CallTorch(absl::StatusCode::kUnavailable, "Gloo rendezvous", [&] {
-          r.group = base::CreateGlooProcessGroup(store, rank, world_size, timeout);
+          r.host_group = base::CreateGlooProcessGroup(store, rank, world_size, timeout);
+          r.group = r.host_group;
+          if (groups == Groups::kNcclLike) {
+            r.group = c10::make_intrusive<NcclLikeGroup>(base::CreateGlooProcessGroup(
+                c10::make_intrusive<c10d::PrefixStore>("nccl_like", store), rank, world_size,
+                timeout));
+            r.device = FakeGpu(static_cast<c10::DeviceIndex>(rank));
+          }
         });
       }
       if (status.ok()) {
@@ -68,12 +80,17 @@ absl::Status RunOnRankThreads(int world_size, const std::function<absl::Status(R
 
 absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>& fn,
                         std::chrono::milliseconds timeout) {
-  return RunOnRankThreads(world_size, fn, timeout, /*with_group=*/true);
+  return RunOnRankThreads(world_size, fn, timeout, Groups::kGloo);
+}
+
+absl::Status RunOnRanksNcclLike(int world_size, const std::function<absl::Status(Rank&)>& fn,
+                                std::chrono::milliseconds timeout) {
+  return RunOnRankThreads(world_size, fn, timeout, Groups::kNcclLike);
 }
 
 absl::Status RunOnRanksWithStore(int world_size, const std::function<absl::Status(Rank&)>& fn,
                                  std::chrono::milliseconds timeout) {
-  return RunOnRankThreads(world_size, fn, timeout, /*with_group=*/false);
+  return RunOnRankThreads(world_size, fn, timeout, Groups::kNone);
 }
 
 int FreeTcpPort() {
@@ -97,10 +114,13 @@ namespace {
 [[noreturn]] void RunRankProcess(int rank, int world_size, int port,
                                  const std::function<absl::Status(Rank&)>& fn,
                                  std::chrono::milliseconds timeout, int out) {
-  Rank r{rank, world_size, {}, {}};
+  Rank r;
+  r.rank = rank;
+  r.world_size = world_size;
   absl::Status status = base::CallTorch(absl::StatusCode::kUnavailable, "Gloo rendezvous", [&] {
     r.store = base::CreateTcpStore("127.0.0.1", port, /*is_server=*/rank == 0, world_size, timeout);
     r.group = base::CreateGlooProcessGroup(r.store, rank, world_size, timeout);
+    r.host_group = r.group;
   });
   if (status.ok()) {
     absl::Status result;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "c10/core/Device.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 
@@ -22,8 +23,16 @@ namespace keel::testing {
 struct Rank {
   int rank = 0;
   int world_size = 1;
-  // A Gloo group of all ranks (nullptr under RunOnRanksWithStore).
+  // A group of all ranks for tensors on `device`: Gloo, or under RunOnRanksNcclLike an
+  // NcclLikeGroup (nullptr under RunOnRanksWithStore).
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  // Where the tensors that `group` carries live: the CPU, or under RunOnRanksNcclLike the
+  // rank's fake GPU (testing::FakeGpu(rank)).
+  at::Device device = at::kCPU;
+  // A Gloo group of all ranks for host (CPU) tensors: `group` itself, or under
+  // RunOnRanksNcclLike one of its own (a DeviceMesh's Gloo twin); nullptr under
+  // RunOnRanksWithStore.
+  c10::intrusive_ptr<c10d::ProcessGroup> host_group;
   // The store the ranks rendezvous through, under a prefix of this call's own.
   c10::intrusive_ptr<c10d::Store> store;
 };
@@ -33,6 +42,13 @@ struct Rank {
 // in rank order (prefixed "rank N: "), including exceptions a rank threw.
 [[nodiscard]] absl::Status RunOnRanks(int world_size, const std::function<absl::Status(Rank&)>& fn,
                                       std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+// As RunOnRanks, but `group` refuses host tensors as an NCCL group does (an NcclLikeGroup over
+// Gloo) and carries tensors on `device`, the rank's fake GPU: what runs here runs on GPUs with
+// NCCL without a host tensor reaching a device group. Requires: world_size <= kFakeGpus.
+[[nodiscard]] absl::Status RunOnRanksNcclLike(
+    int world_size, const std::function<absl::Status(Rank&)>& fn,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 // As RunOnRanks, but without the group: each rank gets only the store, to build its own groups
 // (a DeviceMesh) through it.

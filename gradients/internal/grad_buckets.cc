@@ -85,6 +85,9 @@ absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(
           absl::StrCat("parameter '", p.name, "' has dtype ", c10::toString(param.scalar_type()),
                        "; only floating-point parameters are supported"));
     }
+    KEEL_RETURN_IF_ERROR(base::CheckGroupCarries(
+        &group, param.device(),
+        absl::StrCat("the gradient ", options.collective, " of parameter '", p.name, "'")));
   }
   if (parameters.empty()) {
     return absl::InvalidArgumentError("no parameter that requires grad to synchronise");
@@ -203,10 +206,13 @@ absl::Status GradBuckets::CheckRanksAgree() {
   }
   const std::vector<int64_t> local = {static_cast<int64_t>(params_.size()), numel,
                                       Fingerprint(layout)};
+  // On the parameters' device: the group may be a device group (NCCL).
   at::Tensor agreement =
-      at::tensor({local[0], local[1], local[2], -local[0], -local[1], -local[2]}, at::kLong);
+      at::tensor({local[0], local[1], local[2], -local[0], -local[1], -local[2]}, at::kLong)
+          .to(params_.front().device());
   KEEL_RETURN_IF_ERROR(base::AllReduce(agreement, base::Reduce::kMax, *group_,
                                        "the check that the ranks agree on the parameters"));
+  agreement = agreement.cpu();
   const int64_t* data = agreement.data_ptr<int64_t>();
   const std::vector<int64_t> reduced(data, data + 6);
   for (int k = 0; k < 3; ++k) {

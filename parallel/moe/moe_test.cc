@@ -1,6 +1,7 @@
 // The router against Megatron's formulas computed independently here, and the experts split
 // over 2 Gloo ranks (threads) against the same layer on one rank: each rank's outputs, and
-// slice for slice the gradients, including a rank whose experts receive no tokens.
+// slice for slice the gradients, including a rank whose experts receive no tokens; over a
+// device group (the NCCL-like group of a fake GPU's tensors) nothing goes over the host.
 #include <cmath>
 #include <map>
 #include <string>
@@ -21,6 +22,7 @@ namespace {
 
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 
 constexpr int64_t kExperts = 4;
 constexpr int64_t kHidden = 6;
@@ -204,6 +206,51 @@ TEST(DispatchToExpertsTest, TwoExpertTensorParallelRanksComputeTheOneRankLayer) 
     }));
     EXPECT_THAT(differing[0], ::testing::IsEmpty());
     EXPECT_THAT(differing[1], ::testing::IsEmpty());
+  }
+}
+
+// Over a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
+// refuses them), the counts and the tokens go to the experts' ranks and back on the device,
+// forward and backward, and the layer computes what it computes over Gloo (the fake GPU runs
+// the CPU's kernels, or LibTorch's generic ones: up to rounding), including a rank whose experts
+// get no tokens.
+TEST(DispatchToExpertsTest, OverADeviceGroupNoHostTensorIsExchanged) {
+  const std::vector<at::Tensor> tokens = {Draw({64, kHidden}, 6), Draw({64, kHidden}, 7)};
+  const Whole whole;
+  const auto layer = [&](std::vector<std::map<std::string, at::Tensor>>& results) {
+    return [&](Rank& r) -> absl::Status {
+      GroupedMlp experts(kExperts, kHidden, kFfn, r.group.get());
+      {
+        at::NoGradGuard no_grad;
+        const auto whole_params = whole.experts->named_parameters();
+        const auto layouts = experts->LocalLayouts();
+        for (auto& item : experts->named_parameters()) {
+          item.value().copy_(
+              BlockOf(whole_params[item.key()], layouts.at(item.key()), item.value().sizes()));
+        }
+      }
+      experts->to(r.device);
+      Routing routing = RouteOf(tokens[r.rank], /*onto_first_half=*/true);
+      routing.indices = routing.indices.to(r.device);
+      routing.probs = routing.probs.to(r.device);
+      const at::Tensor x = tokens[r.rank].to(r.device).detach().requires_grad_(true);
+      const at::Tensor out = DispatchToExperts(x, routing, *experts, r.group.get());
+      (out * out).sum().backward();
+      results[r.rank] = {{"output", out.detach().cpu()},
+                         {"token gradients", x.grad().cpu()},
+                         {"fc1", experts->named_parameters()["fc1"].grad().cpu()},
+                         {"fc2", experts->named_parameters()["fc2"].grad().cpu()}};
+      return absl::OkStatus();
+    };
+  };
+  std::vector<std::map<std::string, at::Tensor>> host(2), device(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, layer(host)));
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, layer(device)));
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const auto& [name, value] : host[rank]) {
+      EXPECT_TRUE(at::allclose(device[rank].at(name), value, 1e-5, 1e-6))
+          << "rank " << rank << ": " << name;
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "base/collectives.h"
 #include "c10/util/Exception.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/autograd/custom_function.h"
@@ -129,6 +130,7 @@ std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
 
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
                              GroupedMlpImpl& experts, c10d::ProcessGroup* ep) {
+  base::CheckGroupCarriesOrThrow(ep, tokens.device(), "the experts' token all-to-all");
   const int64_t k = routing.indices.size(1);
   const int64_t ranks = SizeOf(ep);
   const int64_t local = experts.num_local_experts();

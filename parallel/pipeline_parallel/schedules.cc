@@ -9,6 +9,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "torch/csrc/autograd/autograd.h"
@@ -228,6 +229,8 @@ std::vector<PipelineAction> OneFOneBSchedule(int64_t num_micro_batches, int stag
 
 absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
                          c10d::ProcessGroup* pp_group, const PipelineOptions& options) {
+  KEEL_RETURN_IF_ERROR(base::CheckGroupCarries(pp_group, options.activation_options.device(),
+                                               "the pipeline's activations and gradients"));
   StagePass pass(stage, pp_group, options);
   const std::vector<PipelineAction> actions =
       OneFOneBSchedule(num_micro_batches, pass.stage(), pass.num_stages(), options.forward_only);

@@ -89,7 +89,8 @@ struct PipelineOptions {
 // before the next pass. nullptr or a group of one: a single stage (a forward, then its
 // backward, per micro-batch). Collective: every stage of the group calls it with the same m
 // and shapes. Errors: kInternal when a forward or backward throws; kUnavailable when a peer
-// fails or the group's timeout passes (a stage killed mid-step).
+// fails or the group's timeout passes (a stage killed mid-step); kInvalidArgument when pp_group
+// does not carry the activations' device (base::CheckGroupCarries).
 [[nodiscard]] absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
                                        c10d::ProcessGroup* pp_group,
                                        const PipelineOptions& options = {});

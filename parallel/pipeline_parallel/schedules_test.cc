@@ -1,5 +1,6 @@
 // The 1F1B order against Megatron's warm-up / steady / cool-down counts, and a small model split
-// over 2 and 4 real Gloo stages (threads) giving, bit for bit, the one-rank gradients.
+// over 2 and 4 real Gloo stages (threads) giving, bit for bit, the one-rank gradients; over a
+// device group (the NCCL-like group of a fake GPU's tensors) nothing goes over the host.
 #include "parallel/pipeline_parallel/schedules.h"
 
 #include <map>
@@ -20,6 +21,7 @@ namespace {
 
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 using ::keel::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -192,6 +194,51 @@ TEST(RunPipelineTest, AFailingStageIsAnErrorAndItsPeerTimesOut) {
                                     HasSubstr("pipeline stage 1 of 2, micro-batch 1's forward: "
                                               "exchanging with the neighbouring stages")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+// Over a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
+// refuses them) the stages exchange activations and gradients on the device and compute the
+// gradients they compute over Gloo (up to rounding: the fake GPU runs the CPU's kernels, or
+// LibTorch's generic ones); activations declared on the host are refused, naming the exchange,
+// before any is sent.
+TEST(RunPipelineTest, OverADeviceGroupActivationsAndGradientsStayOnTheDevice) {
+  at::Generator generator = at::detail::createCPUGenerator(5);
+  const at::Tensor weights = at::randn({2, kWidth, kWidth}, generator) / kWidth;
+  const auto train = [&](std::vector<at::Tensor>& grads) {
+    return [&](Rank& r) -> absl::Status {
+      at::Tensor weight = weights[r.rank].to(r.device).requires_grad_(true);
+      StageCallbacks callbacks;
+      callbacks.activation_shape = [](int64_t) { return std::vector<int64_t>{3, kWidth}; };
+      callbacks.forward = [&](int64_t i, const at::Tensor& input) {
+        const at::Tensor x = input.defined() ? input : Inputs(i).to(r.device);
+        const at::Tensor y = at::tanh(x.matmul(weight));
+        return r.rank == 1 ? (y - 0.5).pow(2).sum() / kMicroBatches : y;
+      };
+      PipelineOptions options;
+      options.activation_options = at::TensorOptions().dtype(at::kFloat).device(r.device);
+      KEEL_RETURN_IF_ERROR(RunPipeline(kMicroBatches, callbacks, r.group.get(), options));
+      grads[r.rank] = weight.grad().cpu();
+      return absl::OkStatus();
+    };
+  };
+  std::vector<at::Tensor> host(2), device(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, train(host)));
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, train(device)));
+  for (int stage = 0; stage < 2; ++stage) {
+    EXPECT_TRUE(at::allclose(device[stage], host[stage], /*rtol=*/1e-5, /*atol=*/1e-7))
+        << "stage " << stage;
+  }
+
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, [](Rank& r) -> absl::Status {
+    StageCallbacks callbacks;
+    callbacks.activation_shape = [](int64_t) { return std::vector<int64_t>{2}; };
+    callbacks.forward = [](int64_t, const at::Tensor&) { return at::ones({2}); };
+    EXPECT_THAT(RunPipeline(1, callbacks, r.group.get()),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("the pipeline's activations and gradients: a host (cpu) tensor "
+                                   "cannot go over a process group of backend \"nccl\"")));
+    return absl::OkStatus();
+  }));
 }
 
 }  // namespace

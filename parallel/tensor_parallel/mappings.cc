@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "base/collectives.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -35,6 +36,7 @@ void Counted(Fn&& fn) {
 }
 
 at::Tensor AllReduced(const at::Tensor& input, c10d::ProcessGroup* group) {
+  base::CheckGroupCarriesOrThrow(group, input.device(), "the tensor-parallel all-reduce");
   std::vector<at::Tensor> tensors = {input.contiguous().clone()};
   Counted([&] { group->allreduce(tensors)->wait(); });
   return tensors[0];
@@ -47,6 +49,7 @@ at::Tensor Split(const at::Tensor& input, c10d::ProcessGroup* group) {
 
 // Every rank's `input`, concatenated along the last dimension in rank order.
 at::Tensor Gathered(const at::Tensor& input, c10d::ProcessGroup* group) {
+  base::CheckGroupCarriesOrThrow(group, input.device(), "the tensor-parallel all-gather");
   const at::Tensor mine = input.contiguous();
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < group->getSize(); ++r) outputs[0].push_back(at::empty_like(mine));
@@ -118,6 +121,7 @@ at::Tensor GatherFromTensorParallelRegion(const at::Tensor& input, c10d::Process
 
 void AllReduceInPlace(at::Tensor& tensor, c10d::ProcessGroup* group, bool max) {
   if (group == nullptr || group->getSize() == 1) return;
+  base::CheckGroupCarriesOrThrow(group, tensor.device(), "the tensor-parallel all-reduce");
   std::vector<at::Tensor> tensors = {tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;

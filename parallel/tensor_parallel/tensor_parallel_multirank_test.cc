@@ -2,7 +2,8 @@
 // small model of every layer (vocabulary-parallel embedding, attention with its heads split,
 // column- and row-parallel MLP, a vocabulary-parallel head and cross-entropy) on 2 ranks,
 // its weights copied from the same model on one rank, gives that model's loss and, slice for
-// slice, its gradients.
+// slice, its gradients; on a device group (the NCCL-like group of a fake GPU's tensors) no host
+// tensor is exchanged.
 #include <cmath>
 #include <map>
 #include <string>
@@ -25,6 +26,7 @@ namespace {
 
 using ::keel::testing::Rank;
 using ::keel::testing::RunOnRanks;
+using ::keel::testing::RunOnRanksNcclLike;
 using ::testing::ElementsAre;
 using ::testing::Pair;
 
@@ -57,6 +59,43 @@ TEST(MappingsTest, EachCollectiveAndItsGradient) {
   EXPECT_GT(TensorParallelCollectiveSeconds(), seconds_before);  // the time they took counts
 }
 
+// On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
+// refuses them) the collectives, their gradients and the vocabulary-parallel loss exchange no
+// host tensor, and give what they give over Gloo.
+TEST(MappingsTest, OnADeviceGroupNoHostTensorIsExchanged) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/2);
+  const at::Tensor logits = at::randn({3, 5, 16}, generator, at::kFloat);
+  const at::Tensor target = at::arange(15, at::kLong).mul(5).remainder(16).view({3, 5});
+  const at::Tensor whole = logits.clone().requires_grad_(true);
+  const at::Tensor reference =
+      at::cross_entropy_loss(whole.view({-1, 16}), target.view({-1}), {}, at::Reduction::None);
+  reference.sum().backward();
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, [&](Rank& r) -> absl::Status {
+    c10d::ProcessGroup* tp = r.group.get();
+    const double k = r.rank + 1;  // rank 0 holds 1s, rank 1 holds 2s
+    at::Tensor x = at::full({2, 4}, k).to(r.device).requires_grad_(true);
+    (CopyToTensorParallelRegion(x, tp) * k).sum().backward();
+    EXPECT_TRUE(at::equal(x.grad().cpu(), at::full({2, 4}, 3.0)));
+    at::Tensor reduced = ReduceFromTensorParallelRegion(x, tp);
+    EXPECT_TRUE(at::equal(reduced.cpu(), at::full({2, 4}, 3.0)));
+    at::Tensor halves = at::arange(8, at::kFloat).view({2, 4}).to(r.device).requires_grad_(true);
+    at::Tensor back = GatherFromTensorParallelRegion(ScatterToTensorParallelRegion(halves, tp), tp);
+    EXPECT_TRUE(at::equal(back.cpu(), at::arange(8, at::kFloat).view({2, 4})));
+    (back * k).sum().backward();
+    EXPECT_TRUE(at::equal(halves.grad().cpu().narrow(1, 2 * r.rank, 2), at::full({2, 2}, k)));
+
+    // Each rank holds half of the vocabulary's logits.
+    at::Tensor mine = logits.chunk(2, -1)[r.rank].contiguous().to(r.device).requires_grad_(true);
+    const at::Tensor loss = VocabParallelCrossEntropy(mine, target.to(r.device), tp);
+    loss.sum().backward();
+    // As the one-rank loss, up to the order of the sums over the vocabulary's halves.
+    EXPECT_TRUE(at::allclose(loss.cpu().view({-1}), reference, /*rtol=*/1e-6, /*atol=*/1e-6));
+    EXPECT_TRUE(at::allclose(mine.grad().cpu(), whole.grad().chunk(2, -1)[r.rank],
+                             /*rtol=*/1e-5, /*atol=*/1e-6));
+    return absl::OkStatus();
+  }));
+}
+
 // Every layer of tensor_parallel, and the vocabulary-parallel loss.
 class TinyImpl : public torch::nn::Module {
  public:
@@ -69,7 +108,7 @@ class TinyImpl : public torch::nn::Module {
   }
   at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& targets) {
     const int64_t seq = tokens.size(1);
-    const at::Tensor mask = at::ones({seq, seq}, at::kBool).triu(1);
+    const at::Tensor mask = at::ones({seq, seq}, tokens.options().dtype(at::kBool)).triu(1);
     at::Tensor x = embed_->forward(tokens);
     x = x + attn_->forward(x, mask);
     x = x + proj_->forward(at::gelu(fc_->forward(x)));
@@ -136,6 +175,41 @@ TEST(TensorParallelLayersTest, TwoRanksGiveTheWholeModelsLossAndGradients) {
     EXPECT_NEAR(losses[rank], whole_loss.item<double>(),
                 1e-6 * std::abs(whole_loss.item<double>()));
     EXPECT_TRUE(mismatches[rank].empty()) << mismatches[rank].begin()->first;
+  }
+}
+
+// Every layer moved to the fake GPU, over a device group (an NcclLikeGroup, which refuses host
+// tensors as NCCL does): no host tensor is exchanged, forward or backward, and the loss and
+// every gradient are those of the same ranks over Gloo, up to rounding (the fake GPU runs the
+// CPU's kernels, or LibTorch's generic ones).
+TEST(TensorParallelLayersTest, OnADeviceGroupTheLayersExchangeNoHostTensor) {
+  Tiny whole = WholeModel();
+  const at::Tensor targets = Tokens().roll(-1, 1);
+  const auto run = [&](std::vector<at::Tensor>& losses,
+                       std::vector<std::map<std::string, at::Tensor>>& grads) {
+    return [&](Rank& r) -> absl::Status {
+      Tiny model(r.group.get());
+      KEEL_RETURN_IF_ERROR(CopyFromWholeModel(*model, *whole));
+      model->to(r.device);
+      const at::Tensor loss = model->Loss(Tokens().to(r.device), targets.to(r.device));
+      loss.backward();
+      losses[r.rank] = loss.detach().cpu();
+      for (const auto& item : model->named_parameters()) {
+        grads[r.rank][item.key()] = item.value().grad().cpu();
+      }
+      return absl::OkStatus();
+    };
+  };
+  std::vector<at::Tensor> host_losses(2), device_losses(2);
+  std::vector<std::map<std::string, at::Tensor>> host(2), device(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, run(host_losses, host)));
+  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, run(device_losses, device)));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(at::allclose(device_losses[rank], host_losses[rank], /*rtol=*/1e-6, /*atol=*/0));
+    for (const auto& [name, grad] : host[rank]) {
+      EXPECT_TRUE(at::allclose(device[rank].at(name), grad, /*rtol=*/1e-5, /*atol=*/1e-6))
+          << "rank " << rank << ": " << name;
+    }
   }
 }
 

@@ -199,6 +199,7 @@ absl::Status Run::BuildModel() {
   optim::DataParallelOptimizerOptions optimizer_options;
   optimizer_options.use_distributed_optimizer = options_.distributed.use_distributed_optimizer;
   optimizer_options.clip.pp_group = runtime_.pp_group;
+  optimizer_options.clip.device = runtime_.device;
   optimizer_options.expert_dim_name = kExpertDim;
   optimizer_options.expert_data_parallel_group = runtime_.expert_data_group;
   std::vector<gradients::NamedParameter> parameters =
