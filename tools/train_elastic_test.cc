@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -71,21 +72,12 @@ bool GroupEnds(pid_t pgid) {
   return false;
 }
 
-// //tools:train on `ranks` ranks: one process, or //tools:launch, or torchrun (Debian's
-// python3-torch; see train_test.cc for its flags).
+// //tools:train on `ranks` ranks: one process, or //tools:launch, or torchrun.
 Subprocess StartRanks(int ranks, bool torchrun, const std::vector<std::string>& args,
                       const std::string& stderr_path) {
   if (ranks == 1) return StartTrain(args, stderr_path);
   if (!torchrun) return LaunchTrain(ranks, args, stderr_path);
-  std::vector<std::string> argv = {"/usr/bin/torchrun",
-                                   "--no_python",
-                                   "--redirects=1",
-                                   "--tee=1",
-                                   absl::StrCat("--nproc_per_node=", ranks),
-                                   absl::StrCat("--master_port=", keel::testing::FreeTcpPort()),
-                                   Absolute(absl::GetFlag(FLAGS_train))};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return Subprocess::Start(argv, ChildOptions(stderr_path));
+  return TorchrunTrain(ranks, args, stderr_path);
 }
 
 // What a resume on `ranks` ranks must print, from the checkpoint it resumes from.
@@ -178,8 +170,11 @@ TEST_P(KillNineTest, WholeRankGroupsOnAlternatingWorldSizesEndBitIdentically) {
 // rounding grows with training: measured, losses within 1e-5 and gradient norms within 3e-4
 // over 26 steps, where batches in another order (the cyclic sampler's) move the loss by 1e-4
 // to 24 percent, most steps by more than 1 percent). The
-// 3-rank legs run under torchrun, the others under //tools:launch.
+// 3-rank legs run under torchrun (under //tools:launch too, saying so, where no torchrun goes
+// with this LibTorch), the others under //tools:launch.
 TEST(TrainElasticTest, ResumesOnEveryOtherWorldSizeFromOneToFour) {
+  const std::optional<std::string> no_torchrun = WhyNoTorchrun();
+  if (no_torchrun) std::cout << *no_torchrun << ": the 3-rank legs run under //tools:launch\n";
   constexpr int64_t kStepsPerLeg = 2;
   const std::vector<int> world_sizes = {1, 2, 1, 3, 1, 4, 2, 3, 2, 4, 3, 4, 1};
   const int64_t steps = kStepsPerLeg * static_cast<int64_t>(world_sizes.size());
@@ -198,8 +193,8 @@ TEST(TrainElasticTest, ResumesOnEveryOtherWorldSizeFromOneToFour) {
     const int ranks = world_sizes[leg];
     const int64_t end = kStepsPerLeg * static_cast<int64_t>(leg + 1);
     SCOPED_TRACE(absl::StrCat("leg ", leg, ": ", ranks, " rank(s) to step ", end));
-    Subprocess child = StartRanks(ranks, /*torchrun=*/ranks == 3, args(run_dir, end),
-                                  absl::StrCat(run_dir, "/stderr.", leg));
+    Subprocess child = StartRanks(ranks, /*torchrun=*/ranks == 3 && !no_torchrun,
+                                  args(run_dir, end), absl::StrCat(run_dir, "/stderr.", leg));
     ASSERT_EQ(child.Wait(), 0) << child.Stderr();
     const std::string out = child.DrainStdout();
     EXPECT_THAT(out, HasSubstr(absl::StrCat(24 / (2 * ranks), " micro-batches of 2 per rank on ",

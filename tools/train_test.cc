@@ -32,6 +32,8 @@
 #include "tools/train_testutil.h"
 #include "torch/cuda.h"
 
+ABSL_FLAG(std::string, spm_train, "", "Path of @sentencepiece//:spm_train.");
+
 namespace keel::tools {
 namespace {
 
@@ -315,23 +317,11 @@ TEST(TrainTest, ASecondTrainerOnTheSameRunDirIsRefused) {
   EXPECT_EQ(event_files, 1);  // the second trainer opened none
 }
 
-// torchrun (Debian's python3-torch, installed by tools/bootstrap.sh) starts the same ranks.
-// 1.13 spells the flag --no_python; 2.x takes --no-python as well.
+// torchrun (of the PyTorch whose LibTorch Keel builds against) starts the same ranks.
 TEST(TrainTest, RunsUnderTorchrun) {
-  const std::string torchrun = "/usr/bin/torchrun";
-  ASSERT_TRUE(std::filesystem::exists(torchrun)) << "run tools/bootstrap.sh (python3-torch)";
+  if (std::optional<std::string> why = WhyNoTorchrun()) GTEST_SKIP() << *why;
   const std::string run_dir = NewTempDir("torchrun");
-  // Debian's torch 1.13 on Python 3.11 cannot parse the default --redirects/--tee of 0 (its
-  // Std flag enum iterates without its zero member): send stdout to files and tee it back.
-  std::vector<std::string> argv = {torchrun,
-                                   "--no_python",
-                                   "--redirects=1",
-                                   "--tee=1",
-                                   "--nproc_per_node=2",
-                                   absl::StrCat("--master_port=", keel::testing::FreeTcpPort()),
-                                   Absolute(absl::GetFlag(FLAGS_train))};
-  for (const std::string& a : SmallRun(run_dir, 6)) argv.push_back(a);
-  Subprocess child = Subprocess::Start(argv, ChildOptions(run_dir + "/stderr"));
+  Subprocess child = TorchrunTrain(2, SmallRun(run_dir, 6), run_dir + "/stderr");
   ASSERT_EQ(child.Wait(), 0) << child.Stderr();
   EXPECT_THAT(child.DrainStdout(), HasSubstr("1 micro-batches of 4 per rank on 2 rank(s)"));
   EXPECT_EQ(Metrics(run_dir).size(), 6u);
@@ -390,6 +380,10 @@ TEST(TrainTest, TrainsOnAPreprocessedIndexedDataset) {
 // tools:preprocess with a SentencePiece model (spm_train's, from Debian's sentencepiece) on
 // JSONL, then the trainer on its dataset: model.vocab_size must cover the recorded vocabulary.
 TEST(TrainTest, TrainsOnASentencePieceDatasetWhoseVocabularyTheModelCovers) {
+  const std::string spm_train = absl::GetFlag(FLAGS_spm_train);
+  if (std::optional<std::string> why = keel::testing::WhyNotExecutable(spm_train)) {
+    GTEST_SKIP() << *why;
+  }
   const std::string dir = NewTempDir("spm");
   std::string text, jsonl;
   for (int i = 0; i < 600; ++i) {
@@ -400,7 +394,7 @@ TEST(TrainTest, TrainsOnASentencePieceDatasetWhoseVocabularyTheModelCovers) {
   }
   std::ofstream(dir + "/train.txt") << text;
   std::ofstream(dir + "/docs.jsonl") << jsonl;
-  ASSERT_EQ(std::system(("spm_train --input=" + dir + "/train.txt --model_prefix=" + dir +
+  ASSERT_EQ(std::system((spm_train + " --input=" + dir + "/train.txt --model_prefix=" + dir +
                          "/m --vocab_size=120 --minloglevel=2 >/dev/null 2>&1")
                             .c_str()),
             0);

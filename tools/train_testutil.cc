@@ -19,10 +19,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
+#include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
 ABSL_FLAG(std::string, train, "", "Path of the //tools:train binary.");
 ABSL_FLAG(std::string, launch, "", "Path of the //tools:launch binary.");
+ABSL_FLAG(std::string, torchrun, "", "Path of @libtorch//:torchrun.");
 ABSL_FLAG(std::string, preprocess, "", "Path of the //tools:preprocess binary.");
 ABSL_FLAG(std::string, config, "", "Path of tools/recipe/default.textproto.");
 
@@ -173,6 +175,27 @@ Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,
   SubprocessOptions options = ChildOptions(stderr_path);
   options.new_process_group = true;
   return Subprocess::Start(argv, options);
+}
+
+std::optional<std::string> WhyNoTorchrun() {
+  return keel::testing::WhyNotExecutable(Absolute(absl::GetFlag(FLAGS_torchrun)));
+}
+
+Subprocess TorchrunTrain(
+    int ranks, const std::vector<std::string>& args,
+    const std::string& stderr_path) {  // Debian's torch 1.13 on Python 3.11 cannot parse the
+                                       // default --redirects/--tee of 0 (its
+  // Std flag enum iterates without its zero member): send stdout to files and tee it back.
+  // 1.13 spells the flag --no_python; 2.x takes it as well as --no-python.
+  std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_torchrun)),
+                                   "--no_python",
+                                   "--redirects=1",
+                                   "--tee=1",
+                                   absl::StrCat("--nproc_per_node=", ranks),
+                                   absl::StrCat("--master_port=", keel::testing::FreeTcpPort()),
+                                   Absolute(absl::GetFlag(FLAGS_train))};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Subprocess::Start(argv, ChildOptions(stderr_path));
 }
 
 std::optional<int64_t> ProgressStep(const std::string& line) {

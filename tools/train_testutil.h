@@ -22,8 +22,10 @@
 #include "tools/cli/subprocess_testutil.h"
 #include "tools/recipe/metrics.h"
 
-// Paths of the binaries and the default configuration, passed by the test's BUILD rule.
+// Paths of the binaries and the default configuration, passed by the test's BUILD rule;
+// --torchrun is the torchrun of the PyTorch of Keel's LibTorch (@libtorch//:torchrun).
 ABSL_DECLARE_FLAG(std::string, train);
+ABSL_DECLARE_FLAG(std::string, torchrun);
 ABSL_DECLARE_FLAG(std::string, launch);
 ABSL_DECLARE_FLAG(std::string, preprocess);
 ABSL_DECLARE_FLAG(std::string, config);
@@ -59,6 +61,15 @@ cli::Subprocess StartTrain(const std::vector<std::string>& args, const std::stri
 // process group: Subprocess::KillGroup kills the launcher and every rank at once.
 cli::Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,
                             const std::string& stderr_path);
+
+// Why --torchrun cannot run (no Python installation goes with this LibTorch), or nullopt:
+// `if (auto why = WhyNoTorchrun()) GTEST_SKIP() << *why;`
+std::optional<std::string> WhyNoTorchrun();
+
+// //tools:train with `args` on `ranks` ranks under torchrun (--torchrun, a free port).
+// Requires: !WhyNoTorchrun().
+cli::Subprocess TorchrunTrain(int ranks, const std::vector<std::string>& args,
+                              const std::string& stderr_path);
 
 // The step of a progress line ("step    12/24 | loss ..."), if `line` is one.
 std::optional<int64_t> ProgressStep(const std::string& line);
