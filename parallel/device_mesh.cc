@@ -38,8 +38,8 @@ const std::vector<int>& NoRanks() {
 
 }  // namespace
 
-DeviceMesh::DeviceMesh(MeshLayout layout, int rank, Backend backend)
-    : layout_(std::move(layout)), rank_(rank), backend_(backend) {}
+DeviceMesh::DeviceMesh(MeshLayout layout, int rank, GroupFactory make_device_group)
+    : layout_(std::move(layout)), rank_(rank), make_device_group_(std::move(make_device_group)) {}
 DeviceMesh::DeviceMesh(DeviceMesh&&) noexcept = default;
 DeviceMesh& DeviceMesh::operator=(DeviceMesh&&) noexcept = default;
 DeviceMesh::~DeviceMesh() = default;
@@ -47,14 +47,29 @@ DeviceMesh::~DeviceMesh() = default;
 absl::StatusOr<DeviceMesh> DeviceMesh::Create(MeshLayout layout, int rank,
                                               const c10::intrusive_ptr<c10d::Store>& store,
                                               Backend backend, std::chrono::milliseconds timeout) {
+  if (backend == Backend::kGloo) {
+    const int world_size = layout.world_size();
+    if (world_size == 1 && rank == 0) return DeviceMesh(std::move(layout), rank, nullptr);
+    return CreateWithDeviceGroups(std::move(layout), rank, store, nullptr, timeout);
+  }
+  return CreateWithDeviceGroups(
+      std::move(layout), rank, store,
+      [backend](const c10::intrusive_ptr<c10d::Store>& group_store, int group_rank, int size,
+                std::chrono::milliseconds group_timeout) {
+        return CreateProcessGroup(backend, group_store, group_rank, size, group_timeout);
+      },
+      timeout);
+}
+
+absl::StatusOr<DeviceMesh> DeviceMesh::CreateWithDeviceGroups(
+    MeshLayout layout, int rank, const c10::intrusive_ptr<c10d::Store>& store,
+    GroupFactory make_device_group, std::chrono::milliseconds timeout) {
   const int world_size = layout.world_size();
   if (rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside the world of ", world_size, " ranks"));
   }
-  DeviceMesh mesh(std::move(layout), rank, backend);
-  if (world_size == 1 && backend == Backend::kGloo) return mesh;  // nothing to exchange
-
+  DeviceMesh mesh(std::move(layout), rank, std::move(make_device_group));
   KEEL_RETURN_IF_ERROR(mesh.CreateKindGroups(store, timeout));
   auto world_group = [&](const char* name) {
     return CreateProcessGroup(
@@ -93,20 +108,26 @@ absl::Status DeviceMesh::CreateKindGroups(const c10::intrusive_ptr<c10d::Store>&
     const std::string prefix = absl::StrCat("mesh/", GroupKindName(kind), "/", *index);
     const std::string what = absl::StrCat("creating the ", GroupKindName(kind), " group [",
                                           absl::StrJoin(members, ", "), "]");
-    auto create = [&](Backend backend, const std::string& name,
-                      c10::intrusive_ptr<c10d::ProcessGroup>& out) -> absl::Status {
-      absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group =
-          CreateProcessGroup(backend, c10::make_intrusive<c10d::PrefixStore>(name, store),
-                             GroupRank(kind), static_cast<int>(members.size()), timeout);
+    auto created_as = [&](absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group,
+                          c10::intrusive_ptr<c10d::ProcessGroup>& out) -> absl::Status {
       KEEL_RETURN_IF_ERROR(base::Annotate(group.status(), what));
       out = *std::move(group);
       return absl::OkStatus();
     };
-    KEEL_RETURN_IF_ERROR(create(backend_, prefix, groups_[i]));
-    if (backend_ == Backend::kGloo) {
+    const int group_rank = GroupRank(kind), size = static_cast<int>(members.size());
+    auto gloo = [&](const std::string& name) {
+      return CreateProcessGroup(Backend::kGloo, c10::make_intrusive<c10d::PrefixStore>(name, store),
+                                group_rank, size, timeout);
+    };
+    if (!make_device_group_) {
+      KEEL_RETURN_IF_ERROR(created_as(gloo(prefix), groups_[i]));
       gloo_groups_[i] = groups_[i];
     } else {
-      KEEL_RETURN_IF_ERROR(create(Backend::kGloo, prefix + "/gloo", gloo_groups_[i]));
+      KEEL_RETURN_IF_ERROR(
+          created_as(make_device_group_(c10::make_intrusive<c10d::PrefixStore>(prefix, store),
+                                        group_rank, size, timeout),
+                     groups_[i]));
+      KEEL_RETURN_IF_ERROR(created_as(gloo(prefix + "/gloo"), gloo_groups_[i]));
     }
     created.push_back(kind);
   }

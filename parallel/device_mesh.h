@@ -17,6 +17,7 @@
 
 #include <array>
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,6 +55,19 @@ class DeviceMesh {
       MeshLayout layout, int rank, const c10::intrusive_ptr<c10d::Store>& store, Backend backend,
       std::chrono::milliseconds timeout);
 
+  // Makes a group for device tensors of `size` ranks, this one `rank`, rendezvousing through
+  // `store`, as CreateProcessGroup does for a Backend.
+  using GroupFactory = std::function<absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>>(
+      const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+      std::chrono::milliseconds timeout)>;
+
+  // As Create, with the device groups that `make_device_group` makes (a backend of one's own,
+  // or a test's stand-in for NCCL), each with a Gloo twin for host tensors as NCCL's have, also
+  // on one rank. Errors: as Create, and those of `make_device_group`.
+  [[nodiscard]] static absl::StatusOr<DeviceMesh> CreateWithDeviceGroups(
+      MeshLayout layout, int rank, const c10::intrusive_ptr<c10d::Store>& store,
+      GroupFactory make_device_group, std::chrono::milliseconds timeout);
+
   // The mesh of a torchrun worker: the layout of `options` over env.world_size, the store of
   // ConnectStore(env), then Create. Errors: those of MeshLayout::Create, ConnectStore and
   // Create. Requires: as Create.
@@ -69,7 +83,6 @@ class DeviceMesh {
   ~DeviceMesh();
 
   const MeshLayout& layout() const { return layout_; }
-  Backend backend() const { return backend_; }
   // This process's global rank, and the number of ranks.
   int rank() const { return rank_; }
   int world_size() const { return layout_.world_size(); }
@@ -95,7 +108,8 @@ class DeviceMesh {
   c10d::ProcessGroup* checkpoint_group() const { return checkpoint_.get(); }
 
  private:
-  DeviceMesh(MeshLayout layout, int rank, Backend backend);
+  // `make_device_group` nullptr: the device groups are Gloo groups (their own twins).
+  DeviceMesh(MeshLayout layout, int rank, GroupFactory make_device_group);
 
   // Creates this rank's groups of every kind, in one global order.
   [[nodiscard]] absl::Status CreateKindGroups(const c10::intrusive_ptr<c10d::Store>& store,
@@ -103,7 +117,7 @@ class DeviceMesh {
 
   MeshLayout layout_;
   int rank_;
-  Backend backend_;
+  GroupFactory make_device_group_;
   std::array<c10::intrusive_ptr<c10d::ProcessGroup>, kNumGroupKinds> groups_;
   std::array<c10::intrusive_ptr<c10d::ProcessGroup>, kNumGroupKinds> gloo_groups_;
   c10::intrusive_ptr<c10d::ProcessGroup> control_;

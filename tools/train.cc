@@ -82,7 +82,7 @@ absl::Status Main(int argc, char** argv) {
   KEEL_ASSIGN_OR_RETURN(const recipe::ProcessGroups groups,
                         recipe::ProcessGroups::Connect(env, options.distributed));
   recipe::TrainRuntime runtime;
-  groups.Attach(env, runtime);
+  groups.Attach(runtime);
   runtime.log = &std::cout;
   return recipe::Train(options, std::move(runtime)).status();
 }

@@ -48,28 +48,30 @@ absl::StatusOr<ProcessGroups> ProcessGroups::Connect(const parallel::WorkerEnv& 
   return ProcessGroups(std::move(mesh), *device);
 }
 
-void ProcessGroups::Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime) const {
-  runtime.rank = env.rank;
-  runtime.world_size = env.world_size;
-  runtime.dp_rank = mesh_.GroupRank(parallel::GroupKind::kDp);
-  runtime.dp_size = mesh_.GroupSize(parallel::GroupKind::kDp);
-  runtime.mesh = &mesh_;
-  runtime.device = device_;
+void ProcessGroups::Attach(TrainRuntime& runtime) const { AttachMesh(mesh_, device_, runtime); }
+
+void AttachMesh(const parallel::DeviceMesh& mesh, const at::Device& device, TrainRuntime& runtime) {
+  runtime.rank = mesh.rank();
+  runtime.world_size = mesh.world_size();
+  runtime.dp_rank = mesh.GroupRank(parallel::GroupKind::kDp);
+  runtime.dp_size = mesh.GroupSize(parallel::GroupKind::kDp);
+  runtime.mesh = &mesh;
+  runtime.device = device;
   // Megatron's DDP reduces dense gradients over dp with cp (get_data_parallel_group(
   // with_context_parallel=True)).
-  runtime.group = mesh_.Group(parallel::GroupKind::kDpCp);
-  runtime.tp_group = mesh_.Group(parallel::GroupKind::kTp);
-  runtime.ep_group = mesh_.Group(parallel::GroupKind::kEp);
-  runtime.expert_tp_group = mesh_.Group(parallel::GroupKind::kExpertTp);
-  runtime.expert_data_group = mesh_.Group(parallel::GroupKind::kExpertDp);
-  if (mesh_.GroupSize(parallel::GroupKind::kPp) > 1) {
-    runtime.pp_group = mesh_.Group(parallel::GroupKind::kPp);
-    runtime.pipeline_group = mesh_.GlooGroup(parallel::GroupKind::kPp);
-    runtime.embedding_group = mesh_.Group(parallel::GroupKind::kEmbedding);
+  runtime.group = mesh.Group(parallel::GroupKind::kDpCp);
+  runtime.tp_group = mesh.Group(parallel::GroupKind::kTp);
+  runtime.ep_group = mesh.Group(parallel::GroupKind::kEp);
+  runtime.expert_tp_group = mesh.Group(parallel::GroupKind::kExpertTp);
+  runtime.expert_data_group = mesh.Group(parallel::GroupKind::kExpertDp);
+  if (mesh.GroupSize(parallel::GroupKind::kPp) > 1) {
+    runtime.pp_group = mesh.Group(parallel::GroupKind::kPp);
+    runtime.pipeline_group = mesh.GlooGroup(parallel::GroupKind::kPp);
+    runtime.embedding_group = mesh.Group(parallel::GroupKind::kEmbedding);
   }
-  runtime.control_group = mesh_.control_group();
-  runtime.data_group = mesh_.GlooGroup(parallel::GroupKind::kDp);
-  runtime.checkpoint_group = mesh_.checkpoint_group();
+  runtime.control_group = mesh.control_group();
+  runtime.data_group = mesh.GlooGroup(parallel::GroupKind::kDp);
+  runtime.checkpoint_group = mesh.checkpoint_group();
 }
 
 }  // namespace keel::tools::recipe

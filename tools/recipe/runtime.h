@@ -4,7 +4,7 @@
 //
 //   KEEL_ASSIGN_OR_RETURN(ProcessGroups groups, ProcessGroups::Connect(env, options));
 //   TrainRuntime runtime;
-//   KEEL_RETURN_IF_ERROR(groups.Attach(env, options, runtime));
+//   groups.Attach(runtime);
 #ifndef KEEL_TOOLS_RECIPE_RUNTIME_H_
 #define KEEL_TOOLS_RECIPE_RUNTIME_H_
 
@@ -113,8 +113,9 @@ class ProcessGroups {
   [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const parallel::WorkerEnv& env,
                                                              const DistributedOptions& options);
 
-  // Fills rank, world size, coordinates, device and the groups of `runtime`.
-  void Attach(const parallel::WorkerEnv& env, TrainRuntime& runtime) const;
+  // Fills rank, world size, coordinates, device and the groups of `runtime` (AttachMesh).
+  // Requires: these groups outlive `runtime`.
+  void Attach(TrainRuntime& runtime) const;
 
   ProcessGroups(ProcessGroups&&) noexcept;
   ProcessGroups& operator=(ProcessGroups&&) noexcept;
@@ -126,6 +127,10 @@ class ProcessGroups {
   parallel::DeviceMesh mesh_;
   at::Device device_;
 };
+
+// Fills rank, world size, coordinates, device and the groups of `runtime` from `mesh`, whose
+// device groups carry tensors on `device`. Requires: `mesh` outlives `runtime`.
+void AttachMesh(const parallel::DeviceMesh& mesh, const at::Device& device, TrainRuntime& runtime);
 
 }  // namespace keel::tools::recipe
 
