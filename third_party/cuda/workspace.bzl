@@ -28,8 +28,9 @@ def local_library_impl(rctx, roots, lib_name, header, expose_headers = [], skip_
     """Renders rctx.attr._build_tpl for the first root that has `header` and `lib_name`.
 
     Symlinks the root's include/ entries that start with one of `expose_headers` (all when
-    empty) and with none of `skip_headers` into include/; the template gets %{root}, %{library} (the library's real path) and
-    %{lib_dir}, or empty values and %{missing} (what was looked for) when no root has both.
+    empty) and with none of `skip_headers` into include/; the template gets %{root},
+    %{library} (the library's real path), %{lib_dir} and %{found} ("touch $@"), or, when no root
+    has both, empty values and a %{found} that fails saying what was looked for.
 
     Args:
       rctx: the repository context; its `_build_tpl` attribute is the template.
@@ -59,14 +60,15 @@ def local_library_impl(rctx, roots, lib_name, header, expose_headers = [], skip_
             "%{root}": "%s (%s)" % (root, origin),
             "%{library}": library,
             "%{lib_dir}": str(rctx.path(library).dirname),
-            "%{missing}": "",
+            "%{found}": "touch $@",
         })
         return
+    missing = "%s: no include/%s with %s.so in %s" % (rctx.name, header, lib_name, ", ".join(looked) or "any folder")
     rctx.template("BUILD.bazel", rctx.attr._build_tpl, {
         "%{root}": "none",
         "%{library}": "",
         "%{lib_dir}": "",
-        "%{missing}": "no include/%s with %s.so in %s" % (header, lib_name, ", ".join(looked) or "any folder"),
+        "%{found}": "echo '%s' >&2; exit 1" % missing.replace("'", ""),
     })
 
 def wheel_folder(rctx, prefix):

@@ -42,8 +42,7 @@ cc_library(
 genrule(
     name = "cuda_build_check_h",
     outs = ["cuda_build_check.h"],
-    cmd = "if %{has_cuda}; then touch $@; else " +
-          "echo '--config=cuda needs a LibTorch with CUDA; %{root} (%{origin}) has no lib/libtorch_cuda.so' >&2; exit 1; fi",
+    cmd = "%{cuda_build_check}",
 )
 
 # The Python of the same PyTorch, and its torchrun (python -m torch.distributed.run). Without

@@ -48,7 +48,7 @@ def find_libtorch(rctx):
     origin = "KEEL_LIBTORCH=" + root
     if not root:
         root = _bootstrapped_torch(rctx)
-        origin = "tools/bootstrap.sh's .venv"
+        origin = "the .venv of tools/bootstrap.sh"
         if not root:
             return None
     root = str(rctx.path(root).realpath)
@@ -155,7 +155,10 @@ def _libtorch_impl(rctx):
         "%{torch_deps}": '"@local_cuda//:cudart"' if has_cuda else "",
         "%{c10d_defines}": '"USE_C10D_GLOO", "USE_C10D_NCCL"' if has_cuda else '"USE_C10D_GLOO"',
         "%{c10d_deps}": '":torch", "@local_nccl//:nccl_headers"' if has_cuda else '":torch"',
-        "%{has_cuda}": "true" if has_cuda else "false",
+        "%{cuda_build_check}": "touch $@" if has_cuda else (
+            "echo '--config=cuda needs a LibTorch with CUDA; %s (%s) has no lib/libtorch_cuda.so' >&2; exit 1" %
+            (found.root.replace("'", ""), found.origin.replace("'", ""))
+        ),
         # Spelled with an explicit repository ("@//..." when Keel is the main workspace), so it
         # does not resolve inside @libtorch.
         "%{cuda_enabled}": "@%s//%s:%s" % (
