@@ -19,9 +19,6 @@ _HEADER_DIRS = ["torch", "ATen", "c10", "caffe2"]
 _VERSION_HEADERS = ["torch/headeronly/version.h", "torch/csrc/api/include/torch/version.h"]
 _DEBIAN_MULTIARCH = "lib/x86_64-linux-gnu"
 
-def _is_dir(rctx, path):
-    return rctx.path(path).exists
-
 def _bootstrapped_torch(rctx):
     """<keel>/.venv/lib/python3.*/site-packages/torch, or None."""
     keel_root = rctx.path(Label("//:repositories.bzl")).dirname
@@ -30,7 +27,7 @@ def _bootstrapped_torch(rctx):
         return None
     for python in sorted([str(p) for p in lib.readdir()]):
         torch = python + "/site-packages/torch"
-        if _is_dir(rctx, torch + "/include"):
+        if rctx.path(torch + "/include").exists:
             return torch
     return None
 
@@ -77,7 +74,7 @@ def _check(rctx, found):
     """Fails unless `found` is a supported LibTorch; returns its (major, minor, patch)."""
     where = "LibTorch at %s (%s)" % (found.root, found.origin)
     for name in _HEADER_DIRS:
-        if not _is_dir(rctx, found.include_dir + "/" + name):
+        if not rctx.path(found.include_dir + "/" + name).exists:
             fail("%s has no include/%s: KEEL_LIBTORCH must name a folder with include/ and lib/ (a wheel's torch/ folder or an unpacked LibTorch archive), or /usr for Debian's libtorch-dev" % (where, name))
     for lib in ["libtorch.so", "libtorch_cpu.so", "libc10.so"]:
         if not rctx.path(found.lib_dir + "/" + lib).exists:
@@ -128,7 +125,7 @@ def _write_program(rctx, name, interpreter, why_not, args):
 def _libtorch_impl(rctx):
     found = find_libtorch(rctx)
     if not found:
-        fail("no LibTorch: run tools/bootstrap.sh (PyTorch %s into .venv) or set KEEL_LIBTORCH to a folder with include/ and lib/" % "2.11.0")
+        fail("no LibTorch: run tools/bootstrap.sh (PyTorch 2.11.0 into .venv) or set KEEL_LIBTORCH to a folder with include/ and lib/")
     version = _check(rctx, found)
     for name in _HEADER_DIRS:
         rctx.symlink(found.include_dir + "/" + name, "include/" + name)
