@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training throughput of //tools:train against tools/scripts/train_reference.py, the same loop in
-# Python PyTorch 1.13 (Debian python3-torch, on the same libtorch_cpu as the trainer), on the
-# same data, model, hyper-parameters and seed. The runs alternate (C++, Python, C++, Python,
+# Python, with the PyTorch whose LibTorch the trainer is built against (@libtorch//:python), on
+# the same data, model, hyper-parameters, seed and device. The runs alternate (C++, Python, C++, Python,
 # ...) in one invocation with the same thread count, and a markdown table on stdout gives, per
 # round and as medians: label tokens per second of each over the steps after --untimed_steps,
 # their ratio, the final loss of each (both start from the same weights and see the same
@@ -17,12 +17,14 @@
 #   tools/scripts/train_benchmark.sh --rounds=5 --threads=4 --hidden_size=256 --ffn_hidden_size=1024
 #   tools/scripts/train_benchmark.sh --train_bin=bazel-bin/tools/train --prefix=runs/default/data/corpus
 #   tools/scripts/train_benchmark.sh --ranks=2 --threads=1 --local_batch_size=4
+#   tools/scripts/train_benchmark.sh --device=cuda        # the trainer on NCCL, the reference on CUDA
 #
 # --rounds=3 --steps=40 --untimed_steps=5 --threads=2 (the default run's 2 cores) --ranks=1
-# --wait_policy=PASSIVE (OMP_WAIT_POLICY, the trainer's default) by default;
+# --device=cpu --wait_policy=PASSIVE (OMP_WAIT_POLICY, the trainer's default) by default;
 # any hyper-parameter below can be set the same way (--name=value, both loops get it).
 # Without --train_bin it builds `bazel build --config=opt //tools:train //tools:launch` (with
-# --train_bin, --launch_bin names the launcher, default beside the trainer); without --prefix the
+# --train_bin, --launch_bin names the launcher, default beside the trainer); without --python,
+# @libtorch//:python (bazel build); without --prefix the
 # trainer prepares its default corpus (/usr/share/common-licenses) once in the work directory
 # (--work_dir, default a new temporary directory; run logs and metrics stay there).
 # Validation and periodic checkpoints are off; the trainer still checkpoints after its last
@@ -39,7 +41,8 @@ threads=2
 ranks=1
 # OpenMP wait policy for both (the trainer defaults to PASSIVE; libgomp to spinning).
 wait_policy=PASSIVE
-python=/usr/bin/python3  # Debian's interpreter, where python3-torch lives
+python=""  # the Python of the LibTorch Bazel builds against
+device=cpu
 train_bin=""
 launch_bin=""
 prefix=""
@@ -97,6 +100,7 @@ for arg in "$@"; do
     --untimed_steps=*) untimed_steps=${arg#*=} ;;
     --threads=*) threads=${arg#*=} ;;
     --ranks=*) ranks=${arg#*=} ;;
+    --device=*) device=${arg#*=} ;;
     --launch_bin=*) launch_bin=${arg#*=} ;;
     --wait_policy=*) wait_policy=${arg#*=} ;;
     --python=*) python=${arg#*=} ;;
@@ -125,6 +129,10 @@ for n in rounds steps threads ranks; do
     exit 2
   fi
 done
+if [[ "${device}" != cpu && "${device}" != cuda ]]; then
+  echo "train_benchmark: --device (${device}) must be cpu or cuda" >&2
+  exit 2
+fi
 if ! [[ "${untimed_steps}" =~ ^[0-9]+$ ]] || ((untimed_steps >= steps)); then
   echo "train_benchmark: --untimed_steps (${untimed_steps}) must be in [0, --steps)" >&2
   exit 2
@@ -133,9 +141,13 @@ fi
 absolute() { [[ "$1" = /* ]] && echo "$1" || echo "${PWD}/$1"; }
 log() { echo "train_benchmark: $*" >&2; }
 
+if [[ -z "${python}" ]]; then
+  (cd "${repo_root}" && bazel build @libtorch//:python >&2)
+  python="$(cd "${repo_root}" && bazel info output_base)/external/libtorch/python"
+fi
 if ! "${python}" -c 'import numpy, torch' 2>/dev/null; then
-  echo "train_benchmark: ${python} cannot import torch and numpy;" \
-    "install Debian's python3-torch (tools/bootstrap.sh) or pass --python" >&2
+  echo "train_benchmark: ${python} cannot import torch and numpy (${python}: $(head -n 1 "${python}"));" \
+    "run tools/bootstrap.sh or pass --python" >&2
   exit 1
 fi
 
@@ -172,7 +184,9 @@ trainer_settings=(
   --set sampler.drop_last=true
   --set logging.log_every_steps=10
 )
+[[ "${device}" == cpu ]] || trainer_settings+=(--set distributed.backend=nccl)
 reference_settings=(
+  --device="${device}"
   --steps="${steps}"
   --untimed_steps="${untimed_steps}"
   --threads="${threads}"
@@ -209,7 +223,7 @@ prefix=$(absolute "${prefix}")
   { echo "train_benchmark: no indexed dataset at ${prefix}.{bin,idx}" >&2; exit 1; }
 
 for ((round = 1; round <= rounds; ++round)); do
-  log "round ${round}/${rounds}: C++ (${steps} steps, ${ranks} rank(s) of ${threads} threads)"
+  log "round ${round}/${rounds}: C++ (${steps} steps, ${ranks} rank(s) of ${threads} threads, ${device})"
   run_trainer "${ranks}" "${work_dir}/cpp_${round}" "${work_dir}/cpp_${round}.log" \
     --set "data.prefix=${prefix}"
   log "round ${round}/${rounds}: Python"
@@ -230,13 +244,13 @@ settings_line=""
 for name in "${flag_names[@]}"; do settings_line+="${name}=${value[${name}]} "; done
 OMP_WAIT_POLICY=${wait_policy} "${python}" - "${work_dir}" "${rounds}" "${steps}" "${untimed_steps}" "${threads}" \
   "${value[global_batch_size]}" "${value[local_batch_size]}" "${value[sequence_length]}" \
-  "${ranks}" "${prefix}" "${train_bin}" "${settings_line}" <<'EOF'
-import json, os, platform, re, statistics, subprocess, sys
+  "${ranks}" "${prefix}" "${train_bin}" "${settings_line}" "${device}" <<'EOF'
+import json, os, platform, re, statistics, sys
 
 import torch
 
 work, rounds, steps, untimed, threads, gbs, lbs, seq, ranks = sys.argv[1:10]
-prefix, train_bin, hyper_parameters = sys.argv[10:13]
+prefix, train_bin, hyper_parameters, device = sys.argv[10:14]
 rounds, steps, untimed, threads, gbs, lbs, seq, ranks = map(
     int, (rounds, steps, untimed, threads, gbs, lbs, seq, ranks))
 
@@ -299,17 +313,18 @@ cpp = [cpp_run(r) for r in range(1, rounds + 1)]
 py = [python_run(r) for r in range(1, rounds + 1)]
 cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
             if line.startswith("model name")), platform.processor())
-blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
-package = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "python3-torch"],
-                         capture_output=True, text=True).stdout or "not from Debian"
+if device == "cuda":
+    where = f"on {torch.cuda.get_device_name()} (the trainer over NCCL)"
+else:
+    where = "on the CPU"
 
 print("## //tools:train vs tools/scripts/train_reference.py\n")
 if ranks > 1:
     print(f"- {ranks} ranks: the trainer on tools:launch, the reference in "
           "DistributedDataParallel (Gloo) on torchrun; tokens/s per rank")
-print(f"- machine: {cpu}, {os.cpu_count()} cores; {threads} threads and "
+print(f"- machine: {cpu}, {os.cpu_count()} cores; both {where}; {threads} threads and "
       f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} for both; "
-      f"python3-torch {package} (torch.__version__ {torch.__version__}); BLAS {blas}")
+      f"torch {torch.__version__} (LibTorch of the same wheel for the trainer)")
 print(f"- {steps} steps of {gbs} x {seq} tokens ({gbs // (lbs * ranks)} micro-batches of {lbs} "
       f"per rank), "
       f"tokens/s over steps {untimed + 1}-{steps}; {hyper_parameters.strip()}")

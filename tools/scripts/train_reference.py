@@ -11,14 +11,17 @@ the step, torch.nn.utils.clip_grad_norm_, AdamW, and Megatron-Core's OptimizerPa
 formulas (optim/param_scheduler.cc) for the learning rate and weight decay. No validation,
 checkpoints or metric files.
 
-    /usr/bin/python3 tools/scripts/train_reference.py --prefix=runs/default/data/corpus --threads=2
+    .venv/bin/python tools/scripts/train_reference.py --prefix=runs/default/data/corpus --threads=2
 
 Under torchrun (WORLD_SIZE > 1) it is data-parallel as the trainer on tools:launch is: the
 model in DistributedDataParallel over Gloo, no_sync on all but a step's last micro-batch, the
 random sampler's per-rank buckets, the label tokens and the loss summed over the ranks:
 
-    /usr/bin/python3 -m torch.distributed.run --standalone --redirects=1 --tee=1 --nproc_per_node=2 \
+    .venv/bin/python -m torch.distributed.run --standalone --redirects=1 --tee=1 --nproc_per_node=2 \
         tools/scripts/train_reference.py --prefix=runs/default/data/corpus --threads=1
+
+With --device=cuda it trains on the GPU (each rank on GPU LOCAL_RANK, DDP over NCCL), as the
+trainer does with distributed.backend=nccl.
 
 The last line is machine-readable: tokens_per_second=N, the label tokens of the steps after
 --untimed_steps divided by the wall-clock seconds they took (tools/scripts/train_benchmark.sh
@@ -26,7 +29,8 @@ computes the C++ trainer's figure the same way from its metrics.jsonl), for all 
 gradient_wait_share=F is the share of the loop spent after the last gradient bucket was ready
 (DDP's comm hook) until backward returned with the averaged gradients, the trainer's
 "waiting for gradients" (0 on one process).
-Needs PyTorch 1.13 and NumPy (Debian: python3-torch).
+Needs PyTorch (1.13 or 2.x, the one whose LibTorch the trainer uses: @libtorch//:python) and
+NumPy.
 """
 
 import argparse
@@ -294,6 +298,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: PyTorch's choice)")
     p.add_argument("--seed", type=int, default=1234, help="seeds model initialisation")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where to train: the CPU, or GPU LOCAL_RANK")
     p.add_argument("--log_every_steps", type=int, default=10)
     # step_scheduler and data sections of tools/recipe/default.textproto.
     p.add_argument("--global_batch_size", type=int, default=16)
@@ -349,18 +355,20 @@ class DataParallel:
     """The torchrun world (one process when WORLD_SIZE is unset): the model in DDP over Gloo,
     sums over the ranks, and the time spent waiting for the gradients' all-reduce."""
 
-    def __init__(self):
+    def __init__(self, device):
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
+        self.device = device
         self.wait_seconds = 0.0
         self._last_bucket_ready = None
         if self.world_size > 1:
-            dist.init_process_group("gloo")
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
     def wrap(self, model):
         if self.world_size == 1:
             return model
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         ddp.register_comm_hook(self, DataParallel._timed_allreduce)
         return ddp
 
@@ -382,7 +390,7 @@ class DataParallel:
     def sum(self, value):
         if self.world_size == 1:
             return value
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return t.item()
 
@@ -391,7 +399,11 @@ def main(argv):
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    world = DataParallel()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    world = DataParallel(device)
     out = sys.stdout if world.rank == 0 else open(os.devnull, "w")
 
     tokens = read_indexed_tokens(args.prefix)
@@ -403,7 +415,7 @@ def main(argv):
     multiple = args.make_vocab_size_divisible_by
     padded_vocab_size = (args.vocab_size + multiple - 1) // multiple * multiple
     model = Gpt(padded_vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads,
-                args.ffn_hidden_size, args.sequence_length, args.seed)
+                args.ffn_hidden_size, args.sequence_length, args.seed).to(device)
     parameters = list(model.parameters())  # the tied weight once
     model = world.wrap(model)
     optimizer = torch.optim.AdamW(parameters, lr=args.lr, betas=(args.beta1, args.beta2),
@@ -418,7 +430,8 @@ def main(argv):
           f"{windows.train_size} training windows of {args.sequence_length} tokens; "
           f"{args.steps} steps of {args.global_batch_size} samples ({grad_acc_steps} "
           f"micro-batches of {args.local_batch_size} per rank on {world.world_size} rank(s)); "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads", file=out, flush=True)
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, on {device}", file=out,
+          flush=True)
 
     timed_tokens = 0
     loop_start = time.perf_counter()
@@ -431,7 +444,7 @@ def main(argv):
     for step, micro_batches in enumerate(
             steps(usable, args.local_batch_size, grad_acc_steps, world.rank, world.world_size),
             start=1):
-        batches = [windows.batch(indices) for indices in micro_batches]
+        batches = [windows.batch(indices).to(device) for indices in micro_batches]
         label_tokens = world.sum(sum(b.size(0) * (b.size(1) - 1) for b in batches))
 
         lr, wd = schedule.lr(step - 1), schedule.wd(step - 1)
