@@ -106,7 +106,9 @@ TEST(CheckpointFaultTest, SigkillAnywhereInASaveLeavesTheLastCheckpointLoadable)
     ASSERT_EQ(::waitpid(child, &status, 0), child);
     if (WIFSIGNALED(status)) ++killed;
     SCOPED_TRACE(absl::StrCat("trial ", trial, WIFSIGNALED(status) ? " killed" : " finished"));
-    if (!WIFSIGNALED(status)) EXPECT_EQ(WEXITSTATUS(status), 0);  // a save that ran through
+    if (!WIFSIGNALED(status)) {
+      EXPECT_EQ(WEXITSTATUS(status), 0);  // a save that ran through
+    }
     ExpectLatestIsIntact(dir, 2);
   }
   EXPECT_GT(killed, 10);  // most kills land inside a save
