@@ -22,9 +22,11 @@ MA=x86_64-linux-gnu
 MODULES=${MODULES:-java.base,java.logging,java.management,java.naming,java.sql,java.xml,jdk.management,jdk.unsupported}
 # What third_party/ maps (see each system.BUILD.bazel) and @rules_java, with the runtime
 # libraries the -dev packages' .so links point to. libgloo-dev: headers only (LibTorch has Gloo).
+# sentencepiece: spm_train and spm_encode, which tests run (@sentencepiece//:spm_train).
 SYSROOT_PKGS=(libabsl-dev libabsl20220623 libprotobuf-dev libprotobuf32 libprotoc32 protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libxxhash-dev libxxhash0
-  nlohmann-json3-dev libgloo-dev bazel-rules-java)
+  nlohmann-json3-dev libgloo-dev libsentencepiece-dev libsentencepiece0 sentencepiece
+  bazel-rules-java)
 
 need() { dpkg -s "$1" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "$@" >/dev/null; }; }
 need bazel-bootstrap; need openjdk-17-jdk-headless; need patchelf; need xz-utils; need binutils
@@ -72,12 +74,16 @@ dpkg -L "${SYSROOT_PKGS[@]}" | sort -u | while read -r f; do
   case "$f" in
     /usr/share/bazel/rules/java/*) ;;
     /usr/share/*|/usr/src/*|*/pkgconfig/*|*/cmake/*|/usr/lib/libgloo*) continue ;;
+    /usr/bin/spm_*) case "$f" in */spm_train|*/spm_encode) ;; *) continue ;; esac ;;
     *.a) case "$f" in */libgtest*|*/libgmock*|*/libbenchmark_main.a) ;; *) continue ;; esac ;;
   esac
   if [ -L "$f" ] || [ -f "$f" ]; then mkdir -p "$R$(dirname "$f")"; cp -P "$f" "$R$f"; fi
 done
-# protoc runs inside Bazel actions, whose environment has no LD_LIBRARY_PATH.
-patchelf --force-rpath --set-rpath "\$ORIGIN/../lib/$MA" "$R/usr/bin/protoc"
+# protoc runs inside Bazel actions, and tests run spm_train and spm_encode, with no
+# LD_LIBRARY_PATH.
+for tool in protoc spm_train spm_encode; do
+  patchelf --force-rpath --set-rpath "\$ORIGIN/../lib/$MA" "$R/usr/bin/$tool"
+done
 
 # 7. What the device must offer: the newest glibc / libstdc++ symbol versions any packed ELF needs.
 max_ver() {  # PREFIX: highest PREFIX<version> among the packed ELF files' needed symbol versions

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Checks Keel on a lent GPU machine (no Java, Bazel, apt or network) in one command: unpacks what
+# tools/device/pack.sh made, builds `--config=cuda -c opt //...`, runs the GPU tests, trains the
+# default run on the GPU over NCCL beside the same run on the CPU, runs the whole suite, then the
+# GPU benchmarks (clipping and checkpoints beside LibTorch's own, the trainer beside the Python
+# loop on the same GPU), and writes one markdown report: what passed, what failed, the figures.
+#
+#   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS]
+#
+# From the repository root, with .bazel-device carried. Phases, in order: build, gpu_tests,
+# train, tests, benchmarks (default: all). A phase that ended in an earlier call on this machine
+# is not run again, so calls that each fit a time limit continue where the last one stopped;
+# --deadline=S starts no phase after S seconds (its report says which were left). The report
+# (default: $OUT/device-report.md where $OUT is set, else /tmp/keel-device-check/report.md)
+# is rewritten after every phase, the logs of each beside it in /tmp/keel-device-check.
+# PYTHON names the interpreter whose torch is the LibTorch (default python3; unpack.sh).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
+WORK=/tmp/keel-device-check
+REPORT=${OUT:+$OUT/device-report.md}
+REPORT=${REPORT:-$WORK/report.md}
+PHASES=build,gpu_tests,train,tests,benchmarks
+DEADLINE=0
+for arg in "$@"; do
+  case "$arg" in
+    --report=*) REPORT=${arg#*=} ;;
+    --phases=*) PHASES=${arg#*=} ;;
+    --deadline=*) DEADLINE=${arg#*=} ;;
+    *) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$WORK" "$(dirname "$REPORT")"
+cd "$ROOT"
+START=$SECONDS
+note() { echo "check: $*" >&2; }
+
+# --- the machine, and the packed Bazel ------------------------------------------------------
+if ! bash tools/device/unpack.sh >"$WORK/unpack.log" 2>&1; then
+  cat "$WORK/unpack.log" >&2
+  note "unpacking failed; see $WORK/unpack.log"
+  exit 1
+fi
+# shellcheck disable=SC1091
+. /tmp/keel-bazel/env.sh
+# Convenience links of another Bazel (another output base) would be walked into by //...; this
+# one makes its own.
+for link in bazel-*; do if [[ -L "$link" ]]; then rm "$link"; fi; done
+BAZEL=(bazel)
+OPT=(--config=cuda -c opt --curses=no --noshow_progress)
+BIN=$(bazel info "${OPT[@]}" bazel-bin 2>/dev/null)
+
+# phase NAME: runs the function NAME unless it ended before; records its status and seconds.
+phase() {
+  local name=$1
+  [[ ",$PHASES," == *",$name,"* ]] || return 0
+  if [[ -f "$WORK/$name.status" ]]; then
+    note "$name: done in an earlier call ($(cat "$WORK/$name.status"))"
+    return 0
+  fi
+  if ((DEADLINE > 0 && SECONDS - START > DEADLINE)); then
+    note "$name: left for a later call (--deadline=$DEADLINE)"
+    echo "$name" >>"$WORK/left"
+    return 0
+  fi
+  note "$name ..."
+  local begin=$SECONDS status=0
+  "$name" >"$WORK/$name.log" 2>&1 || status=$?
+  echo "$([[ $status == 0 ]] && echo passed || echo "failed (exit $status)") in $((SECONDS - begin)) s" \
+    >"$WORK/$name.status"
+  note "$name: $(cat "$WORK/$name.status")"
+  report
+}
+
+build() { "${BAZEL[@]}" build "${OPT[@]}" -k //...; }
+
+# The tests tagged gpu, and those with GPU cases among CPU ones (a tag filter would drop them).
+gpu_tests() {
+  local status=0
+  "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors --build_tests_only \
+    --test_tag_filters=gpu //... || status=1
+  "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors \
+    //gradients:offload_test //third_party/cuda:cuda_link_test || status=1
+  return $status
+}
+
+# The default run on the GPU over NCCL and on the CPU over Gloo: the final losses must agree
+# within 1e-3 (the same weights, data and schedule; only the kernels' rounding differs).
+train() {
+  local gpu cpu
+  rm -rf "$WORK/train_gpu" "$WORK/train_cpu"
+  "$BIN/tools/train" --set distributed.backend=nccl --set "run_dir=$WORK/train_gpu" || return 1
+  "$BIN/tools/train" --set "run_dir=$WORK/train_cpu" || return 1
+  gpu=$(tail -n 1 "$WORK/train_gpu/metrics.jsonl" | sed -n 's/.*"loss": *\([0-9.eE+-]*\).*/\1/p')
+  cpu=$(tail -n 1 "$WORK/train_cpu/metrics.jsonl" | sed -n 's/.*"loss": *\([0-9.eE+-]*\).*/\1/p')
+  echo "final loss: GPU (NCCL) $gpu, CPU (Gloo) $cpu"
+  python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(abs(g - c) > 1e-3)" "$gpu" "$cpu"
+}
+
+tests() { "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors //...; }
+
+benchmarks() {
+  local status=0
+  "$BIN/gradients/clip_grad_norm_benchmark" --benchmark_filter=cuda || status=1
+  "$BIN/checkpoint/checkpoint_benchmark" --benchmark_filter='cuda|DeviceToHost' || status=1
+  tools/scripts/train_benchmark.sh --device=cuda --rounds=3 --train_bin="$BIN/tools/train" \
+    --work_dir="$WORK/train_benchmark" || status=1
+  return $status
+}
+
+# The report: the machine, each phase's status, the tests' verdicts, the figures.
+report() {
+  {
+    echo "# Keel on a GPU machine: $(date -u +%FT%TZ)"
+    echo
+    echo "- commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+      git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
+    echo "- PyTorch: $("${PYTHON:-python3}" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null)"
+    echo "- LibTorch: $KEEL_LIBTORCH; compiler: $CC ($("$CC" -dumpfullversion 2>/dev/null))"
+    echo "- $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"); $(nproc) cores"
+    echo
+    echo "| phase | result |"
+    echo "|---|---|"
+    for name in ${PHASES//,/ }; do
+      echo "| $name | $(cat "$WORK/$name.status" 2>/dev/null || echo "not run") |"
+    done
+    for name in gpu_tests tests; do
+      [[ -f "$WORK/$name.log" ]] || continue
+      echo
+      echo "## $name"
+      echo
+      echo '```'
+      grep -E '^//.* (PASSED|FAILED|TIMEOUT|NO STATUS|SKIPPED|FLAKY)|Executed .* tests|FAILED TO BUILD' \
+        "$WORK/$name.log" | sed 's/  */ /g'
+      echo '```'
+    done
+    if [[ -f "$WORK/build.log" ]] && grep -q '^ERROR' "$WORK/build.log"; then
+      echo
+      echo "## build errors"
+      echo
+      echo '```'
+      grep -A3 '^ERROR' "$WORK/build.log" | head -n 60
+      echo '```'
+    fi
+    if [[ -f "$WORK/train.log" ]]; then
+      echo
+      echo "## the default run, GPU (NCCL) beside CPU (Gloo)"
+      echo
+      grep -E '^final loss|^done at step|tokens/s' "$WORK/train.log" | tail -n 6 | sed 's/^/    /'
+    fi
+    if [[ -f "$WORK/benchmarks.log" ]]; then
+      echo
+      echo "## benchmarks"
+      echo
+      echo '```'
+      grep -vE '^(train_benchmark|\*\*\*|Run on|CPU Caches|  L[123]|Load Average|-+$)' \
+        "$WORK/benchmarks.log" | grep -v '^$' | tail -n 80
+      echo '```'
+    fi
+    if [[ -f "$WORK/left" ]]; then
+      echo
+      echo "Left for a later call: $(sort -u "$WORK/left" | tr '\n' ' ')"
+    fi
+  } >"$REPORT"
+}
+
+rm -f "$WORK/left"
+for name in ${PHASES//,/ }; do phase "$name"; done
+report
+note "report: $REPORT"
+! grep -q failed "$WORK"/*.status 2>/dev/null
