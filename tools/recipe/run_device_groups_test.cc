@@ -24,7 +24,7 @@
 #include "testing/nccl_like_group.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
-#include "tools/recipe/corpus.h"
+#include "tools/recipe/corpus_testutil.h"
 #include "tools/recipe/run.h"
 #include "tools/recipe/runtime.h"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
@@ -35,21 +35,6 @@ namespace {
 using ::keel::testing::Rank;
 
 constexpr int kWorld = 2;
-
-const std::string& CorpusPrefix() {
-  static const std::string* const prefix = [] {
-    const std::string dir = keel::testing::NewTempDir("corpus");
-    std::string text;
-    for (int i = 0; i < 200; ++i) {
-      absl::StrAppend(&text, "Line ", i, ": pack my box with five dozen liquor jugs.\n\n");
-    }
-    keel::testing::WriteFileOrFail(dir + "/text.txt", text);
-    auto* path = new std::string(dir + "/corpus");
-    EXPECT_TRUE(BuildByteCorpus({dir + "/text.txt"}, *path).ok());
-    return path;
-  }();
-  return *prefix;
-}
 
 // Two layers of width 32 over 16-token windows, 4 samples a step in micro-batches of 1; clipped
 // and its norm checked each step.
@@ -62,7 +47,7 @@ TrainOptions Options() {
   options.step_scheduler.val_every_steps = 1000;
   options.step_scheduler.preemption_signal = std::nullopt;
   options.local_batch_size = 1;
-  options.data.prefix = CorpusPrefix();
+  options.data.prefix = PangramCorpus();
   options.data.dataset.sequence_length = 16;
   options.data.validation_every_n_samples = 10;
   options.sampler.micro_batch_size = 1;
@@ -148,7 +133,7 @@ absl::Status ExpectClose(const std::string& what, const std::vector<double>& dev
 }
 
 void ExpectSameStepsOnDeviceGroups(const std::string& name, const TrainOptions& options) {
-  CorpusPrefix();
+  PangramCorpus();
   at::set_num_threads(1);  // no OpenMP team in the parent: the ranks fork cleanly
   const std::string dir = keel::testing::NewTempDir(name);
   const std::vector<absl::Status> statuses =

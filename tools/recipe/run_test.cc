@@ -26,6 +26,7 @@
 #include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "tools/recipe/corpus.h"
+#include "tools/recipe/corpus_testutil.h"
 #include "tools/recipe/metrics.h"
 
 namespace keel::tools::recipe {
@@ -36,22 +37,6 @@ using ::keel::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// A byte corpus of a few thousand tokens, built once.
-const std::string& CorpusPrefix() {
-  static const std::string* const prefix = [] {
-    const std::string dir = keel::testing::NewTempDir("corpus");
-    std::string text;
-    for (int i = 0; i < 200; ++i) {
-      absl::StrAppend(&text, "Line ", i, ": pack my box with five dozen liquor jugs.\n\n");
-    }
-    keel::testing::WriteFileOrFail(dir + "/text.txt", text);
-    auto* path = new std::string(dir + "/corpus");
-    EXPECT_THAT(BuildByteCorpus({dir + "/text.txt"}, *path).status(), IsOk());
-    return path;
-  }();
-  return *prefix;
-}
 
 // One layer of width 32 over 16-token windows, 4 samples a step in micro-batches of 2,
 // synchronous checkpoints every 2 steps.
@@ -65,7 +50,7 @@ TrainOptions SmallOptions(const std::string& run_dir, int64_t max_steps) {
   options.step_scheduler.val_every_steps = 2;
   options.step_scheduler.preemption_signal = std::nullopt;
   options.local_batch_size = 2;
-  options.data.prefix = CorpusPrefix();
+  options.data.prefix = PangramCorpus();
   options.data.dataset.sequence_length = 16;
   options.data.validation_every_n_samples = 10;
   options.sampler.micro_batch_size = 2;
