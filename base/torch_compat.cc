@@ -2,7 +2,9 @@
 
 #include <stdlib.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -148,6 +150,26 @@ void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {
 #else
   for (const at::Tensor& tensor : tensors) tensor.mul_(scalar);
 #endif
+}
+
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true);
+#else
+  return CausalAttentionExplicit(q, k, v);
+#endif
+}
+
+at::Tensor CausalAttentionExplicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t seq = q.size(-2);
+  const at::Tensor above_diagonal =
+      at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(/*diagonal=*/1);
+  const at::Tensor scores =
+      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  return at::matmul(
+      at::softmax(scores.masked_fill(above_diagonal, -std::numeric_limits<float>::infinity()), -1),
+      v);
 }
 
 void ReleaseCachedCudaMemory() {

@@ -1,6 +1,6 @@
 // The one place where Keel's code differs between LibTorch 1.13 (Debian) and 2.x (PyTorch
-// wheels): c10d process-group construction, multi-tensor kernels that 1.13 lacks, and what
-// only a CUDA LibTorch has (NCCL groups, the current device, the caching allocator). In 1.13
+// wheels): c10d process-group construction, fused and multi-tensor kernels that 1.13 lacks, and
+// what only a CUDA LibTorch has (NCCL groups, the current device, the caching allocator). In 1.13
 // ProcessGroupGloo is a ProcessGroup; in 2.x it is a Backend that a ProcessGroup wraps. Keel APIs
 // take `c10d::ProcessGroup&`, whose collectives have the same signatures in both. Under 2.x the
 // first group Keel creates turns c10d's flight recorder off (TORCH_FR_BUFFER_SIZE=0) unless
@@ -64,6 +64,17 @@ OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param);
 // multi-tensor kernel where LibTorch has the Tensor overload of _foreach_mul_ (2.x), one
 // mul_ per tensor otherwise (1.13).
 void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar);
+
+// Causal self-attention of q, k, v [batch, heads, seq, head_dim]: softmax(q k^T / sqrt(head_dim))
+// v, each position attending to itself and the positions before it; [batch, heads, seq,
+// head_dim]. On LibTorch 2.x one at::scaled_dot_product_attention, which picks a fused kernel
+// (on GPUs flash or cuDNN for bf16/fp16, memory-efficient for fp32; the CPU's flash kernel)
+// and never holds the [batch, heads, seq, seq] scores; on 1.13 CausalAttentionExplicit.
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// The same through explicit scores, a -inf mask above the diagonal and a softmax: what 1.13
+// computes, and the reference that the fused kernels are tested and benchmarked against.
+at::Tensor CausalAttentionExplicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Marks the work queued so far on the current CUDA stream of `device` (an event recorded on
 // it); the returned function blocks the thread that calls it, any thread, until that work has

@@ -1,12 +1,11 @@
 #include "parallel/tensor_parallel/layers.h"
 
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/torch_compat.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -142,15 +141,12 @@ ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_
   proj_ = register_module("proj", RowParallelLinear(hidden_size, hidden_size, tp));
 }
 
-at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& causal_mask) {
+at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1);
   // [batch, seq, local heads, (q, k, v), head_dim] -> each [batch, local heads, seq, head_dim].
   const at::Tensor qkv = qkv_->forward(x).view({batch, seq, local_heads_, 3, head_dim_});
   auto part = [&](int64_t i) { return qkv.select(3, i).transpose(1, 2); };
-  at::Tensor scores =
-      at::matmul(part(0), part(1).transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-  scores = scores.masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
-  const at::Tensor attended = at::matmul(at::softmax(scores, -1), part(2))
+  const at::Tensor attended = base::CausalAttention(part(0), part(1), part(2))
                                   .transpose(1, 2)
                                   .contiguous()
                                   .view({batch, seq, local_heads_ * head_dim_});

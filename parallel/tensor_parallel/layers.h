@@ -112,9 +112,10 @@ class ParallelSelfAttentionImpl : public torch::nn::Module {
  public:
   // Requires: tp's size divides num_heads, which divides hidden_size.
   ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads, c10d::ProcessGroup* tp);
-  // `x` [batch, seq, hidden] whole; `causal_mask` [seq, seq], true where a position may not
-  // look. Returns [batch, seq, hidden], whole.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask);
+  // `x` [batch, seq, hidden] whole; each position attends to itself and the positions before
+  // it (base::CausalAttention: a fused kernel on LibTorch 2.x). Returns [batch, seq, hidden],
+  // whole.
+  at::Tensor forward(const at::Tensor& x);
 
  private:
   int64_t local_heads_, head_dim_;

@@ -107,10 +107,8 @@ class TinyImpl : public torch::nn::Module {
     head_ = register_module("head", ColumnParallelLinear(8, 16, tp, /*bias=*/false));
   }
   at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& targets) {
-    const int64_t seq = tokens.size(1);
-    const at::Tensor mask = at::ones({seq, seq}, tokens.options().dtype(at::kBool)).triu(1);
     at::Tensor x = embed_->forward(tokens);
-    x = x + attn_->forward(x, mask);
+    x = x + attn_->forward(x);
     x = x + proj_->forward(at::gelu(fc_->forward(x)));
     return VocabParallelCrossEntropy(head_->forward(x), targets, tp_).sum();
   }

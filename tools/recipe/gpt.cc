@@ -64,8 +64,8 @@ class BlockImpl : public torch::nn::Module {
                                         options.ffn_hidden_size, groups.ep, groups.expert_tp));
   }
 
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
-    const at::Tensor h = x + attn_->forward(ln_1_->forward(x), causal_mask);
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor h = x + attn_->forward(ln_1_->forward(x));
     return h + Mlp(ln_2_->forward(h));
   }
 
@@ -200,9 +200,7 @@ at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& inp
     const at::Tensor positions = at::arange(seq, tokens.options().dtype(at::kLong));
     x = wte_->forward(tokens) + wpe_->forward(positions);
   }
-  const at::Tensor causal_mask =
-      at::ones({seq, seq}, tokens.options().dtype(at::kBool)).triu(/*diagonal=*/1);
-  for (const auto& block : blocks_) x = block->as<BlockImpl>()->forward(x, causal_mask);
+  for (const auto& block : blocks_) x = block->as<BlockImpl>()->forward(x);
   return x;
 }
 

@@ -207,6 +207,17 @@ class ParamSchedule:
         return a.start_wd + coeff * (a.end_wd - a.start_wd)
 
 
+def causal_attention(q, k, v):
+    """base/torch_compat.cc's CausalAttention: the fused kernel where torch has one (2.x), the
+    explicit masked softmax on 1.13."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    seq = q.size(-2)
+    above_diagonal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    return torch.matmul(torch.softmax(scores.masked_fill(above_diagonal, -math.inf), -1), v)
+
+
 class Attention(nn.Module):
     """parallel/tensor_parallel/layers.cc's ParallelSelfAttentionImpl on one rank: the fused
     qkv projection's rows go head by head ([q, k, v] of head 0, then of head 1, ...)."""
@@ -217,14 +228,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.proj = nn.Linear(hidden_size, hidden_size)
 
-    def forward(self, x, causal_mask):
+    def forward(self, x):
         batch, seq, hidden = x.shape
         head_dim = hidden // self.heads
         qkv = self.qkv(x).view(batch, seq, self.heads, 3, head_dim)
         q, k, v = (qkv.select(3, i).transpose(1, 2) for i in range(3))
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(head_dim)
-        scores = scores.masked_fill(causal_mask, -math.inf)
-        attended = torch.matmul(torch.softmax(scores, -1), v)
+        attended = causal_attention(q, k, v)
         return self.proj(attended.transpose(1, 2).contiguous().view(batch, seq, hidden))
 
 
@@ -239,8 +248,8 @@ class Block(nn.Module):
         self.fc = nn.Linear(hidden_size, ffn_hidden_size)
         self.mlp_proj = nn.Linear(ffn_hidden_size, hidden_size)
 
-    def forward(self, x, causal_mask):
-        h = x + self.attn(self.ln_1(x), causal_mask)
+    def forward(self, x):
+        h = x + self.attn(self.ln_1(x))
         return h + self.mlp_proj(F.gelu(self.fc(self.ln_2(h))))
 
 
@@ -281,9 +290,8 @@ class Gpt(nn.Module):
         seq = tokens.size(1)
         positions = torch.arange(seq, dtype=torch.long, device=tokens.device)
         x = self.wte(tokens) + self.wpe(positions)
-        causal_mask = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).triu(1)
         for block in self.blocks:
-            x = block(x, causal_mask)
+            x = block(x)
         return F.linear(self.ln_f(x), self.lm_head.weight)
 
 
