@@ -2,8 +2,8 @@
 # Checks Keel on a lent GPU machine (no Java, Bazel, apt or network) in one command: unpacks what
 # tools/device/pack.sh made, builds `--config=cuda -c opt //...`, runs the GPU tests, trains the
 # default run on the GPU over NCCL beside the same run on the CPU, runs the whole suite, then the
-# GPU benchmarks (clipping and checkpoints beside LibTorch's own, the trainer beside the Python
-# loop on the same GPU), and writes one markdown report: what passed, what failed, the figures.
+# GPU benchmarks (clipping and checkpoints beside LibTorch's own, the fused attention beside the
+# explicit one, the trainer beside the Python loop on the same GPU), and writes one markdown report: what passed, what failed, the figures.
 #
 #   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS]
 #
@@ -102,6 +102,7 @@ benchmarks() {
   local status=0
   "$BIN/gradients/clip_grad_norm_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/checkpoint/checkpoint_benchmark" --benchmark_filter='cuda|DeviceToHost' || status=1
+  "$BIN/base/attention_benchmark" --benchmark_filter=cuda || status=1
   tools/scripts/train_benchmark.sh --device=cuda --rounds=3 --train_bin="$BIN/tools/train" \
     --work_dir="$WORK/train_benchmark" || status=1
   return $status
