@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -14,6 +15,10 @@
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 #include "torch/version.h"
+
+#if TORCH_VERSION_MAJOR >= 2
+#include "torch/csrc/autograd/profiler_kineto.h"
+#endif
 
 #if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
     !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6) && TORCH_VERSION_MAJOR < 3
@@ -149,6 +154,62 @@ void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {
   at::_foreach_mul_(tensors, scalar);
 #else
   for (const at::Tensor& tensor : tensors) tensor.mul_(scalar);
+#endif
+}
+
+bool HasFusedAdamW() { return TORCH_VERSION_MAJOR >= 2; }
+
+void FusedAdamWStep(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                    at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                    at::TensorList steps, double lr, double beta1, double beta2,
+                    double weight_decay, double eps, bool amsgrad) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
+                    weight_decay, eps, amsgrad, /*maximize=*/false);
+#else
+  TORCH_CHECK(false, "the fused AdamW step needs LibTorch 2.x (ATen's _fused_adamw_); this is ",
+              TORCH_VERSION);
+#endif
+}
+
+void SetCudaMatmulTf32(bool enabled) {
+#if (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11) || TORCH_VERSION_MAJOR > 2
+  at::globalContext().setFloat32Precision(
+      at::Float32Backend::CUDA, at::Float32Op::MATMUL,
+      enabled ? at::Float32Precision::TF32 : at::Float32Precision::IEEE);
+#else
+  at::globalContext().setAllowTF32CuBLAS(enabled);
+#endif
+}
+
+bool HasProfiler() { return TORCH_VERSION_MAJOR >= 2; }
+
+void StartProfiler(bool cuda) {
+#if TORCH_VERSION_MAJOR >= 2
+  using torch::profiler::impl::ActivityType;
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (cuda) activities.insert(ActivityType::CUDA);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+#else
+  TORCH_CHECK(false, "profiling needs LibTorch 2.x; this is ", TORCH_VERSION);
+#endif
+}
+
+std::vector<ProfiledEvent> StopProfiler(const std::string& trace_path) {
+#if TORCH_VERSION_MAJOR >= 2
+  std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
+      torch::autograd::profiler::disableProfiler();
+  if (!trace_path.empty()) result->save(trace_path);
+  std::vector<ProfiledEvent> events;
+  for (const torch::autograd::profiler::KinetoEvent& event : result->events()) {
+    events.push_back(
+        {event.name(), event.deviceType() != c10::DeviceType::CPU, event.durationNs()});
+  }
+  return events;
+#else
+  TORCH_CHECK(false, "profiling needs LibTorch 2.x; this is ", TORCH_VERSION);
 #endif
 }
 

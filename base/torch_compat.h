@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -64,6 +65,43 @@ OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param);
 // multi-tensor kernel where LibTorch has the Tensor overload of _foreach_mul_ (2.x), one
 // mul_ per tensor otherwise (1.13).
 void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar);
+
+// Whether FusedAdamWStep runs: LibTorch 2.x has ATen's _fused_adamw_ (CPU and CUDA); 1.13 not.
+bool HasFusedAdamW();
+
+// One AdamW step over tensors of one device and dtype in a single multi-tensor kernel (ATen's
+// _fused_adamw_, what torch.optim.AdamW(fused=True) runs): each params[i] takes its
+// decoupled weight decay and Adam update from grads[i], exp_avgs[i] and exp_avg_sqs[i]
+// (max_exp_avg_sqs[i] with amsgrad, else the list is empty), with the bias corrections of the
+// step count in steps[i], a 0-d float32 tensor on their device that the caller has already
+// incremented. Throws c10::Error without HasFusedAdamW() or for tensors the kernel refuses.
+void FusedAdamWStep(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                    at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                    at::TensorList steps, double lr, double beta1, double beta2,
+                    double weight_decay, double eps, bool amsgrad);
+
+// Lets float32 matrix products on CUDA run on TF32 tensor cores (torch.backends.cuda.matmul's
+// fp32_precision = "tf32"; allow_tf32 before 2.11), or back to full float32 ("ieee"): a
+// process-wide setting of LibTorch's, read by every later product. bf16 products are not
+// affected.
+void SetCudaMatmulTf32(bool enabled);
+
+// LibTorch's profiler (Kineto), for this process's operators and, with `cuda`, the kernels they
+// launch on GPUs: StartProfiler, the work, StopProfiler. HasProfiler: LibTorch 2.x (1.13's event
+// API differs; Keel profiles on 2.x only).
+bool HasProfiler();
+// Throws c10::Error without HasProfiler() or when a profiler is already on.
+void StartProfiler(bool cuda);
+// One operator call or kernel: its name, whether it ran on a device (a kernel, a device copy or
+// set), and how long it took.
+struct ProfiledEvent {
+  std::string name;
+  bool on_device = false;
+  uint64_t duration_ns = 0;
+};
+// Stops the profiler, writes its Chrome trace to `trace_path` (chrome://tracing, Perfetto)
+// unless it is empty, and returns the events. Throws c10::Error when none is on.
+std::vector<ProfiledEvent> StopProfiler(const std::string& trace_path);
 
 // Causal self-attention of q, k, v [batch, heads, seq, head_dim]: softmax(q k^T / sqrt(head_dim))
 // v, each position attending to itself and the positions before it; [batch, heads, seq,
