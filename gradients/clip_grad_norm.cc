@@ -136,6 +136,75 @@ at::Tensor CombineNorms(const std::vector<at::Tensor>& norms, double norm_type,
   return max_norm * stack.div(SafeScale(max_norm)).pow(norm_type).sum().pow(1.0 / norm_type);
 }
 
+// `tensors` split by device and dtype, in order of first appearance (PyTorch's
+// _group_tensors_by_device_and_dtype, for one list).
+std::vector<std::vector<at::Tensor>> ByDeviceAndDtype(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::pair<at::Device, at::ScalarType>> keys;
+  std::vector<std::vector<at::Tensor>> batches;
+  for (const at::Tensor& t : tensors) {
+    const std::pair<at::Device, at::ScalarType> key{t.device(), t.scalar_type()};
+    const size_t i = std::find(keys.begin(), keys.end(), key) - keys.begin();
+    if (i == keys.size()) {
+      keys.push_back(key);
+      batches.emplace_back();
+    }
+    batches[i].push_back(t);
+  }
+  return batches;
+}
+
+// torch.nn.utils.clip_grad_norm_'s per-tensor norms of `grads`: one _foreach_norm per device
+// and dtype, each norm moved to `device` (_get_total_norm's list before its stack).
+std::vector<at::Tensor> ForeachNorms(const std::vector<at::Tensor>& grads, double p,
+                                     const at::Device& device) {
+  std::vector<at::Tensor> norms;
+  for (const std::vector<at::Tensor>& batch : ByDeviceAndDtype(grads)) {
+    for (const at::Tensor& norm : at::_foreach_norm(batch, p)) norms.push_back(norm.to(device));
+  }
+  return norms;
+}
+
+// One sharded layout's gradients under kForeach: its blocks' norm on each rank, exchanged in
+// `exchange` (the p-th powers summed, or the maxima taken, over its sharded groups).
+struct ShardedGrads {
+  std::vector<at::Tensor> grads;
+  at::ScalarType exchange = at::kFloat;
+};
+
+// _get_total_norm's norm over the unsharded gradients' per-tensor norms and each sharded
+// layout's norm.
+absl::StatusOr<at::Tensor> ForeachTotal(const std::vector<at::Tensor>& unsharded,
+                                        const std::vector<GroupKey>& sharded_keys,
+                                        std::map<GroupKey, ShardedGrads>& sharded, double p,
+                                        const at::Device& device) {
+  std::vector<at::Tensor> norms = ForeachNorms(unsharded, p, device);
+  for (const GroupKey& key : sharded_keys) {
+    const ShardedGrads& group = sharded[key];
+    const at::TensorOptions exchange = at::TensorOptions().dtype(group.exchange).device(device);
+    const std::vector<at::Tensor> local = ForeachNorms(group.grads, p, device);
+    at::Tensor norm = local.empty() ? at::zeros({}, exchange)
+                                    : at::linalg_vector_norm(at::stack(local), p).to(exchange);
+    if (!std::isinf(p)) norm = norm.pow(p);
+    for (c10d::ProcessGroup* g : ShardedGroups(key)) {
+      KEEL_RETURN_IF_ERROR(base::AllReduce(
+          norm, std::isinf(p) ? base::Reduce::kMax : base::Reduce::kSum, *g, "a gradient norm"));
+    }
+    norms.push_back(std::isinf(p) ? norm : norm.pow(1.0 / p));
+  }
+  if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  return at::linalg_vector_norm(at::stack(norms), p);
+}
+
+// _clip_grads_with_norm_: coef = clamp(max_norm / (total + 1e-6), max=1) in the total's dtype,
+// then one _foreach_mul_ per device and dtype.
+void ForeachScaleGrads(const std::vector<at::Tensor>& grads, double max_norm,
+                       const at::Tensor& total) {
+  const at::Tensor coef = (total + 1e-6).reciprocal().mul(max_norm).clamp_max(1.0);
+  for (const std::vector<at::Tensor>& batch : ByDeviceAndDtype(grads)) {
+    base::ForeachMulInPlace(batch, coef.to(batch.front().device()));
+  }
+}
+
 // torch 2.6's clip_grads_with_norm_: coef = clamp(max_norm / (total + 1e-6), max=1), where a
 // Python float divided by a tensor is reciprocal() * float. No host synchronization.
 void ScaleGrads(const std::vector<at::Tensor>& grads, double max_norm, const at::Tensor& total,
@@ -280,6 +349,53 @@ bool IsTeExpertParam(absl::string_view name) {
   return false;
 }
 
+// The total over the pipeline stages, checked as options.error_if_nonfinite says.
+absl::StatusOr<at::Tensor> FinishTotal(at::Tensor total, const ClipGradNormOptions& options) {
+  const double p = options.norm_type;
+  if (options.pp_group != nullptr) {
+    KEEL_ASSIGN_OR_RETURN(total, CombineOverStages(total, p, *options.pp_group));
+  }
+  if (options.error_if_nonfinite && !at::isfinite(total).item<bool>()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "The total norm of order ", p,
+        " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable "
+        "this error and scale the gradients by the non-finite norm anyway, set "
+        "`error_if_nonfinite=False`"));
+  }
+  return total;
+}
+
+// NormAlgorithm::kForeach: the unsharded gradients' norms in parameter order (as PyTorch lists
+// them), each sharded layout's norm after them; every gradient scaled, shared ones included.
+absl::StatusOr<at::Tensor> ForeachClip(double max_norm,
+                                       const std::vector<NamedParameter>& parameters,
+                                       const std::vector<LaidOut>& laid_out,
+                                       const ClipGradNormOptions& options,
+                                       const at::Device& target) {
+  std::vector<at::Tensor> unsharded, all;
+  std::vector<GroupKey> sharded_keys;
+  std::map<GroupKey, ShardedGrads> sharded;
+  for (size_t i = 0; i < laid_out.size(); ++i) {
+    const LaidOut& entry = laid_out[i];
+    const at::Tensor grad = entry.param.grad();
+    if (grad.defined()) all.push_back(grad);
+    if (parameters[i].shared) continue;
+    if (ShardedGroups(entry.key).empty()) {
+      if (grad.defined()) unsharded.push_back(grad);
+      continue;
+    }
+    auto [it, inserted] = sharded.try_emplace(entry.key);
+    if (inserted) sharded_keys.push_back(entry.key);
+    it->second.exchange = at::promoteTypes(it->second.exchange, entry.param.scalar_type());
+    if (grad.defined()) it->second.grads.push_back(grad);
+  }
+  KEEL_ASSIGN_OR_RETURN(at::Tensor total,
+                        ForeachTotal(unsharded, sharded_keys, sharded, options.norm_type, target));
+  KEEL_ASSIGN_OR_RETURN(total, FinishTotal(std::move(total), options));
+  ForeachScaleGrads(all, max_norm, total);
+  return total.to(at::kDouble);
+}
+
 }  // namespace
 
 absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
@@ -299,6 +415,11 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
   }
   KEEL_RETURN_IF_ERROR(ResolvePartials(laid_out));
   const at::Device target = parameters.empty() ? options.device : FirstDevice(parameters);
+  const NormAlgorithm algorithm = options.algorithm.value_or(
+      target.is_cuda() ? NormAlgorithm::kForeach : NormAlgorithm::kExact);
+  if (algorithm == NormAlgorithm::kForeach) {
+    return ForeachClip(*max_norm, parameters, laid_out, options, target);
+  }
 
   // Group by the resolved layout, in order of first appearance.
   std::vector<GroupKey> keys;
@@ -322,7 +443,7 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
     // A local group without gradients adds nothing (NeMo never sees it); a sharded one still
     // joins its collectives, contributing zeros.
     if (grads.empty() && !sharded) continue;
-    if (options.fused && p == 2.0 && !sharded) {
+    if (algorithm == NormAlgorithm::kFused && p == 2.0 && !sharded) {
       if (std::optional<at::Tensor> norm = FusedTwoNorm(grads, target)) {
         norms.push_back(*norm);
         continue;
@@ -332,17 +453,7 @@ absl::StatusOr<at::Tensor> ClipGradNorm(std::optional<double> max_norm,
     norms.push_back(norm);
   }
   at::Tensor total = CombineNorms(norms, p, target);
-  if (options.pp_group != nullptr) {
-    KEEL_ASSIGN_OR_RETURN(total, CombineOverStages(total, p, *options.pp_group));
-  }
-
-  if (options.error_if_nonfinite && !at::isfinite(total).item<bool>()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "The total norm of order ", p,
-        " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable "
-        "this error and scale the gradients by the non-finite norm anyway, set "
-        "`error_if_nonfinite=False`"));
-  }
+  KEEL_ASSIGN_OR_RETURN(total, FinishTotal(std::move(total), options));
   for (const GroupKey& key : keys) ScaleGrads(groups[key], *max_norm, total, options.foreach);
   ScaleGrads(shared, *max_norm, total, options.foreach);
   return total;

@@ -23,6 +23,25 @@
 
 namespace keel::gradients {
 
+// How the norm is computed.
+enum class NormAlgorithm {
+  // NeMo's: per layout, the max of |g| and the sum of (|g| / max)^p accumulated in float64,
+  // bit-identical to NeMo on the same LibTorch build.
+  kExact,
+  // For the 2-norm of unsharded float32/bfloat16/float16 gradients, one read pass per tensor
+  // accumulating in float (LibTorch's norm kernel for float32; Keel's for contiguous bfloat16
+  // on the CPU), combined in float64: NeMo's norm up to rounding, not bit for bit. Other norms,
+  // dtypes and layouts take the exact path.
+  kFused,
+  // torch.nn.utils.clip_grad_norm_'s (foreach): per device and dtype one multi-tensor norm
+  // kernel (_foreach_norm), the norm of those norms in the gradients' dtype, the coefficient
+  // clamp(max_norm / (norm + 1e-6), max=1) in that dtype, one multi-tensor multiply. Bit for bit
+  // with PyTorch's function on the same device for gradients of one device and dtype. A layout
+  // with sharded dimensions contributes its blocks' norm, whose p-th power is summed over
+  // their groups in float32 (float64 for float64 parameters).
+  kForeach,
+};
+
 // _clip_grad_norm_impl's options.
 struct ClipGradNormOptions {
   // p of the p-norm; infinity for the max norm. Must be non-zero. Default: 2.
@@ -37,18 +56,17 @@ struct ClipGradNormOptions {
   bool foreach = true;
   // A non-finite total norm is an error instead of being applied. Default: false.
   bool error_if_nonfinite = false;
-  // Fast path for the 2-norm of unsharded float32/bfloat16/float16 gradients: one read pass
-  // per tensor accumulating in float (LibTorch's norm kernel for float32, as
-  // torch.nn.utils.clip_grad_norm_; Keel's for contiguous bfloat16 on the CPU), combined in
-  // float64, instead of NeMo's max pass and scaled sum. Equal to NeMo's norm up to rounding,
-  // not bit for bit; other norms, dtypes and layouts take the exact path. Default: false.
-  bool fused = false;
+  // The norm's computation; nullopt: kForeach when the first parameter (else `device`) is a
+  // CUDA device, where it runs a few kernels and never waits for the host, kExact elsewhere.
+  // Default: nullopt.
+  std::optional<NormAlgorithm> algorithm;
 };
 
 // NeMo's clip_grad_norm: clips the gradients of `parameters` by their total p-norm.
 // - Computed: the p-norm of every gradient together, each element counted once however
-//   its layout lays it out, accumulated in float64 with NeMo's max-scaled sums (bit-identical
-//   to NeMo; options.fused trades that for speed). A gradient that does not exist counts as
+//   its layout lays it out, as options.algorithm says: by default NeMo's max-scaled sums in
+//   float64 (bit-identical to NeMo) on the CPU, torch.nn.utils.clip_grad_norm_'s multi-tensor
+//   kernels (bit-identical to PyTorch) on GPUs. A gradient that does not exist counts as
 //   zeros (on every rank the norm is the one with missing gradients taken as zeros), and the
 //   collectives depend only on the parameters and their layouts, never on which gradients
 //   exist, so a rank whose expert received no tokens runs the same ones as its peers.
@@ -63,7 +81,8 @@ struct ClipGradNormOptions {
 // - Applied: every gradient is multiplied in place by min(1, max_norm / (norm + 1e-6)); a
 //   non-finite norm makes NaN gradients, as PyTorch does.
 // - max_norm = nullopt: nothing is computed, reduced or clipped, and the result is 0.
-// Returns the norm as a 0-d float64 tensor on the gradients' device (no host sync).
+// Returns the norm as a 0-d float64 tensor on the gradients' device (no host sync); with
+// kForeach, the gradients' dtype's norm converted.
 // Collective: over every group of the parameters' layouts, and options.pp_group.
 // Errors: kInvalidArgument for norm_type 0 or NaN; kFailedPrecondition for a non-finite norm with
 // error_if_nonfinite (PyTorch's message); kUnavailable when a collective fails.

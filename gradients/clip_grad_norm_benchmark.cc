@@ -1,4 +1,5 @@
-// Clipping ~150 gradient tensors totalling ~250M elements: Keel (NeMo-exact and fused paths)
+// Clipping ~150 gradient tensors totalling ~250M elements: Keel (NeMo-exact, fused and foreach
+// paths, the last torch.nn.utils.clip_grad_norm_'s multi-tensor kernels)
 // side by side with LibTorch's clip_grad_norm_, NeMo's op sequence run op by op, and the memory
 // floor (one read pass, and one read+write pass, over the same bytes). Gradients are restored
 // outside the timed region, so every iteration really clips. The *_cuda cases run the same on the
@@ -159,13 +160,13 @@ void BM_NemoOpSequence(benchmark::State& state, at::ScalarType dtype) {
 }
 
 void BM_KeelClipGradNorm(benchmark::State& state, at::ScalarType dtype, at::DeviceType device,
-                         bool fused) {
+                         NormAlgorithm algorithm) {
   if (!HasDevice(state, device)) return;
   Grads& grads = MakeGrads(dtype, device);
   std::vector<NamedParameter> params;
   for (const at::Tensor& p : grads.params) params.push_back({"w", p});
   ClipGradNormOptions options;
-  options.fused = fused;
+  options.algorithm = algorithm;
   for (auto _ : state) {
     benchmark::DoNotOptimize(ClipGradNorm(1.0, params, options));
     Synchronize(device);
@@ -184,10 +185,14 @@ BENCHMARK_CAPTURE(BM_TorchClipGradNorm, float32, at::kFloat, at::kCPU)
 BENCHMARK_CAPTURE(BM_NemoOpSequence, float32, at::kFloat)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact, at::kFloat, at::kCPU, false)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact, at::kFloat, at::kCPU, NormAlgorithm::kExact)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused, at::kFloat, at::kCPU, true)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused, at::kFloat, at::kCPU, NormAlgorithm::kFused)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_foreach, at::kFloat, at::kCPU,
+                  NormAlgorithm::kForeach)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_ReadFloor, bfloat16, at::kBFloat16)
@@ -199,10 +204,16 @@ BENCHMARK_CAPTURE(BM_ReadWriteFloor, bfloat16, at::kBFloat16)
 BENCHMARK_CAPTURE(BM_TorchClipGradNorm, bfloat16, at::kBFloat16, at::kCPU)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_exact, at::kBFloat16, at::kCPU, false)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_exact, at::kBFloat16, at::kCPU,
+                  NormAlgorithm::kExact)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused, at::kBFloat16, at::kCPU, true)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused, at::kBFloat16, at::kCPU,
+                  NormAlgorithm::kFused)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_foreach, at::kBFloat16, at::kCPU,
+                  NormAlgorithm::kForeach)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_CopyFloor, float32_cuda, at::kFloat, at::kCUDA)
@@ -211,10 +222,16 @@ BENCHMARK_CAPTURE(BM_CopyFloor, float32_cuda, at::kFloat, at::kCUDA)
 BENCHMARK_CAPTURE(BM_TorchClipGradNorm, float32_cuda, at::kFloat, at::kCUDA)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact_cuda, at::kFloat, at::kCUDA, false)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_exact_cuda, at::kFloat, at::kCUDA,
+                  NormAlgorithm::kExact)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused_cuda, at::kFloat, at::kCUDA, true)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_fused_cuda, at::kFloat, at::kCUDA,
+                  NormAlgorithm::kFused)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, float32_foreach_cuda, at::kFloat, at::kCUDA,
+                  NormAlgorithm::kForeach)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_CopyFloor, bfloat16_cuda, at::kBFloat16, at::kCUDA)
@@ -223,7 +240,12 @@ BENCHMARK_CAPTURE(BM_CopyFloor, bfloat16_cuda, at::kBFloat16, at::kCUDA)
 BENCHMARK_CAPTURE(BM_TorchClipGradNorm, bfloat16_cuda, at::kBFloat16, at::kCUDA)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused_cuda, at::kBFloat16, at::kCUDA, true)
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_fused_cuda, at::kBFloat16, at::kCUDA,
+                  NormAlgorithm::kFused)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_KeelClipGradNorm, bfloat16_foreach_cuda, at::kBFloat16, at::kCUDA,
+                  NormAlgorithm::kForeach)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

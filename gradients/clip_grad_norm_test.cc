@@ -137,7 +137,7 @@ TEST(ClipGradNormTest, FusedTwoNormAgreesWithTheExactPathToRounding) {
     }
     ClipGradNormOptions options;
     KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor exact_norm, ClipGradNorm(1.0, exact, options));
-    options.fused = true;
+    options.algorithm = NormAlgorithm::kFused;
     KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor fused_norm, ClipGradNorm(1.0, fused, options));
     // NeMo's path rounds |g| / max in the gradient's dtype (2^-8 relative for bfloat16); the
     // fused path accumulates each tensor in float (LibTorch's norm kernel).
@@ -211,7 +211,7 @@ TEST(ClipGradNormTest, FusedBFloat16NormAccumulatesInFloatWhateverTheThreadCount
     param.mutable_grad() = big.clone();
     std::vector<NamedParameter> params = {{"w", param}};
     ClipGradNormOptions options;
-    options.fused = true;
+    options.algorithm = NormAlgorithm::kFused;
     KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(1e9, params, options));
     norms.push_back(norm.item<double>());
   }
