@@ -12,6 +12,7 @@
 #include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "sampling/gpt_dataset_config.h"
 #include "sampling/numpy_random.h"
 #include "tools/recipe/config.h"
@@ -53,6 +54,12 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
   if (config.has_beta2()) options.beta2 = config.beta2();
   if (config.has_eps()) options.eps = config.eps();
   if (config.has_weight_decay()) options.weight_decay = config.weight_decay();
+  if (config.has_fused()) options.fused = config.fused();
+  if (options.fused.value_or(false) && !base::HasFusedAdamW()) {
+    return absl::InvalidArgumentError(
+        "optimizer.fused (true) needs LibTorch 2.x (ATen's _fused_adamw_), which this build "
+        "lacks; allowed: false or unset");
+  }
   return absl::OkStatus();
 }
 
@@ -91,10 +98,19 @@ absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions
 }
 
 absl::Status ReadLogging(const LoggingConfig& config, LoggingOptions& options) {
-  if (config.has_log_every_steps()) options.log_every_steps = config.log_every_steps();
-  if (config.has_tensorboard()) options.tensorboard = config.tensorboard();
-  return Require(options.log_every_steps > 0, "logging.log_every_steps", options.log_every_steps,
-                 "must be > 0");
+  KEEL_RETURN_IF_ERROR(CopyFields(config, options));
+  KEEL_RETURN_IF_ERROR(Require(options.log_every_steps > 0, "logging.log_every_steps",
+                               options.log_every_steps, "must be > 0"));
+  KEEL_RETURN_IF_ERROR(Require(options.profile_steps >= 0, "logging.profile_steps",
+                               options.profile_steps, "must be >= 0 (0: no profile)"));
+  KEEL_RETURN_IF_ERROR(Require(options.profile_after_step >= 0, "logging.profile_after_step",
+                               options.profile_after_step, "must be >= 0"));
+  if (options.profile_steps > 0 && !base::HasProfiler()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logging.profile_steps (", options.profile_steps,
+                     ") needs LibTorch 2.x (its profiler's C++ API); allowed with this build: 0"));
+  }
+  return absl::OkStatus();
 }
 
 constexpr base::EnumSpelling<NonFinitePolicy> kNonFinitePolicies[] = {
@@ -295,6 +311,7 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   return {{"seed", options.seed},
           {"local_batch_size", options.local_batch_size},
           {"max_norm", base::ToJson(options.max_norm)},
+          {"tf32", options.tf32},
           {"check_norm_every_steps", options.check_norm_every_steps},
           {"step_scheduler", base::WriteJsonFields(options.step_scheduler)},
           {"data", std::move(data)},
@@ -347,6 +364,12 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   options.checkpoint.checkpoint_dir = base::JoinPath(options.run_dir, "checkpoints");
   KEEL_RETURN_IF_ERROR(CopyFields(config.checkpoint(), options.checkpoint));
   KEEL_RETURN_IF_ERROR(ReadDistributed(config.distributed(), options.distributed));
+  options.tf32 = config.model().tf32();
+  if (options.tf32 && options.distributed.backend != parallel::Backend::kNccl) {
+    return absl::InvalidArgumentError(
+        "model.tf32 (true) applies to GPU runs (distributed.backend \"nccl\"); allowed on the "
+        "CPU: false");
+  }
   KEEL_RETURN_IF_ERROR(CheckModelParallelModel(options));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,9 @@ struct OptimizerOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  // torch.optim.AdamW's fused (optim::FusedAdamW, LibTorch 2.x); nullopt: fused on GPUs, per
+  // parameter on the CPU. Default: nullopt.
+  std::optional<bool> fused;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, OptimizerOptions> = 0>
@@ -84,6 +88,7 @@ void VisitFields(O& o, V&& v) {
   v("beta2", o.beta2);
   v("eps", o.eps);
   v("weight_decay", o.weight_decay);
+  v("fused", o.fused);
 }
 
 struct DistributedOptions {
@@ -113,12 +118,18 @@ struct LoggingOptions {
   int64_t log_every_steps = 1;
   // TensorBoard event files under <run_dir>/tensorboard. Default: true.
   bool tensorboard = true;
+  // Steps profiled after the first profile_after_step (rank 0; LibTorch 2.x); 0: none.
+  // Defaults: 0, 5.
+  int64_t profile_steps = 0;
+  int64_t profile_after_step = 5;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, LoggingOptions> = 0>
 void VisitFields(O& o, V&& v) {
   v("log_every_steps", o.log_every_steps);
   v("tensorboard", o.tensorboard);
+  v("profile_steps", o.profile_steps);
+  v("profile_after_step", o.profile_after_step);
 }
 
 // What a non-finite loss or gradient norm does to the run (tools/recipe/numerics.h).
@@ -177,6 +188,8 @@ struct TrainOptions {
   }();
   // Gradient-norm clipping threshold; infinity clips nothing (the norm is still logged).
   double max_norm = std::numeric_limits<double>::infinity();
+  // model.tf32: float32 matrix products on TF32 tensor cores (GPU runs only). Default: false.
+  bool tf32 = false;
   // clip_grad.check_norm_every_steps, Keel's: every N-th step the norm is checked against one
   // computed from every rank's gradient blocks counted once; 0: never. Default: 0.
   int64_t check_norm_every_steps = 0;
@@ -191,7 +204,8 @@ struct TrainOptions {
 // and what is allowed: an empty run_dir, a bad enum spelling, a non-positive
 // local_batch_size or model size, hidden_size not divisible by num_attention_heads, a
 // validation_every_n_samples of 1 or below 0, an optimizer other than AdamW, a backend other
-// than gloo or nccl, a non-positive timeout or logging interval; with data.paths: data.prefix
+// than gloo or nccl, a non-positive timeout or logging interval, model.tf32 without a GPU,
+// optimizer.fused on a LibTorch without the fused kernel; with data.paths: data.prefix
 // or validation_every_n_samples also set, no step_scheduler.max_steps, a bad blend list
 // (a weight that is not a positive number), split string or seed.
 [[nodiscard]] absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config);

@@ -1,11 +1,13 @@
 #include "tools/recipe/options.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/torch_compat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
@@ -122,12 +124,40 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"numerics.max_consecutive_skipped_steps=0"},
        "numerics.max_consecutive_skipped_steps (0) must be > 0"},
       {{"run_dir="}, "run_dir must be set"},
+      {{"model.tf32=true"},
+       "model.tf32 (true) applies to GPU runs (distributed.backend \"nccl\"); allowed on the "
+       "CPU: false"},
+      {{"logging.profile_steps=-1"}, "logging.profile_steps (-1) must be >= 0 (0: no profile)"},
+      {{"logging.profile_after_step=-2"}, "logging.profile_after_step (-2) must be >= 0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
     EXPECT_THAT(Read(c.overrides),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
+}
+
+// optimizer.fused (torch.optim.AdamW's): unset by default (the trainer picks per device), as
+// set otherwise; true needs a LibTorch with the fused kernel. model.tf32 goes with a GPU backend.
+TEST(ReadOptionsTest, PrecisionAndKernelChoices) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
+  EXPECT_EQ(options.optimizer.fused, std::nullopt);
+  EXPECT_FALSE(options.tf32);
+  EXPECT_EQ(options.logging.profile_steps, 0);
+  EXPECT_EQ(options.logging.profile_after_step, 5);
+  KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"optimizer.fused=false"}));
+  EXPECT_EQ(options.optimizer.fused, false);
+  if (base::HasFusedAdamW()) {
+    KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"optimizer.fused=true"}));
+    EXPECT_EQ(options.optimizer.fused, true);
+  } else {
+    EXPECT_THAT(Read({"optimizer.fused=true"}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("optimizer.fused (true) needs LibTorch 2.x")));
+  }
+  KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"model.tf32=true", "distributed.backend=nccl"}));
+  EXPECT_TRUE(options.tf32);
+  EXPECT_EQ(ConfigFingerprint(options)["tf32"], true);
 }
 
 // data.paths: NeMo's defaults, and every rule checked before anything opens a dataset.

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "c10/util/accumulate.h"
 #include "checkpoint/checkpoint.h"
@@ -28,6 +29,7 @@
 #include "gradients/clip_grad_norm.h"
 #include "gradients/norm_check.h"
 #include "optim/data_parallel_optimizer.h"
+#include "optim/fused_adamw.h"
 #include "optim/param_scheduler.h"
 #include "parallel/device_mesh.h"
 #include "parallel/moe/token_dispatcher.h"
@@ -41,6 +43,7 @@
 #include "tools/recipe/megatron_data.h"
 #include "tools/recipe/numerics.h"
 #include "tools/recipe/plot.h"
+#include "tools/recipe/profile.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/stages.h"
 #include "tools/recipe/tensorboard.h"
@@ -87,15 +90,25 @@ constexpr char kConfigState[] = "config";
 // The layout dimension of the experts (parallel::GroupedMlp's).
 constexpr char kExpertDim[] = "ep";
 
-// AdamW with the run's options, over whatever the data-parallel optimizer steps.
-optim::OptimizerFactory AdamW(const OptimizerOptions& o) {
-  return [o](const std::vector<gradients::NamedParameter>& params) {
+// AdamW with the run's options, over whatever the data-parallel optimizer steps: one
+// multi-tensor kernel per step (optim::FusedAdamW) when `fused`, else torch::optim::AdamW's
+// loop over the parameters.
+optim::OptimizerFactory AdamW(const OptimizerOptions& o, bool fused) {
+  return [o, fused](const std::vector<gradients::NamedParameter>& params)
+             -> std::unique_ptr<torch::optim::Optimizer> {
     std::vector<at::Tensor> tensors;
     for (const gradients::NamedParameter& p : params) tensors.push_back(p.param);
-    return std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(o.lr)
-                                                              .betas({o.beta1, o.beta2})
-                                                              .eps(o.eps)
-                                                              .weight_decay(o.weight_decay));
+    const auto options = torch::optim::AdamWOptions(o.lr)
+                             .betas({o.beta1, o.beta2})
+                             .eps(o.eps)
+                             .weight_decay(o.weight_decay);
+    if (!fused) return std::make_unique<torch::optim::AdamW>(tensors, options);
+    // ReadOptions refused a LibTorch without the kernel; parameters and their row shards are
+    // contiguous floating-point tensors.
+    absl::StatusOr<std::unique_ptr<optim::FusedAdamW>> adamw =
+        optim::FusedAdamW::Create(tensors, options);
+    TORCH_INTERNAL_ASSERT(adamw.ok(), adamw.status().ToString());
+    return *std::move(adamw);
   };
 }
 
@@ -128,6 +141,7 @@ class Run::State {
   std::unique_ptr<checkpoint::Checkpointer> checkpointer;
   // Rank 0's outputs.
   std::optional<JsonlWriter> jsonl;
+  std::optional<StepProfiler> profiler;
   std::optional<TensorBoardWriter> tensorboard;
   // Time spent in the scheduler, the sampler and the LR schedule.
   Clock::duration bookkeeping{};
@@ -192,6 +206,7 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
 // sync over the parameters' layouts, and the LR schedule.
 absl::Status Run::BuildModel() {
   State& s = *state_;
+  if (options_.tf32) base::SetCudaMatmulTf32(true);
   torch::manual_seed(options_.seed);
   s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group,
                   runtime_.expert_tp_group);
@@ -205,12 +220,17 @@ absl::Status Run::BuildModel() {
   std::vector<gradients::NamedParameter> parameters =
       gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts());
   MarkSharedEmbedding(*s.model, parameters);
-  KEEL_ASSIGN_OR_RETURN(s.optimizer, optim::DataParallelOptimizer::Create(
-                                         std::move(parameters), runtime_.group,
-                                         AdamW(options_.optimizer), optimizer_options));
+  KEEL_ASSIGN_OR_RETURN(
+      s.optimizer, optim::DataParallelOptimizer::Create(std::move(parameters), runtime_.group,
+                                                        AdamW(options_.optimizer, UsesFusedAdamW()),
+                                                        optimizer_options));
   KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
                                                                       s.optimizer->optimizer()));
   return absl::OkStatus();
+}
+
+bool Run::UsesFusedAdamW() const {
+  return options_.optimizer.fused.value_or(runtime_.device.is_cuda());
 }
 
 // Everything a checkpoint holds, and the checkpointer.
@@ -402,8 +422,8 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   for (const std::vector<int64_t>& indices : micro_batches) {
     KEEL_ASSIGN_OR_RETURN(TokenBatch batch, s.data.splits.Batch(indices, /*validation=*/false));
     if (batch.defined()) {
+      local_tokens += LabelTokens(batch);  // on the host: no wait for the device
       batch = batch.To(runtime_.device);
-      local_tokens += LabelTokens(batch);
     }
     batches.push_back(std::move(batch));
   }
@@ -433,17 +453,22 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   const double pp_scaling = pipelined ? label_tokens / static_cast<double>(runtime_.dp_size) : 1.0;
   (*s.model)->moe_stats().aux_loss_scale = pp_scaling / static_cast<double>(micro_batches.size());
   stages.before_last_backward = [&s] { s.optimizer->PrepareForFinalBackward(); };
-  KEEL_ASSIGN_OR_RETURN(const double loss_sum, RunStages(*s.model, batches, runtime_, stages));
+  KEEL_ASSIGN_OR_RETURN(const at::Tensor device_loss_sum,
+                        RunStages(*s.model, batches, runtime_, stages));
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(s.optimizer->StepParameters(), runtime_));
-  KEEL_ASSIGN_OR_RETURN(at::Tensor grad_norm,
+  KEEL_ASSIGN_OR_RETURN(const at::Tensor grad_norm,
                         s.optimizer->ClipGradNorm(options_.max_norm, scaling));
-  KEEL_RETURN_IF_ERROR(CheckNorm(grad_norm.item<double>()));
+  // The step's one wait for the device: its loss and gradient norm, read together.
+  const at::Tensor read =
+      at::stack({device_loss_sum, grad_norm.to(device_loss_sum.device())}).to(at::kCPU);
+  const double loss_sum = read[0].item<double>();
+  output.grad_norm = read[1].item<double>();
+  KEEL_RETURN_IF_ERROR(CheckNorm(output.grad_norm));
   at::Tensor step_loss = at::full({1}, loss_sum, at::kDouble);
   KEEL_RETURN_IF_ERROR(SumOverData(step_loss, runtime_, "step loss"));
   KEEL_RETURN_IF_ERROR(SumOverStages(step_loss, runtime_, "step loss"));
   output.loss = step_loss.item<double>() / label_tokens;
-  output.grad_norm = grad_norm.item<double>();
   if (options_.model.num_moe_experts > 0) {
     KEEL_RETURN_IF_ERROR(CollectMoeStats(output, static_cast<int64_t>(micro_batches.size())));
   }
@@ -500,7 +525,7 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
   // poll for preemption together after each.
   const int64_t per_round = runtime_.dp_size * batch_size;
   const int64_t rounds = (splits.val_size() + per_round - 1) / per_round;
-  double loss_sum = 0.0;
+  at::Tensor loss_sum;  // on the device, read once at the end
   int64_t tokens = 0;
   for (int64_t round = 0; round < rounds; ++round) {
     const int64_t start = round * per_round + runtime_.dp_rank * batch_size;
@@ -511,14 +536,14 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
     std::vector<TokenBatch> batch(1);
     KEEL_ASSIGN_OR_RETURN(batch[0], splits.Batch(indices, /*validation=*/true));
     if (batch[0].defined()) {
-      batch[0] = batch[0].To(runtime_.device);
       tokens += LabelTokens(batch[0]);
+      batch[0] = batch[0].To(runtime_.device);
     }
     StageRunOptions forward_only;
     forward_only.forward_only = true;
-    KEEL_ASSIGN_OR_RETURN(const double batch_loss,
+    KEEL_ASSIGN_OR_RETURN(const at::Tensor batch_loss,
                           RunStages(*s.model, batch, runtime_, forward_only));
-    loss_sum += batch_loss;
+    loss_sum = loss_sum.defined() ? loss_sum + batch_loss : batch_loss;
     if (s.scheduler->PollPreemption()) {
       if (runtime_.rank == 0) {
         *runtime_.log << "validation stopped after " << round + 1 << " of " << rounds
@@ -527,7 +552,9 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
       return std::nullopt;
     }
   }
-  at::Tensor stage_loss = at::full({1}, loss_sum, at::kDouble);  // the last stage's
+  // The last stage's.
+  at::Tensor stage_loss =
+      at::full({1}, loss_sum.defined() ? loss_sum.item<double>() : 0.0, at::kDouble);
   KEEL_RETURN_IF_ERROR(SumOverStages(stage_loss, runtime_, "validation loss"));
   at::Tensor totals =
       at::tensor({stage_loss.item<double>(), static_cast<double>(tokens)}, at::kDouble);
@@ -565,8 +592,9 @@ absl::Status Run::OpenOutputs() {
                 << (pp > 1 ? absl::StrCat(" in ", pp, " pipeline stages of ",
                                           options_.model.num_layers / pp, " blocks")
                            : "")
-                << ", " << s.optimizer->Describe() << "; " << s.data.splits.train_size()
-                << " training and " << s.data.splits.val_size() << " validation windows of "
+                << ", " << s.optimizer->Describe() << (UsesFusedAdamW() ? " (fused step)" : "")
+                << "; " << s.data.splits.train_size() << " training and "
+                << s.data.splits.val_size() << " validation windows of "
                 << options_.data.dataset.sequence_length << " tokens; " << s.scheduler->max_steps()
                 << " steps of " << options_.step_scheduler.global_batch_size << " samples ("
                 << s.scheduler->grad_acc_steps() << " micro-batches of "
@@ -609,6 +637,8 @@ absl::Status Run::Loop() {
   State& s = *state_;
   Scheduler& scheduler = *s.scheduler;
   KEEL_RETURN_IF_ERROR(OpenOutputs());
+  s.profiler.emplace(runtime_.rank == 0 ? options_.logging : LoggingOptions(), options_.run_dir,
+                     runtime_.device);
   s.loop_start = s.interval_start = Clock::now();
   s.tensor_parallel_start = parallel::TensorParallelCollectiveSeconds();
   s.pipeline_wait_start = parallel::PipelineWaitSeconds();
@@ -618,9 +648,11 @@ absl::Status Run::Loop() {
     scheduler.SetEpoch(epoch);
     auto it = s.Bookkept([&] { return scheduler.begin(); });
     while (it != scheduler.end()) {
+      KEEL_RETURN_IF_ERROR(s.profiler->BeforeStep(scheduler.step() + 1));
       KEEL_ASSIGN_OR_RETURN(StepOutput output, Step(*it));
       StepMetrics metrics;
       metrics.step = scheduler.step() + 1;
+      KEEL_RETURN_IF_ERROR(s.profiler->AfterStep(metrics.step, *runtime_.log));
       metrics.epoch = scheduler.epoch();
       metrics.loss = output.loss;
       metrics.lr = output.lr;

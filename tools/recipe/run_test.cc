@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/torch_compat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
@@ -119,6 +120,39 @@ TEST(RunTest, TrainsToMaxStepsThenResumesWhereItStopped) {
   EXPECT_FALSE(metrics[0].val_loss.has_value());
   for (size_t i = 1; i < metrics.size(); ++i) EXPECT_TRUE(metrics[i].val_loss.has_value()) << i;
   EXPECT_TRUE(keel::testing::ReadFileOrFail(run_dir + "/loss.svg").find("<svg") == 0);
+}
+
+// optimizer.fused: the run steps with optim::FusedAdamW, trains as the per-parameter AdamW does
+// (its kernel rounds differently: the losses agree to float32 rounding, amplified over 6
+// steps), and a resume continues its step counts from the checkpoint, bit for bit.
+TEST(RunTest, TheFusedAdamWTrainsAndResumesBitIdentically) {
+  if (!base::HasFusedAdamW()) GTEST_SKIP() << "LibTorch 1.13 has no fused AdamW";
+  const std::string dir = keel::testing::NewTempDir("fused");
+  auto fused = [&](const std::string& run_dir, int64_t steps) {
+    TrainOptions options = SmallOptions(dir + run_dir, steps);
+    options.optimizer.fused = true;
+    return options;
+  };
+  std::ostringstream log;
+  KEEL_ASSERT_OK(Train(fused("/whole", 6), Runtime(log)).status());
+  EXPECT_THAT(log.str(), HasSubstr("AdamW (fused step)"));
+  KEEL_ASSERT_OK(Train(fused("/resumed", 3), Runtime(log)).status());
+  KEEL_ASSERT_OK(Train(fused("/resumed", 6), Runtime(log)).status());
+  KEEL_ASSERT_OK(Train(SmallOptions(dir + "/loop", 6), Runtime(log)).status());
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> whole,
+                            ReadJsonl(dir + "/whole/metrics.jsonl"));
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> resumed,
+                            ReadJsonl(dir + "/resumed/metrics.jsonl"));
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> loop, ReadJsonl(dir + "/loop/metrics.jsonl"));
+  ASSERT_EQ(whole.size(), 6u);
+  ASSERT_EQ(resumed.size(), 6u);
+  ASSERT_EQ(loop.size(), 6u);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", i + 1));
+    EXPECT_EQ(resumed[i].loss, whole[i].loss);
+    EXPECT_EQ(resumed[i].grad_norm, whole[i].grad_norm);
+    EXPECT_NEAR(whole[i].loss, loop[i].loss, 1e-5 * loop[i].loss);
+  }
 }
 
 // A checkpoint's directory, its manifest and its saved step scheduler name the same step: the

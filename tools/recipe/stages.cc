@@ -32,8 +32,8 @@ void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter
   }
 }
 
-absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,
-                                 const TrainRuntime& runtime, const StageRunOptions& options) {
+absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,
+                                     const TrainRuntime& runtime, const StageRunOptions& options) {
   // Expert-parallel ranks exchange tokens in every MoE block: a rank without a batch runs an
   // empty one, so that it joins its peers' all-to-alls.
   const bool expert_parallel = runtime.ep_group != nullptr && runtime.ep_group->getSize() > 1;
@@ -49,7 +49,8 @@ absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batc
     }
   }
   const auto num_micro_batches = static_cast<int64_t>(defined.size());
-  double loss_sum = 0.0;
+  at::Tensor loss_sum =
+      at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime.device));
   parallel::StageCallbacks stage;
   stage.activation_shape = [&](int64_t i) {
     const at::Tensor& inputs = defined[i]->inputs;
@@ -59,7 +60,7 @@ absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batc
     at::Tensor hidden = model->StageForward(defined[i]->inputs, input);
     if (!model->last_stage()) return hidden;
     const at::Tensor loss = SummedTokenLoss(model, hidden, *defined[i]);
-    loss_sum += loss.item<double>();
+    loss_sum += loss.detach().to(at::kDouble);
     return loss * options.loss_scale;
   };
   stage.before_backward = [&](int64_t i) {

@@ -3,7 +3,7 @@
 // each hold.
 //
 //   MarkSharedEmbedding(model, parameters);  // before building the optimizer
-//   KEEL_ASSIGN_OR_RETURN(double loss_sum, RunStages(model, batches, runtime, options));
+//   KEEL_ASSIGN_OR_RETURN(at::Tensor loss_sum, RunStages(model, batches, runtime, options));
 //   KEEL_RETURN_IF_ERROR(optimizer->Wait());
 //   KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(optimizer->StepParameters(), runtime));
 #ifndef KEEL_TOOLS_RECIPE_STAGES_H_
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/model_state.h"
@@ -42,10 +43,13 @@ struct StageRunOptions {
 // The defined micro-batches of `batches` through this rank's stage over runtime.pp_group, in
 // the 1F1B order (parallel::RunPipeline); every stage of a pipeline reads the same batches.
 // Returns the summed token loss over the labels that count (the last stage's; 0 on the
-// others). Collective: over the tensor-parallel and pipeline groups. Errors: RunPipeline's.
-[[nodiscard]] absl::StatusOr<double> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,
-                                               const TrainRuntime& runtime,
-                                               const StageRunOptions& options);
+// others), each micro-batch's float32 sum added in float64 on runtime.device: a 0-d tensor
+// that nothing waits for until it is read. Collective: over the tensor-parallel and pipeline
+// groups. Errors: RunPipeline's.
+[[nodiscard]] absl::StatusOr<at::Tensor> RunStages(Gpt& model,
+                                                   const std::vector<TokenBatch>& batches,
+                                                   const TrainRuntime& runtime,
+                                                   const StageRunOptions& options);
 
 // Megatron's embedding-group all-reduce: the first and last stage's word-embedding gradients
 // (among `parameters`, after the data-parallel sync) summed, so that both copies take the same
