@@ -18,7 +18,12 @@
 #   tools/scripts/train_benchmark.sh --train_bin=bazel-bin/tools/train --prefix=runs/default/data/corpus
 #   tools/scripts/train_benchmark.sh --ranks=2 --threads=1 --local_batch_size=4
 #   tools/scripts/train_benchmark.sh --device=cuda        # the trainer on NCCL, the reference on CUDA
+#   tools/scripts/train_benchmark.sh --device=cuda --reference_flag=--bf16 --trainer_set=model.tf32=true
 #
+# --trainer_set=FIELD=VALUE (repeatable) sets a field of the trainer only, --reference_flag=FLAG
+# (repeatable) passes a flag to the reference only (a variant: --bf16, --compile, --fused,
+# --tf32); --json=FILE also writes the medians and the model's size as JSON
+# (tools/scripts/gpu_benchmark.sh reads it).
 # --rounds=3 --steps=40 --untimed_steps=5 --threads=2 (the default run's 2 cores) --ranks=1
 # --device=cpu --wait_policy=PASSIVE (OMP_WAIT_POLICY, the trainer's default) by default;
 # any hyper-parameter below can be set the same way (--name=value, both loops get it).
@@ -47,6 +52,9 @@ train_bin=""
 launch_bin=""
 prefix=""
 work_dir=""
+json_out=""
+trainer_extra=()
+reference_extra=()
 
 # The hyper-parameters both loops get: reference flag, trainer field, value
 # (tools/recipe/default.textproto's values).
@@ -107,6 +115,9 @@ for arg in "$@"; do
     --train_bin=*) train_bin=${arg#*=} ;;
     --prefix=*) prefix=${arg#*=} ;;
     --work_dir=*) work_dir=${arg#*=} ;;
+    --json=*) json_out=${arg#*=} ;;
+    --trainer_set=*) trainer_extra+=(--set "${arg#*=}") ;;
+    --reference_flag=*) reference_extra+=("${arg#*=}") ;;
     -h | --help) usage ;;
     --*=*)
       name=${arg%%=*}
@@ -185,12 +196,14 @@ trainer_settings=(
   --set logging.log_every_steps=10
 )
 [[ "${device}" == cpu ]] || trainer_settings+=(--set distributed.backend=nccl)
+trainer_settings+=("${trainer_extra[@]}")
 reference_settings=(
   --device="${device}"
   --steps="${steps}"
   --untimed_steps="${untimed_steps}"
   --threads="${threads}"
   --log_every_steps=10
+  "${reference_extra[@]}"
 )
 for name in "${flag_names[@]}"; do
   trainer_settings+=(--set "${field[${name}]}=${value[${name}]}")
@@ -244,13 +257,14 @@ settings_line=""
 for name in "${flag_names[@]}"; do settings_line+="${name}=${value[${name}]} "; done
 OMP_WAIT_POLICY=${wait_policy} "${python}" - "${work_dir}" "${rounds}" "${steps}" "${untimed_steps}" "${threads}" \
   "${value[global_batch_size]}" "${value[local_batch_size]}" "${value[sequence_length]}" \
-  "${ranks}" "${prefix}" "${train_bin}" "${settings_line}" "${device}" <<'EOF'
+  "${ranks}" "${prefix}" "${train_bin}" "${settings_line}" "${device}" "${json_out}" \
+  "${trainer_extra[*]} | ${reference_extra[*]}" <<'EOF'
 import json, os, platform, re, statistics, sys
 
 import torch
 
 work, rounds, steps, untimed, threads, gbs, lbs, seq, ranks = sys.argv[1:10]
-prefix, train_bin, hyper_parameters, device = sys.argv[10:14]
+prefix, train_bin, hyper_parameters, device, json_out, variants = sys.argv[10:16]
 rounds, steps, untimed, threads, gbs, lbs, seq, ranks = map(
     int, (rounds, steps, untimed, threads, gbs, lbs, seq, ranks))
 
@@ -304,9 +318,12 @@ def python_run(r):
                              open(os.path.join(work, f"python_{r}.log")).read(), re.M))
     if "tokens_per_second" not in values:
         fail(f"python_{r}.log lacks tokens_per_second")
+    parameters = re.search(r"model: \d+ tensors, (\d+) parameters",
+                           open(os.path.join(work, f"python_{r}.log")).read())
     return {"tps": float(values["tokens_per_second"]) / ranks,
             "loss": float(values["final_loss"]),
-            "wait": 100 * float(values["gradient_wait_share"])}
+            "wait": 100 * float(values["gradient_wait_share"]),
+            "parameters": int(parameters.group(1)) if parameters else 0}
 
 
 cpp = [cpp_run(r) for r in range(1, rounds + 1)]
@@ -328,6 +345,8 @@ print(f"- machine: {cpu}, {os.cpu_count()} cores; both {where}; {threads} thread
 print(f"- {steps} steps of {gbs} x {seq} tokens ({gbs // (lbs * ranks)} micro-batches of {lbs} "
       f"per rank), "
       f"tokens/s over steps {untimed + 1}-{steps}; {hyper_parameters.strip()}")
+if variants.strip() != "|":
+    print(f"- variant (trainer settings | reference flags): {variants}")
 print(f"- data: {prefix}; trainer: {train_bin}; logs: {work}\n")
 print("| round | C++ tokens/s | Python tokens/s | C++ / Python | C++ final loss "
       "| Python final loss | bookkeeping (share of loop) | bookkeeping per step "
@@ -345,4 +364,8 @@ for r, (c, p) in enumerate(zip(cpp, py), start=1):
     row(r, c, p)
 median = lambda runs: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 row("median", median(cpp), median(py))
+if json_out:
+    with open(json_out, "w") as f:
+        json.dump({"cpp": median(cpp), "python": median(py), "variants": variants,
+                   "device": torch.cuda.get_device_name() if device == "cuda" else cpu}, f)
 EOF

@@ -21,7 +21,11 @@ random sampler's per-rank buckets, the label tokens and the loss summed over the
         tools/scripts/train_reference.py --prefix=runs/default/data/corpus --threads=1
 
 With --device=cuda it trains on the GPU (each rank on GPU LOCAL_RANK, DDP over NCCL), as the
-trainer does with distributed.backend=nccl.
+trainer does with distributed.backend=nccl. The one-line speed-ups a Python user has, each off
+by default: --bf16 (the forward passes under torch.autocast to bfloat16, the loss in float32,
+backward outside), --compile (torch.compile of the model), --fused (AdamW(fused=True); PyTorch's
+default is its multi-tensor foreach step on GPUs, a loop over the parameters on the CPU) and
+--tf32 (float32 matrix products on TF32 tensor cores).
 
 The last line is machine-readable: tokens_per_second=N, the label tokens of the steps after
 --untimed_steps divided by the wall-clock seconds they took (tools/scripts/train_benchmark.sh
@@ -309,6 +313,12 @@ def parse_args(argv):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where to train: the CPU, or GPU LOCAL_RANK")
     p.add_argument("--log_every_steps", type=int, default=10)
+    p.add_argument("--bf16", action="store_true",
+                   help="forward passes under torch.autocast(bfloat16) (mixed precision)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--fused", action="store_true", help="AdamW(fused=True)")
+    p.add_argument("--tf32", action="store_true",
+                   help="float32 matrix products on TF32 tensor cores (GPUs)")
     # step_scheduler and data sections of tools/recipe/default.textproto.
     p.add_argument("--global_batch_size", type=int, default=16)
     p.add_argument("--local_batch_size", type=int, default=8)
@@ -413,6 +423,13 @@ def main(argv):
         torch.cuda.set_device(device)
     world = DataParallel(device)
     out = sys.stdout if world.rank == 0 else open(os.devnull, "w")
+    if args.tf32:  # the API the trainer's base::SetCudaMatmulTf32 uses, where torch has it
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = True
+    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if args.bf16
+                else contextlib.nullcontext())
 
     tokens = read_indexed_tokens(args.prefix)
     windows = GptWindows(tokens, args.sequence_length, args.validation_every_n_samples)
@@ -426,8 +443,11 @@ def main(argv):
                 args.ffn_hidden_size, args.sequence_length, args.seed).to(device)
     parameters = list(model.parameters())  # the tied weight once
     model = world.wrap(model)
+    if args.compile:
+        model = torch.compile(model)
     optimizer = torch.optim.AdamW(parameters, lr=args.lr, betas=(args.beta1, args.beta2),
-                                  eps=args.eps, weight_decay=args.weight_decay)
+                                  eps=args.eps, weight_decay=args.weight_decay,
+                                  **({"fused": True} if args.fused else {}))
     schedule = ParamSchedule(args)
     per_rank = args.local_batch_size * world.world_size
     if args.global_batch_size % per_rank:
@@ -438,7 +458,9 @@ def main(argv):
           f"{windows.train_size} training windows of {args.sequence_length} tokens; "
           f"{args.steps} steps of {args.global_batch_size} samples ({grad_acc_steps} "
           f"micro-batches of {args.local_batch_size} per rank on {world.world_size} rank(s)); "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, on {device}", file=out,
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, on {device}"
+          f"{', bf16 autocast' if args.bf16 else ''}{', compiled' if args.compile else ''}"
+          f"{', fused AdamW' if args.fused else ''}{', tf32' if args.tf32 else ''}", file=out,
           flush=True)
 
     timed_tokens = 0
@@ -461,9 +483,10 @@ def main(argv):
             group["weight_decay"] = wd
         loss_sum = 0.0
         for i, batch in enumerate(batches):
-            logits = model(batch[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1),
-                                   reduction="sum")
+            with autocast:
+                logits = model(batch[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                   batch[:, 1:].reshape(-1), reduction="sum")
             loss_sum += loss.item()
             # DDP averages the gradients over the ranks: scale so they sum to d(mean loss).
             world.backward(model, loss * (world.world_size / label_tokens),
