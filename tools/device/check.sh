@@ -5,10 +5,13 @@
 # GPU benchmarks (clipping and checkpoints beside LibTorch's own, the fused attention beside the
 # explicit one, the trainer beside the Python loop on the same GPU), and writes one markdown report: what passed, what failed, the figures.
 #
-#   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS]
+#   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS] [--prebuilt=DIR]
 #
 # From the repository root, with .bazel-device carried. Phases, in order: build, gpu_tests,
-# train, tests, benchmarks (default: all). A phase that ended in an earlier call on this machine
+# train, tests, benchmarks (default: all). With --prebuilt=DIR (tools/device/bundle.sh's
+# .device-bundle, carried instead) nothing is built there: the bundle's binaries run against the
+# machine's LibTorch, CUDA and NCCL, the GPU tests as plain GoogleTest binaries, and the phases
+# are gpu_tests, train and benchmarks (the whole suite needs Bazel). A phase that ended in an earlier call on this machine
 # is not run again, so calls that each fit a time limit continue where the last one stopped;
 # --deadline=S starts no phase after S seconds (its report says which were left). The report
 # (default: $OUT/device-report.md where $OUT is set, else /tmp/keel-device-check/report.md)
@@ -21,11 +24,13 @@ REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
 PHASES=build,gpu_tests,train,tests,benchmarks
 DEADLINE=0
+PREBUILT=""
 for arg in "$@"; do
   case "$arg" in
     --report=*) REPORT=${arg#*=} ;;
     --phases=*) PHASES=${arg#*=} ;;
     --deadline=*) DEADLINE=${arg#*=} ;;
+    --prebuilt=*) PREBUILT=$(realpath "${arg#*=}") ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
@@ -33,21 +38,33 @@ mkdir -p "$WORK" "$(dirname "$REPORT")"
 cd "$ROOT"
 START=$SECONDS
 note() { echo "check: $*" >&2; }
-
-# --- the machine, and the packed Bazel ------------------------------------------------------
-if ! bash tools/device/unpack.sh >"$WORK/unpack.log" 2>&1; then
-  cat "$WORK/unpack.log" >&2
-  note "unpacking failed; see $WORK/unpack.log"
-  exit 1
-fi
-# shellcheck disable=SC1091
-. /tmp/keel-bazel/env.sh
-# Convenience links of another Bazel (another output base) would be walked into by //...; this
-# one makes its own.
-for link in bazel-*; do if [[ -L "$link" ]]; then rm "$link"; fi; done
 BAZEL=(bazel)
 OPT=(--config=cuda -c opt --curses=no --noshow_progress)
-BIN=$(bazel info "${OPT[@]}" bazel-bin 2>/dev/null)
+
+# --- the machine, and the packed Bazel (or the prebuilt bundle) ----------------------------
+if [[ -n "$PREBUILT" ]]; then
+  [[ "$PHASES" != build,gpu_tests,train,tests,benchmarks ]] || PHASES=gpu_tests,train,benchmarks
+  TORCH=$("${PYTHON:-python3}" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+  export KEEL_LIBTORCH=$TORCH CC=${CC:-$(command -v gcc || echo none)}
+  # The bundle's Debian libraries, then the machine's LibTorch and the CUDA and NCCL beside it.
+  LD_LIBRARY_PATH=$PREBUILT/lib:$TORCH/lib
+  for lib in "$TORCH"/../nvidia/*/lib; do LD_LIBRARY_PATH+=:$(realpath "$lib"); done
+  export LD_LIBRARY_PATH
+  BIN=$PREBUILT/bin
+  note "prebuilt: $(head -n 1 "$PREBUILT/MANIFEST")"
+else
+  if ! bash tools/device/unpack.sh >"$WORK/unpack.log" 2>&1; then
+    cat "$WORK/unpack.log" >&2
+    note "unpacking failed; see $WORK/unpack.log"
+    exit 1
+  fi
+  # shellcheck disable=SC1091
+  . /tmp/keel-bazel/env.sh
+  # Convenience links of another Bazel (another output base) would be walked into by //...;
+  # this one makes its own.
+  for link in bazel-*; do if [[ -L "$link" ]]; then rm "$link"; fi; done
+  BIN=$(bazel info "${OPT[@]}" bazel-bin 2>/dev/null)
+fi
 
 # phase NAME: runs the function NAME unless it ended before; records its status and seconds.
 phase() {
@@ -76,6 +93,16 @@ build() { "${BAZEL[@]}" build "${OPT[@]}" -k //...; }
 # The tests tagged gpu, and those with GPU cases among CPU ones (a tag filter would drop them).
 gpu_tests() {
   local status=0
+  if [[ -n "$PREBUILT" ]]; then
+    for test in optim/fused_adamw_test checkpoint/checkpoint_gpu_test base/torch_compat_test; do
+      "$BIN/$test" && echo "//${test%/*}:${test##*/} PASSED" || { echo "//${test%/*}:${test##*/} FAILED"; status=1; }
+    done
+    "$BIN/gradients/clip_grad_norm_torch_gpu_test" --python="${PYTHON:-python3}" \
+      --script=gradients/clip_grad_norm_reference.py --device=cuda &&
+      echo "//gradients:clip_grad_norm_torch_gpu_test PASSED" ||
+      { echo "//gradients:clip_grad_norm_torch_gpu_test FAILED"; status=1; }
+    return $status
+  fi
   "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors --build_tests_only \
     --test_tag_filters=gpu //... || status=1
   "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors \
@@ -88,8 +115,9 @@ gpu_tests() {
 train() {
   local gpu cpu
   rm -rf "$WORK/train_gpu" "$WORK/train_cpu"
-  "$BIN/tools/train" --set distributed.backend=nccl --set "run_dir=$WORK/train_gpu" || return 1
-  "$BIN/tools/train" --set "run_dir=$WORK/train_cpu" || return 1
+  local config=--config=tools/recipe/default.textproto
+  "$BIN/tools/train" "$config" --set distributed.backend=nccl --set "run_dir=$WORK/train_gpu" || return 1
+  "$BIN/tools/train" "$config" --set "run_dir=$WORK/train_cpu" || return 1
   gpu=$(tail -n 1 "$WORK/train_gpu/metrics.jsonl" | sed -n 's/.*"loss": *\([0-9.eE+-]*\).*/\1/p')
   cpu=$(tail -n 1 "$WORK/train_cpu/metrics.jsonl" | sed -n 's/.*"loss": *\([0-9.eE+-]*\).*/\1/p')
   echo "final loss: GPU (NCCL) $gpu, CPU (Gloo) $cpu"
@@ -103,8 +131,9 @@ benchmarks() {
   "$BIN/gradients/clip_grad_norm_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/checkpoint/checkpoint_benchmark" --benchmark_filter='cuda|DeviceToHost' || status=1
   "$BIN/base/attention_benchmark" --benchmark_filter=cuda || status=1
-  tools/scripts/train_benchmark.sh --device=cuda --rounds=3 --train_bin="$BIN/tools/train" \
-    --work_dir="$WORK/train_benchmark" || status=1
+  "$BIN/optim/fused_adamw_benchmark" --benchmark_filter=cuda || status=1
+  tools/scripts/gpu_benchmark.sh --train_bin="$BIN/tools/train" --python="${PYTHON:-python3}" \
+    --work_dir="$WORK/gpu_benchmark" || status=1
   return $status
 }
 
@@ -131,7 +160,7 @@ report() {
       echo "## $name"
       echo
       echo '```'
-      grep -E '^//.* (PASSED|FAILED|TIMEOUT|NO STATUS|SKIPPED|FLAKY)|Executed .* tests|FAILED TO BUILD' \
+      grep -E '^//.* (PASSED|FAILED|TIMEOUT|NO STATUS|SKIPPED|FLAKY)|Executed .* tests|FAILED TO BUILD|^\[  (SKIPPED|FAILED) ' \
         "$WORK/$name.log" | sed 's/  */ /g'
       echo '```'
     done

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds, here, what a lent GPU machine runs without building: `--config=cuda -c opt` binaries of
+# the trainer, the GPU tests and the GPU benchmarks, stripped, with the Debian libraries they load
+# that the machine lacks (Abseil, protobuf, SentencePiece, Benchmark, xxhash, ...), into
+# .device-bundle/ (git-ignored; carry it). LibTorch, CUDA and NCCL are the machine's own: the
+# binaries were linked against the same PyTorch wheel (2.11, CUDA 13), and
+# `tools/device/check.sh --prebuilt=.device-bundle` points the loader at the machine's copies.
+# It saves the machine the build (a bazel, a sysroot and some minutes of its time); check.sh
+# without --prebuilt builds there instead (tools/device/pack.sh).
+#
+#   tools/device/bundle.sh [OUTDIR]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
+OUT=$(realpath -m "${1:-$ROOT/.device-bundle}")
+cd "$ROOT"
+
+# target -> the binary's name in the bundle (tests run as plain GoogleTest binaries there).
+TARGETS=(
+  //tools:train
+  //tools:launch
+  //gradients:clip_grad_norm_benchmark
+  //gradients:clip_grad_norm_torch_gpu_test
+  //optim:fused_adamw_test
+  //optim:fused_adamw_benchmark
+  //checkpoint:checkpoint_gpu_test
+  //base:attention_benchmark
+  //base:torch_compat_test
+)
+OPT=(--config=cuda -c opt)
+bazel build "${OPT[@]}" "${TARGETS[@]}"
+BIN=$(bazel info "${OPT[@]}" bazel-bin 2>/dev/null)
+
+rm -rf "$OUT"
+mkdir -p "$OUT/bin" "$OUT/lib"
+for target in "${TARGETS[@]}"; do  # bin/<package>/<name>, as under bazel-bin
+  path=${target#//}
+  path=${path/://}
+  mkdir -p "$OUT/bin/$(dirname "$path")"
+  cp "$BIN/$path" "$OUT/bin/$path"
+  chmod u+w "$OUT/bin/$path"
+  strip --strip-debug "$OUT/bin/$path"
+done
+
+# The shared libraries the binaries load from Debian's /usr/lib, but not the C runtime (the
+# machine's newer glibc and libstdc++ serve them), and nothing of LibTorch, CUDA or NCCL.
+find "$OUT/bin" -type f -exec ldd {} + 2>/dev/null | awk '/=> \// { print $3 }' | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so.* | libm.so.* | libdl.so.* | librt.so.* | libpthread.so.* | ld-linux* | \
+      libstdc++.so.* | libgcc_s.so.* | libgomp*.so.*) continue ;;
+  esac
+  case "$lib" in
+    */site-packages/* | /usr/local/cuda/*) continue ;;
+    /lib/* | /usr/lib/*) cp -L "$lib" "$OUT/lib/" ;;
+  esac
+done
+{
+  echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')"
+  echo "built $(date -u +%FT%TZ) on $(. /etc/os-release && echo "$PRETTY_NAME") with $(gcc -dumpfullversion)"
+  echo "needs glibc $(ldd --version | head -1 | awk '{print $NF}')"
+  echo "libtorch $("$ROOT/.venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+} >"$OUT/MANIFEST"
+du -sh "$OUT"/bin "$OUT"/lib >&2
+cat "$OUT/MANIFEST"
