@@ -391,6 +391,11 @@ absl::StatusOr<at::Tensor> ForeachClip(double max_norm,
   }
   KEEL_ASSIGN_OR_RETURN(at::Tensor total,
                         ForeachTotal(unsharded, sharded_keys, sharded, options.norm_type, target));
+  // Stages combine in one dtype whatever theirs (one may hold bfloat16 gradients, one none).
+  if (options.pp_group != nullptr &&
+      (total.scalar_type() == at::kBFloat16 || total.scalar_type() == at::kHalf)) {
+    total = total.to(at::kFloat);
+  }
   KEEL_ASSIGN_OR_RETURN(total, FinishTotal(std::move(total), options));
   ForeachScaleGrads(all, max_norm, total);
   return total.to(at::kDouble);

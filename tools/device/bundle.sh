@@ -23,6 +23,7 @@ TARGETS=(
   //optim:fused_adamw_test
   //optim:fused_adamw_benchmark
   //checkpoint:checkpoint_gpu_test
+  //checkpoint:checkpoint_benchmark
   //base:attention_benchmark
   //base:torch_compat_test
 )

@@ -8,10 +8,10 @@
 #   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS] [--prebuilt=DIR]
 #
 # From the repository root, with .bazel-device carried. Phases, in order: build, gpu_tests,
-# train, tests, benchmarks (default: all). With --prebuilt=DIR (tools/device/bundle.sh's
+# train, profile, tests, benchmarks, trainer_benchmarks (default: all). With --prebuilt=DIR (tools/device/bundle.sh's
 # .device-bundle, carried instead) nothing is built there: the bundle's binaries run against the
 # machine's LibTorch, CUDA and NCCL, the GPU tests as plain GoogleTest binaries, and the phases
-# are gpu_tests, train and benchmarks (the whole suite needs Bazel). A phase that ended in an earlier call on this machine
+# are gpu_tests, train, profile, benchmarks and trainer_benchmarks (the whole suite needs Bazel). A phase that ended in an earlier call on this machine
 # is not run again, so calls that each fit a time limit continue where the last one stopped;
 # --deadline=S starts no phase after S seconds (its report says which were left). The report
 # (default: $OUT/device-report.md where $OUT is set, else /tmp/keel-device-check/report.md)
@@ -22,7 +22,7 @@ ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 WORK=/tmp/keel-device-check
 REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
-PHASES=build,gpu_tests,train,tests,benchmarks
+PHASES=build,gpu_tests,train,profile,tests,benchmarks,trainer_benchmarks
 DEADLINE=0
 PREBUILT=""
 for arg in "$@"; do
@@ -43,7 +43,8 @@ OPT=(--config=cuda -c opt --curses=no --noshow_progress)
 
 # --- the machine, and the packed Bazel (or the prebuilt bundle) ----------------------------
 if [[ -n "$PREBUILT" ]]; then
-  [[ "$PHASES" != build,gpu_tests,train,tests,benchmarks ]] || PHASES=gpu_tests,train,benchmarks
+  [[ "$PHASES" != build,gpu_tests,train,profile,tests,benchmarks,trainer_benchmarks ]] ||
+    PHASES=gpu_tests,train,profile,benchmarks,trainer_benchmarks
   TORCH=$("${PYTHON:-python3}" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   export KEEL_LIBTORCH=$TORCH CC=${CC:-$(command -v gcc || echo none)}
   # The bundle's Debian libraries, then the machine's LibTorch and the CUDA and NCCL beside it.
@@ -124,6 +125,20 @@ train() {
   python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(abs(g - c) > 1e-3)" "$gpu" "$cpu"
 }
 
+# Where the trainer's step spends its time on the GPU: LibTorch's profiler over steps 6-8 of the
+# GPT that issue 32's table measures (h1024, 8 layers, seq 512, batch 32 in micro-batches of 8).
+profile() {
+  rm -rf "$WORK/profile"
+  "$BIN/tools/train" --config=tools/recipe/default.textproto --set distributed.backend=nccl \
+    --set "run_dir=$WORK/profile" --set "data.prefix=$WORK/train_gpu/data/corpus" \
+    --set model.hidden_size=1024 --set model.num_layers=8 --set model.num_attention_heads=16 \
+    --set model.ffn_hidden_size=4096 --set data.sequence_length=512 \
+    --set step_scheduler.global_batch_size=32 --set step_scheduler.max_steps=8 \
+    --set step_scheduler.ckpt_every_steps=1000 --set step_scheduler.val_every_steps=1000 \
+    --set step_scheduler.validate_on_checkpoint=false --set logging.log_every_steps=1 \
+    --set logging.profile_steps=3 --set logging.profile_after_step=5
+}
+
 tests() { "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors //...; }
 
 benchmarks() {
@@ -132,9 +147,14 @@ benchmarks() {
   "$BIN/checkpoint/checkpoint_benchmark" --benchmark_filter='cuda|DeviceToHost' || status=1
   "$BIN/base/attention_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/optim/fused_adamw_benchmark" --benchmark_filter=cuda || status=1
-  tools/scripts/gpu_benchmark.sh --train_bin="$BIN/tools/train" --python="${PYTHON:-python3}" \
-    --work_dir="$WORK/gpu_benchmark" || status=1
   return $status
+}
+
+# The trainer beside the Python loop's variants (fp32, autocast bf16, compiled) on the default
+# GPT, issue 32's table GPT and GPT-2 124M.
+trainer_benchmarks() {
+  tools/scripts/gpu_benchmark.sh --train_bin="$BIN/tools/train" --python="${PYTHON:-python3}" \
+    --prefix="$WORK/train_gpu/data/corpus" --work_dir="$WORK/gpu_benchmark"
 }
 
 # The report: the machine, each phase's status, the tests' verdicts, the figures.
@@ -154,6 +174,14 @@ report() {
     for name in ${PHASES//,/ }; do
       echo "| $name | $(cat "$WORK/$name.status" 2>/dev/null || echo "not run") |"
     done
+    if [[ -f "$WORK/profile.log" ]]; then
+      echo
+      echo "## where the step's time goes (GPT h1024, 8 layers, seq 512; steps 6-8)"
+      echo
+      echo '```'
+      sed -n '/^profile of steps/,$p' "$WORK/profile.log" | head -n 45
+      echo '```'
+    fi
     for name in gpu_tests tests; do
       [[ -f "$WORK/$name.log" ]] || continue
       echo
@@ -177,6 +205,10 @@ report() {
       echo "## the default run, GPU (NCCL) beside CPU (Gloo)"
       echo
       grep -E '^final loss|^done at step|tokens/s' "$WORK/train.log" | tail -n 6 | sed 's/^/    /'
+    fi
+    if [[ -f "$WORK/trainer_benchmarks.log" ]]; then
+      echo
+      sed -n '/^## Keel beside/,$p' "$WORK/trainer_benchmarks.log"
     fi
     if [[ -f "$WORK/benchmarks.log" ]]; then
       echo

@@ -23,8 +23,9 @@
 # MFU uses llm.c's count, 6 N + 6 L C T FLOPs per token (N: the Python model's parameters, the
 # tied embedding once), over the GPU's dense bf16 peak (989.4 TFLOP/s for an H100 or H200;
 # --peak_tflops for another), for every row whatever its precision.
-# --rounds (default 1), --steps (20) and --untimed_steps (5: the compiled model compiles in
-# them) go to each run; --work_dir keeps the logs (default a new temporary directory).
+# --rounds (default 1), --steps (20), --untimed_steps (5: the compiled model compiles in them)
+# and --prefix (an indexed dataset; default: the trainer's corpus, prepared once) go to each
+# run; --work_dir keeps the logs (default a new temporary directory).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -37,6 +38,7 @@ train_bin=""
 python=""
 work_dir=""
 peak_tflops=""
+prefix=""
 
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
@@ -53,6 +55,7 @@ for arg in "$@"; do
     --python=*) python=${arg#*=} ;;
     --work_dir=*) work_dir=${arg#*=} ;;
     --peak_tflops=*) peak_tflops=${arg#*=} ;;
+    --prefix=*) prefix=${arg#*=} ;;
     *) usage ;;
   esac
 done
@@ -60,6 +63,12 @@ done
 work_dir=${work_dir:-$(mktemp -d "${TMPDIR:-/tmp}/keel-gpu-benchmark.XXXXXX")}
 mkdir -p "${work_dir}"
 python=${python:-python3}
+if [[ -z "${prefix}" ]]; then
+  echo "gpu_benchmark: preparing the default corpus" >&2
+  "${train_bin}" --config="${repo_root}/tools/recipe/default.textproto" \
+    --set "run_dir=${work_dir}/corpus" --set step_scheduler.max_steps=1 >"${work_dir}/corpus.log" 2>&1
+  prefix="${work_dir}/corpus/data/corpus"
+fi
 
 shape_flags() {
   case "$1" in
@@ -89,6 +98,7 @@ for shape in ${shapes//,/ }; do
     "${repo_root}/tools/scripts/train_benchmark.sh" --device=cuda --threads=4 \
       --rounds="${rounds}" --steps="${steps}" --untimed_steps="${untimed_steps}" \
       --train_bin="${train_bin}" --python="${python}" --work_dir="${work_dir}/${shape}_${pair}" \
+      --prefix="${prefix}" \
       --json="${work_dir}/${shape}_${pair}.json" $(shape_flags "${shape}") \
       $(pair_flags "${pair}") >"${work_dir}/${shape}_${pair}.md"
   done
