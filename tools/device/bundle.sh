@@ -42,18 +42,25 @@ for target in "${TARGETS[@]}"; do  # bin/<package>/<name>, as under bazel-bin
   strip --strip-debug "$OUT/bin/$path"
 done
 
-# The shared libraries the binaries load from Debian's /usr/lib, but not the C runtime (the
-# machine's newer glibc and libstdc++ serve them), and nothing of LibTorch, CUDA or NCCL.
-find "$OUT/bin" -type f -exec ldd {} + 2>/dev/null | awk '/=> \// { print $3 }' | sort -u | while read -r lib; do
+# The shared libraries the binaries load: Keel's own that tests link dynamically (Bazel's
+# _solib_ folders), and Debian's from /usr/lib, but not the C runtime (the machine's newer glibc
+# and libstdc++ serve them), and nothing of LibTorch, CUDA or NCCL. ldd reads the binaries where
+# Bazel built them, so that their $ORIGIN-relative paths resolve.
+for target in "${TARGETS[@]}"; do
+  path=${target#//}
+  ldd "$BIN/${path/://}"
+done 2>/dev/null | awk '/=> \// { print $3 }' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so.* | libm.so.* | libdl.so.* | librt.so.* | libpthread.so.* | ld-linux* | \
       libstdc++.so.* | libgcc_s.so.* | libgomp*.so.*) continue ;;
   esac
   case "$lib" in
     */site-packages/* | /usr/local/cuda/*) continue ;;
-    /lib/* | /usr/lib/*) cp -L "$lib" "$OUT/lib/" ;;
+    */_solib_*/* | /lib/* | /usr/lib/*) cp -L "$lib" "$OUT/lib/" ;;
   esac
 done
+chmod -R u+w "$OUT/lib"
+strip --strip-debug "$OUT"/lib/lib*_S*.so 2>/dev/null || true
 {
   echo "commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')"
   echo "built $(date -u +%FT%TZ) on $(. /etc/os-release && echo "$PRETTY_NAME") with $(gcc -dumpfullversion)"

@@ -8,10 +8,11 @@
 #   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS] [--prebuilt=DIR]
 #
 # From the repository root, with .bazel-device carried. Phases, in order: build, gpu_tests,
-# train, profile, tests, benchmarks, trainer_benchmarks (default: all). With --prebuilt=DIR (tools/device/bundle.sh's
+# train, profile, tests, trainer_benchmarks, benchmarks, gpt2_benchmarks (default: all). With --prebuilt=DIR (tools/device/bundle.sh's
 # .device-bundle, carried instead) nothing is built there: the bundle's binaries run against the
 # machine's LibTorch, CUDA and NCCL, the GPU tests as plain GoogleTest binaries, and the phases
-# are gpu_tests, train, profile, benchmarks and trainer_benchmarks (the whole suite needs Bazel). A phase that ended in an earlier call on this machine
+# are gpu_tests, train, profile, trainer_benchmarks, benchmarks and gpt2_benchmarks (the whole
+# suite needs Bazel). A phase that ended in an earlier call on this machine
 # is not run again, so calls that each fit a time limit continue where the last one stopped;
 # --deadline=S starts no phase after S seconds (its report says which were left). The report
 # (default: $OUT/device-report.md where $OUT is set, else /tmp/keel-device-check/report.md)
@@ -22,7 +23,7 @@ ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 WORK=/tmp/keel-device-check
 REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
-PHASES=build,gpu_tests,train,profile,tests,benchmarks,trainer_benchmarks
+PHASES=build,gpu_tests,train,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks
 DEADLINE=0
 PREBUILT=""
 for arg in "$@"; do
@@ -43,8 +44,8 @@ OPT=(--config=cuda -c opt --curses=no --noshow_progress)
 
 # --- the machine, and the packed Bazel (or the prebuilt bundle) ----------------------------
 if [[ -n "$PREBUILT" ]]; then
-  [[ "$PHASES" != build,gpu_tests,train,profile,tests,benchmarks,trainer_benchmarks ]] ||
-    PHASES=gpu_tests,train,profile,benchmarks,trainer_benchmarks
+  [[ "$PHASES" != build,gpu_tests,train,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks ]] ||
+    PHASES=gpu_tests,train,profile,trainer_benchmarks,benchmarks,gpt2_benchmarks
   TORCH=$("${PYTHON:-python3}" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   export KEEL_LIBTORCH=$TORCH CC=${CC:-$(command -v gcc || echo none)}
   # The bundle's Debian libraries, then the machine's LibTorch and the CUDA and NCCL beside it.
@@ -150,12 +151,18 @@ benchmarks() {
   return $status
 }
 
-# The trainer beside the Python loop's variants (fp32, autocast bf16, compiled) on the default
-# GPT, issue 32's table GPT and GPT-2 124M.
-trainer_benchmarks() {
+# The trainer beside the Python loop's variants (tools/scripts/gpu_benchmark.sh: fp32, autocast
+# bf16, compiled) on the default GPT and issue 32's table GPT; gpt2_benchmarks on GPT-2 124M.
+# 12 steps, the first 4 untimed (the compiled model compiles in them).
+trainer_benchmark() {
   tools/scripts/gpu_benchmark.sh --train_bin="$BIN/tools/train" --python="${PYTHON:-python3}" \
-    --prefix="$WORK/train_gpu/data/corpus" --work_dir="$WORK/gpu_benchmark"
+    --prefix="$WORK/train_gpu/data/corpus" --steps=12 --untimed_steps=4 "$@"
 }
+trainer_benchmarks() {
+  trainer_benchmark --shapes=default --pairs=fp32,bf16 --work_dir="$WORK/gpu_benchmark_default"
+  trainer_benchmark --shapes=table --work_dir="$WORK/gpu_benchmark_table"
+}
+gpt2_benchmarks() { trainer_benchmark --shapes=gpt2 --work_dir="$WORK/gpu_benchmark_gpt2"; }
 
 # The report: the machine, each phase's status, the tests' verdicts, the figures.
 report() {
@@ -206,10 +213,11 @@ report() {
       echo
       grep -E '^final loss|^done at step|tokens/s' "$WORK/train.log" | tail -n 6 | sed 's/^/    /'
     fi
-    if [[ -f "$WORK/trainer_benchmarks.log" ]]; then
+    for name in trainer_benchmarks gpt2_benchmarks; do
+      [[ -f "$WORK/$name.log" ]] || continue
       echo
-      sed -n '/^## Keel beside/,$p' "$WORK/trainer_benchmarks.log"
-    fi
+      sed -n '/^## Keel beside/,/^$/p; /^| /p' "$WORK/$name.log" | awk '!seen[$0]++'
+    done
     if [[ -f "$WORK/benchmarks.log" ]]; then
       echo
       echo "## benchmarks"

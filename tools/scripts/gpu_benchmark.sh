@@ -23,6 +23,7 @@
 # MFU uses llm.c's count, 6 N + 6 L C T FLOPs per token (N: the Python model's parameters, the
 # tied embedding once), over the GPU's dense bf16 peak (989.4 TFLOP/s for an H100 or H200;
 # --peak_tflops for another), for every row whatever its precision.
+# --device=cpu runs the same on the CPU (the fp32 and compiled pairs; TF32 is a GPU setting).
 # --rounds (default 1), --steps (20), --untimed_steps (5: the compiled model compiles in them)
 # and --prefix (an indexed dataset; default: the trainer's corpus, prepared once) go to each
 # run; --work_dir keeps the logs (default a new temporary directory).
@@ -39,6 +40,7 @@ python=""
 work_dir=""
 peak_tflops=""
 prefix=""
+device=cuda
 
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
@@ -56,6 +58,7 @@ for arg in "$@"; do
     --work_dir=*) work_dir=${arg#*=} ;;
     --peak_tflops=*) peak_tflops=${arg#*=} ;;
     --prefix=*) prefix=${arg#*=} ;;
+    --device=*) device=${arg#*=} ;;
     *) usage ;;
   esac
 done
@@ -95,7 +98,7 @@ for shape in ${shapes//,/ }; do
   for pair in ${pairs//,/ }; do
     echo "gpu_benchmark: ${shape} ${pair}" >&2
     # shellcheck disable=SC2046
-    "${repo_root}/tools/scripts/train_benchmark.sh" --device=cuda --threads=4 \
+    "${repo_root}/tools/scripts/train_benchmark.sh" --device="${device}" --threads=4 \
       --rounds="${rounds}" --steps="${steps}" --untimed_steps="${untimed_steps}" \
       --train_bin="${train_bin}" --python="${python}" --work_dir="${work_dir}/${shape}_${pair}" \
       --prefix="${prefix}" \
