@@ -99,7 +99,8 @@ gpu_tests() {
     for test in optim/fused_adamw_test checkpoint/checkpoint_gpu_test base/torch_compat_test; do
       "$BIN/$test" && echo "//${test%/*}:${test##*/} PASSED" || { echo "//${test%/*}:${test##*/} FAILED"; status=1; }
     done
-    "$BIN/gradients/clip_grad_norm_torch_gpu_test" --python="${PYTHON:-python3}" \
+    # The test runs the interpreter by its path (a bare name would be taken for a missing file).
+    "$BIN/gradients/clip_grad_norm_torch_gpu_test" --python="$(command -v "${PYTHON:-python3}")" \
       --script=gradients/clip_grad_norm_reference.py --device=cuda &&
       echo "//gradients:clip_grad_norm_torch_gpu_test PASSED" ||
       { echo "//gradients:clip_grad_norm_torch_gpu_test FAILED"; status=1; }
@@ -169,8 +170,12 @@ report() {
   {
     echo "# Keel on a GPU machine: $(date -u +%FT%TZ)"
     echo
-    echo "- commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
-      git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    if [[ -n "$PREBUILT" ]]; then
+      echo "- binaries: $(head -n 1 "$PREBUILT/MANIFEST") ($(sed -n 2p "$PREBUILT/MANIFEST"))"
+    else
+      echo "- commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+        git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    fi
     echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
     echo "- PyTorch: $("${PYTHON:-python3}" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null)"
     echo "- LibTorch: $KEEL_LIBTORCH; compiler: $CC ($("$CC" -dumpfullversion 2>/dev/null))"
