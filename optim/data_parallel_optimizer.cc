@@ -135,6 +135,14 @@ at::Tensor DataParallelOptimizer::LocalGradientSum() const {
     if (sync == nullptr) continue;
     sum = sum.defined() ? sum + sync->LocalGradientSum() : sync->LocalGradientSum();
   }
+  if (sync_ != nullptr) return sum;
+  // No reduction replaced this rank's gradients: they are still its own.
+  for (const gradients::NamedParameter& p : parameters_) {
+    const at::Tensor grad = p.param.grad();
+    if (!grad.defined()) continue;
+    const at::Tensor part = grad.sum(at::kDouble);
+    sum = sum.defined() ? sum + part : part;
+  }
   return sum;
 }
 

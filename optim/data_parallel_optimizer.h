@@ -92,7 +92,8 @@ class DataParallelOptimizer {
   // The gradients cleared without a step: the step is dropped (every rank must drop it).
   void SkipStep();
   // The sum of this rank's gradients before the reduction, after Wait (see
-  // DataParallelGradSync::LocalGradientSum); undefined without a group.
+  // DataParallelGradSync::LocalGradientSum); without a group, of its gradients as they are (a
+  // float64 pass over them: for diagnostics, not every step). Undefined without gradients.
   at::Tensor LocalGradientSum() const;
   // Back to the state Create made: no optimizer state, every param group's options as built.
   void Reset();

@@ -124,7 +124,16 @@ TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
   KEEL_ASSERT_OK_AND_ASSIGN(
       auto alone, DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr, AdamW()));
   EXPECT_EQ(alone->Describe(), "AdamW");
-  EXPECT_FALSE(alone->LocalGradientSum().defined());
+  EXPECT_FALSE(alone->LocalGradientSum().defined());  // no gradients yet
+  // Its gradients as they are: every element 0.25, one of them a 2.
+  double expected = 0.0;
+  for (const gradients::NamedParameter& p : alone->parameters()) {
+    at::Tensor param = p.param;
+    param.mutable_grad() = at::full_like(param, 0.25);
+    expected += 0.25 * static_cast<double>(param.numel());
+  }
+  alone->parameters().front().param.grad().view({-1})[0] = 2.0;
+  EXPECT_EQ(alone->LocalGradientSum().item<double>(), expected + 1.75);
 }
 
 // On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL

@@ -474,9 +474,15 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   }
 
   // Before the optimizer step: a non-finite value stops the run or drops the step everywhere.
-  KEEL_ASSIGN_OR_RETURN(NonFiniteGuard::Verdict verdict,
-                        s.numerics->Check(s.scheduler->step() + 1, output.loss, output.grad_norm,
-                                          {loss_sum, s.optimizer->LocalGradientSum()}, runtime_));
+  // What this rank contributed: its gradients' sum only when a value is non-finite (every rank
+  // sees the same reduced loss and norm), to name the rank; not a pass over them every step.
+  NonFiniteGuard::Local local{loss_sum, {}};
+  if (!std::isfinite(output.loss) || !std::isfinite(output.grad_norm)) {
+    local.gradient_sum = s.optimizer->LocalGradientSum();
+  }
+  KEEL_ASSIGN_OR_RETURN(
+      NonFiniteGuard::Verdict verdict,
+      s.numerics->Check(s.scheduler->step() + 1, output.loss, output.grad_norm, local, runtime_));
   if (verdict == NonFiniteGuard::Verdict::kSkip) {
     output.skipped = true;
     s.optimizer->SkipStep();

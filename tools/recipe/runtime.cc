@@ -58,8 +58,11 @@ void AttachMesh(const parallel::DeviceMesh& mesh, const at::Device& device, Trai
   runtime.mesh = &mesh;
   runtime.device = device;
   // Megatron's DDP reduces dense gradients over dp with cp (get_data_parallel_group(
-  // with_context_parallel=True)).
-  runtime.group = mesh.Group(parallel::GroupKind::kDpCp);
+  // with_context_parallel=True)); over one rank there is nothing to reduce (and on a GPU the
+  // reduction's buckets, kernels and failure check would cost every step).
+  runtime.group = mesh.GroupSize(parallel::GroupKind::kDpCp) > 1
+                      ? mesh.Group(parallel::GroupKind::kDpCp)
+                      : nullptr;
   runtime.tp_group = mesh.Group(parallel::GroupKind::kTp);
   runtime.ep_group = mesh.Group(parallel::GroupKind::kEp);
   runtime.expert_tp_group = mesh.Group(parallel::GroupKind::kExpertTp);

@@ -41,8 +41,8 @@ struct TrainRuntime {
   const parallel::DeviceMesh* mesh = nullptr;
   // Where the model trains: the CPU, or this rank's GPU with the NCCL backend.
   at::Device device = at::kCPU;
-  // The data-parallel group for tensors on `device` (gradient sync); nullptr for a single
-  // process.
+  // The data-parallel group for tensors on `device` (gradient sync); nullptr for one
+  // data-parallel rank.
   c10d::ProcessGroup* group = nullptr;
   // The tensor-parallel group for tensors on `device` (the model's layers); nullptr for a
   // single process.
