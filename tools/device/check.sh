@@ -221,7 +221,7 @@ report() {
     for name in trainer_benchmarks gpt2_benchmarks; do
       [[ -f "$WORK/$name.log" ]] || continue
       echo
-      sed -n '/^## Keel beside/,/^$/p; /^| /p' "$WORK/$name.log" | awk '!seen[$0]++'
+      sed -n '/^## Keel beside/,/^$/p; /^|/p' "$WORK/$name.log" | awk '!seen[$0]++'
     done
     if [[ -f "$WORK/benchmarks.log" ]]; then
       echo
