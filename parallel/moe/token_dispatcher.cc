@@ -65,26 +65,37 @@ class AllToAll : public torch::autograd::Function<AllToAll> {
   }
 };
 
-std::vector<int64_t> ToVector(const at::Tensor& counts) {
-  const at::Tensor cpu = counts.to(at::kCPU, at::kLong).contiguous();
-  return std::vector<int64_t>(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
+// The counts a layer exchanges, read to the host at once (one wait for the device a layer):
+// this rank's [ranks, local experts] counts sent and received, and their rows' sums.
+struct HostCounts {
+  std::vector<int64_t> received;  // flat, [source rank][local expert]
+  std::vector<int64_t> send_rows;
+  std::vector<int64_t> receive_rows;
+};
+
+HostCounts ReadCounts(const at::Tensor& counts, const at::Tensor& received_counts) {
+  const at::Tensor host = at::stack({counts, received_counts}).to(at::kCPU, at::kLong);
+  const auto values = [](const at::Tensor& t) {
+    const at::Tensor c = t.contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  };
+  return {values(host[1]), values(host[0].sum(1)), values(host[1].sum(1))};
 }
 
 // The tokens received from every rank, [source rank][local expert] counts, through their
 // local experts, one source rank's tokens at a time: an expert's gradient is then the sum of
 // each rank's part, as where each rank's tokens are a micro-batch of one rank (float sums in the
 // same order), rather than one product over all of them.
-at::Tensor RunLocalExperts(const at::Tensor& received, const at::Tensor& counts,
+at::Tensor RunLocalExperts(const at::Tensor& received, const std::vector<int64_t>& counts,
                            GroupedMlpImpl& experts) {
-  const int64_t local = counts.size(1);
-  const std::vector<int64_t> flat = ToVector(counts);
+  const int64_t local = experts.num_local_experts();
   std::vector<at::Tensor> outputs;
   int64_t start = 0;
-  for (size_t c = 0; c < flat.size(); ++c) {
+  for (size_t c = 0; c < counts.size(); ++c) {
     // An expert without tokens still runs: its weights get zero gradients.
     outputs.push_back(
-        experts.forward(static_cast<int64_t>(c) % local, received.narrow(0, start, flat[c])));
-    start += flat[c];
+        experts.forward(static_cast<int64_t>(c) % local, received.narrow(0, start, counts[c])));
+    start += counts[c];
   }
   return at::cat(outputs);
 }
@@ -144,25 +155,22 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
   // Counts first: what each rank receives from every rank for each of its local experts.
   at::Tensor counts = per_expert.view({ranks, local}).contiguous();
   at::Tensor received_counts = counts;
-  at::Tensor received = permuted;
   if (ranks > 1) {
     received_counts = at::empty_like(counts);
     std::vector<int64_t> send(ranks, 1);  // one row of counts for each rank
     std::vector<int64_t> receive(ranks, 1);
     Timed([&] { ep->alltoall_base(received_counts, counts, receive, send)->wait(); });
-    received =
-        AllToAll::apply(permuted, ToVector(counts.sum(1)), ToVector(received_counts.sum(1)), ep);
   }
+  const HostCounts host = ReadCounts(counts, received_counts);
+  at::Tensor received = permuted;
+  if (ranks > 1) received = AllToAll::apply(permuted, host.send_rows, host.receive_rows, ep);
   // Over expert_tp every rank holds the same tokens and its part of each expert: one sum of the
   // parts (and of the parts of the tokens' gradients, backward) for all the experts.
   at::Tensor expert_out = ReduceFromTensorParallelRegion(
-      RunLocalExperts(CopyToTensorParallelRegion(received, experts.expert_tp()), received_counts,
+      RunLocalExperts(CopyToTensorParallelRegion(received, experts.expert_tp()), host.received,
                       experts),
       experts.expert_tp());
-  if (ranks > 1) {
-    expert_out =
-        AllToAll::apply(expert_out, ToVector(received_counts.sum(1)), ToVector(counts.sum(1)), ep);
-  }
+  if (ranks > 1) expert_out = AllToAll::apply(expert_out, host.receive_rows, host.send_rows, ep);
   // Unpermute: each pair's output weighted by its probability, summed per token.
   const at::Tensor weights = routing.probs.reshape({-1}).index_select(0, order).unsqueeze(1);
   return at::zeros_like(tokens).index_add(0, token_of, expert_out * weights.to(expert_out.dtype()));

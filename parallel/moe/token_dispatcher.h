@@ -67,7 +67,9 @@ TORCH_MODULE(GroupedMlp);
 // all-to-alls each way with their counts); a rank whose experts receive no tokens runs the
 // same collectives. Over the experts' expert_tp, whose ranks hold the same tokens, one
 // all-reduce sums the parts of the experts' outputs (and one the parts of the tokens'
-// gradients). Differentiable (the backward pass runs the all-to-alls in reverse).
+// gradients). Differentiable (the backward pass runs the all-to-alls in reverse). The counts
+// are read to the host once a call (the one wait for the device: the token exchange and the
+// experts' slices need their sizes).
 // Collective: over `ep` and expert_tp, forward and backward; nothing on one rank. Throws c10::Error
 // when a collective fails, as LibTorch does (callers wrap forward and backward in base::CallTorch).
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,

@@ -714,6 +714,8 @@ absl::StatusOr<TrainResult> Run::Finish() {
     log << "; pipeline waits " << 100.0 * result_.pipeline_wait_seconds / result_.loop_seconds
         << "%";
   }
+  // On a GPU these are the host's times: collectives are queued there, not waited for.
+  if (runtime_.device.is_cuda()) log << " (host times: the device runs asynchronously)";
   log << "\n";
   return result_;
 }
