@@ -144,7 +144,7 @@ TEST(ClipGradNormMultiRankTest, MissingShardedAndPartialGradsCountAsZerosOnEvery
   constexpr int kLacking = 1;  // the rank without w_rows' and p_partial's gradients
   for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
     for (int world : {2, 4}) {
-      SCOPED_TRACE(absl::StrCat("exact=", exact, " norm_type=", norm_type, " world=", world));
+      SCOPED_TRACE(absl::StrCat("norm_type=", norm_type, " world=", world));
       // The unsharded reference: the lacking rank's rows of w_rows and its elements of
       // p_partial are zeros.
       std::vector<NamedParameter> full;
