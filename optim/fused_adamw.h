@@ -39,7 +39,9 @@ class FusedAdamW : public torch::optim::AdamW {
   // torch::optim::AdamW's step over the parameters that have a gradient (a parameter without
   // one keeps its weights and state): per param group, one _fused_adamw_ per device and dtype.
   // Equal to AdamW's per-parameter step up to the rounding of the fused kernel (it evaluates
-  // the same formulas in another order). Throws c10::Error as AdamW's step does (a sparse
+  // the same formulas in another order; on the CPU an element's rounding can also depend on
+  // where it falls in its tensor, vectorized body or tail, so row shards step to float32
+  // rounding of their whole parameter). Throws c10::Error as AdamW's step does (a sparse
   // gradient, a gradient of another device or dtype than its parameter).
   at::Tensor step(LossClosure closure = nullptr) override;
 
