@@ -325,6 +325,14 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
           {"numerics", base::WriteJsonFields(options.numerics)}};
 }
 
+absl::StatusOr<checkpoint::State> ConfigState::StateDict() const {
+  checkpoint::State state;
+  state.values = fingerprint_;
+  return state;
+}
+
+absl::Status ConfigState::LoadStateDict(checkpoint::StateReader&) { return absl::OkStatus(); }
+
 ConfigChanges CompareConfigs(const base::Json& saved, const base::Json& current) {
   std::vector<std::pair<std::string, std::string>> lines;
   Diff(saved, current, "", lines);

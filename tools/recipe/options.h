@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -222,6 +223,20 @@ struct TrainOptions {
 // included), as {"<section>": {"<field>": value}} plus the top-level fields. Where the run lives
 // (run_dir, checkpoint.checkpoint_dir) is left out: a run directory may move.
 base::Json ConfigFingerprint(const TrainOptions& options);
+
+// The run's configuration in its checkpoints, under kConfigState: its ConfigFingerprint, saved
+// with each one and compared before a resume (Run::CheckConfig); loading it restores nothing,
+// so checkpoints written before Keel saved it load as well.
+inline constexpr char kConfigState[] = "config";
+class ConfigState : public checkpoint::Stateful {
+ public:
+  explicit ConfigState(base::Json fingerprint) : fingerprint_(std::move(fingerprint)) {}
+  [[nodiscard]] absl::StatusOr<checkpoint::State> StateDict() const override;
+  [[nodiscard]] absl::Status LoadStateDict(checkpoint::StateReader&) override;
+
+ private:
+  base::Json fingerprint_;
+};
 
 // How a checkpoint's configuration differs from this run's.
 struct ConfigChanges {

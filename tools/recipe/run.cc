@@ -29,7 +29,6 @@
 #include "gradients/clip_grad_norm.h"
 #include "gradients/norm_check.h"
 #include "optim/data_parallel_optimizer.h"
-#include "optim/fused_adamw.h"
 #include "optim/param_scheduler.h"
 #include "parallel/device_mesh.h"
 #include "parallel/moe/token_dispatcher.h"
@@ -42,12 +41,12 @@
 #include "tools/recipe/gpt.h"
 #include "tools/recipe/megatron_data.h"
 #include "tools/recipe/numerics.h"
+#include "tools/recipe/optimizer.h"
 #include "tools/recipe/plot.h"
 #include "tools/recipe/profile.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/stages.h"
 #include "tools/recipe/tensorboard.h"
-#include "torch/optim/adamw.h"
 #include "torch/utils.h"
 
 namespace keel::tools::recipe {
@@ -68,49 +67,8 @@ int64_t LabelTokens(const TokenBatch& batch) {
   return static_cast<int64_t>(batch.loss_mask.sum().item<double>());
 }
 
-// The run's configuration in its checkpoints ("config"): saved with each one and compared
-// before a resume (Run::CheckConfig); loading it restores nothing, so checkpoints written
-// before Keel saved it load as well.
-class ConfigState : public checkpoint::Stateful {
- public:
-  explicit ConfigState(base::Json fingerprint) : fingerprint_(std::move(fingerprint)) {}
-  absl::StatusOr<checkpoint::State> StateDict() const override {
-    checkpoint::State state;
-    state.values = fingerprint_;
-    return state;
-  }
-  absl::Status LoadStateDict(checkpoint::StateReader&) override { return absl::OkStatus(); }
-
- private:
-  base::Json fingerprint_;
-};
-
-constexpr char kConfigState[] = "config";
-
 // The layout dimension of the experts (parallel::GroupedMlp's).
 constexpr char kExpertDim[] = "ep";
-
-// AdamW with the run's options, over whatever the data-parallel optimizer steps: one
-// multi-tensor kernel per step (optim::FusedAdamW) when `fused`, else torch::optim::AdamW's
-// loop over the parameters.
-optim::OptimizerFactory AdamW(const OptimizerOptions& o, bool fused) {
-  return [o, fused](const std::vector<gradients::NamedParameter>& params)
-             -> std::unique_ptr<torch::optim::Optimizer> {
-    std::vector<at::Tensor> tensors;
-    for (const gradients::NamedParameter& p : params) tensors.push_back(p.param);
-    const auto options = torch::optim::AdamWOptions(o.lr)
-                             .betas({o.beta1, o.beta2})
-                             .eps(o.eps)
-                             .weight_decay(o.weight_decay);
-    if (!fused) return std::make_unique<torch::optim::AdamW>(tensors, options);
-    // ReadOptions refused a LibTorch without the kernel; parameters and their row shards are
-    // contiguous floating-point tensors.
-    absl::StatusOr<std::unique_ptr<optim::FusedAdamW>> adamw =
-        optim::FusedAdamW::Create(tensors, options);
-    TORCH_INTERNAL_ASSERT(adamw.ok(), adamw.status().ToString());
-    return *std::move(adamw);
-  };
-}
 
 }  // namespace
 
@@ -211,26 +169,14 @@ absl::Status Run::BuildModel() {
   s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group,
                   runtime_.expert_tp_group);
   (*s.model)->to(runtime_.device);
-  optim::DataParallelOptimizerOptions optimizer_options;
-  optimizer_options.use_distributed_optimizer = options_.distributed.use_distributed_optimizer;
-  optimizer_options.clip.pp_group = runtime_.pp_group;
-  optimizer_options.clip.device = runtime_.device;
-  optimizer_options.expert_dim_name = kExpertDim;
-  optimizer_options.expert_data_parallel_group = runtime_.expert_data_group;
   std::vector<gradients::NamedParameter> parameters =
       gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts());
   MarkSharedEmbedding(*s.model, parameters);
-  KEEL_ASSIGN_OR_RETURN(
-      s.optimizer, optim::DataParallelOptimizer::Create(std::move(parameters), runtime_.group,
-                                                        AdamW(options_.optimizer, UsesFusedAdamW()),
-                                                        optimizer_options));
+  KEEL_ASSIGN_OR_RETURN(s.optimizer,
+                        BuildOptimizer(std::move(parameters), options_, runtime_, kExpertDim));
   KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
                                                                       s.optimizer->optimizer()));
   return absl::OkStatus();
-}
-
-bool Run::UsesFusedAdamW() const {
-  return options_.optimizer.fused.value_or(runtime_.device.is_cuda());
 }
 
 // Everything a checkpoint holds, and the checkpointer.
@@ -598,7 +544,8 @@ absl::Status Run::OpenOutputs() {
                 << (pp > 1 ? absl::StrCat(" in ", pp, " pipeline stages of ",
                                           options_.model.num_layers / pp, " blocks")
                            : "")
-                << ", " << s.optimizer->Describe() << (UsesFusedAdamW() ? " (fused step)" : "")
+                << ", " << s.optimizer->Describe()
+                << (UsesFusedAdamW(options_.optimizer, runtime_.device) ? " (fused step)" : "")
                 << "; " << s.data.splits.train_size() << " training and "
                 << s.data.splits.val_size() << " validation windows of "
                 << options_.data.dataset.sequence_length << " tokens; " << s.scheduler->max_steps()

@@ -114,8 +114,6 @@ class Run {
   class State;
   Run(const TrainOptions& options, TrainRuntime runtime);
   absl::Status BuildModel();
-  // optimizer.fused, unset: fused on GPUs.
-  bool UsesFusedAdamW() const;
   absl::Status BuildCheckpointing();
   // After a failed load wrote part of a checkpoint: the model, optimizer, schedules and
   // sampler back as Build made them, in place (the checkpoint's objects hold them).
