@@ -86,20 +86,26 @@ void ExpectSameTrajectory(const Problem& fused, const Problem& reference, FusedA
   EXPECT_EQ(fused_adamw.state().count(base::OptimizerStateKeyOf(fused.frozen)), 0);
 }
 
+// Steps `first` to `last` of both optimizers on the same gradients, comparing after each.
+void StepAlike(const Problem& fused, const Problem& reference, FusedAdamW& fused_adamw,
+               torch::optim::AdamW& adamw, int64_t first, int64_t last) {
+  for (int64_t step = first; step <= last; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    fused.SetGrads(step);
+    reference.SetGrads(step);
+    fused_adamw.step();
+    adamw.step();
+    ExpectSameTrajectory(fused, reference, fused_adamw, adamw);
+  }
+}
+
 // The fused step against torch::optim::AdamW's per-parameter step on `device`.
 void CompareWithAdamW(const at::Device& device, bool amsgrad) {
   Problem fused(device), reference(device);
   KEEL_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FusedAdamW> fused_adamw,
                             FusedAdamW::Create(fused.Groups(), Defaults(amsgrad)));
   torch::optim::AdamW adamw(reference.Groups(), Defaults(amsgrad));
-  for (int64_t step = 1; step <= 6; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step));
-    fused.SetGrads(step);
-    reference.SetGrads(step);
-    fused_adamw->step();
-    adamw.step();
-    ExpectSameTrajectory(fused, reference, *fused_adamw, adamw);
-  }
+  StepAlike(fused, reference, *fused_adamw, adamw, 1, 6);
 }
 
 class FusedAdamWTest : public ::testing::Test {
@@ -157,25 +163,12 @@ TEST_F(FusedAdamWTest, ContinuesFromALoadedOrClearedState) {
     state->exp_avg_sq(loaded.exp_avg_sq().clone());
     fused_adamw->state()[base::OptimizerStateKeyOf(fused.params[i])] = std::move(state);
   }
-  for (int64_t step = 4; step <= 5; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step));
-    fused.SetGrads(step);
-    reference.SetGrads(step);
-    fused_adamw->step();
-    adamw.step();
-    ExpectSameTrajectory(fused, reference, *fused_adamw, adamw);
-  }
+  StepAlike(fused, reference, *fused_adamw, adamw, 4, 5);
 
   fused_adamw->state().clear();
   adamw.state().clear();
-  for (int64_t step = 6; step <= 7; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step, " after clearing"));
-    fused.SetGrads(step);
-    reference.SetGrads(step);
-    fused_adamw->step();
-    adamw.step();
-    ExpectSameTrajectory(fused, reference, *fused_adamw, adamw);
-  }
+  SCOPED_TRACE("after clearing");
+  StepAlike(fused, reference, *fused_adamw, adamw, 6, 7);
 }
 
 TEST_F(FusedAdamWTest, RefusesTensorsTheKernelCannotStep) {
