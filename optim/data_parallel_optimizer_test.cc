@@ -98,23 +98,35 @@ absl::StatusOr<std::vector<at::Tensor>> Train(Net& net, DataParallelOptimizer& o
   return Weights(net);
 }
 
-TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
-  std::vector<std::vector<at::Tensor>> whole(2), sharded(2);
-  std::vector<std::string> descriptions(2);
-  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+// Each of 2 Gloo ranks trains a Net with `factory`'s optimizer unsharded, then sharded: the
+// weights of each run per rank, and the sharded optimizer's description per rank.
+struct BothPaths {
+  std::vector<std::vector<at::Tensor>> whole{2}, sharded{2};
+  std::vector<std::string> descriptions{2};
+};
+absl::StatusOr<BothPaths> TrainBothPaths(const OptimizerFactory& factory) {
+  BothPaths out;
+  KEEL_RETURN_IF_ERROR(RunOnRanks(2, [&](Rank& r) -> absl::Status {
     for (bool shard : {false, true}) {
       Net net;
       DataParallelOptimizerOptions options;
       options.use_distributed_optimizer = shard;
       KEEL_ASSIGN_OR_RETURN(
           auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), r.group.get(),
-                                                        AdamW(), options));
+                                                        factory, options));
       EXPECT_EQ(optimizer->sharded() != nullptr, shard);
-      KEEL_ASSIGN_OR_RETURN((shard ? sharded : whole)[r.rank], Train(net, *optimizer, r.rank, 2));
-      if (shard) descriptions[r.rank] = optimizer->Describe();
+      KEEL_ASSIGN_OR_RETURN((shard ? out.sharded : out.whole)[r.rank],
+                            Train(net, *optimizer, r.rank, 2));
+      if (shard) out.descriptions[r.rank] = optimizer->Describe();
     }
     return absl::OkStatus();
   }));
+  return out;
+}
+
+TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const BothPaths paths, TrainBothPaths(AdamW()));
+  const auto& [whole, sharded, descriptions] = paths;
   for (int rank = 0; rank < 2; ++rank) {
     for (size_t i = 0; i < whole[0].size(); ++i) {
       EXPECT_TRUE(at::equal(whole[rank][i], whole[0][i]));    // the replicas agree
@@ -149,19 +161,8 @@ TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
 // bit.
 TEST(DataParallelOptimizerTest, TheFusedAdamWStepsShardsAsWholeParameters) {
   if (!base::HasFusedAdamW()) GTEST_SKIP() << "LibTorch 1.13 has no fused AdamW";
-  std::vector<std::vector<at::Tensor>> whole(2), sharded(2);
-  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-    for (bool shard : {false, true}) {
-      Net net;
-      DataParallelOptimizerOptions options;
-      options.use_distributed_optimizer = shard;
-      KEEL_ASSIGN_OR_RETURN(
-          auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), r.group.get(),
-                                                        AdamW(/*fused=*/true), options));
-      KEEL_ASSIGN_OR_RETURN((shard ? sharded : whole)[r.rank], Train(net, *optimizer, r.rank, 2));
-    }
-    return absl::OkStatus();
-  }));
+  KEEL_ASSERT_OK_AND_ASSIGN(const BothPaths paths, TrainBothPaths(AdamW(/*fused=*/true)));
+  const auto& [whole, sharded, descriptions] = paths;
   for (int rank = 0; rank < 2; ++rank) {
     for (size_t i = 0; i < whole[0].size(); ++i) {
       EXPECT_TRUE(at::equal(whole[rank][i], whole[0][i]));
