@@ -48,6 +48,12 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
           absl::StrCat("layouts: '", name, "' is not a parameter or buffer of the model"));
     }
   }
+  for (const auto& [name, stand_in] : options_.stand_ins) {
+    if (params.find(name) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stand_ins: '", name, "' is not a parameter of the model"));
+    }
+  }
 
   std::vector<std::string> names;
   std::vector<at::Tensor> tensors;
@@ -81,6 +87,10 @@ absl::StatusOr<std::vector<ModelState::Entry>> ModelState::Entries() const {
     entry.tensor = tensors[i];
     if (auto p = options_.layouts.find(names[i]); p != options_.layouts.end()) {
       entry.layout = p->second;
+    }
+    if (auto s = options_.stand_ins.find(names[i]); s != options_.stand_ins.end()) {
+      entry.tensor = s->second.tensor;
+      entry.layout = s->second.layout;
     }
     entries.push_back(std::move(entry));
   }

@@ -50,6 +50,11 @@ struct ModelStateOptions {
   // Blocks of sharded parameters or buffers, by fully qualified name; others are whole.
   // Default: empty.
   std::map<std::string, parallel::TensorLayout> layouts;
+  // Parameters saved and loaded through another tensor, by fully qualified name: a bf16
+  // model's float32 main copies (optim::DataParallelOptimizer::StepParameters, with their
+  // layouts, which replace those of `layouts`), so that the checkpoint holds the float32
+  // values the optimizer steps, Megatron's main parameters, and loads into them. Default: empty.
+  std::map<std::string, TensorRef> stand_ins;
 };
 
 // The model's parameters and buffers by fully qualified name (Module::named_parameters and
@@ -71,8 +76,8 @@ class ModelState : public Stateful {
   // Requires: `model` outlives this object.
   explicit ModelState(torch::nn::Module& model, ModelStateOptions options = {});
 
-  // Errors: kInvalidArgument when a layout names no parameter or buffer of the model, or
-  // two names give the same key (e.g. "model.x" and "x" in the safetensors layout).
+  // Errors: kInvalidArgument when a layout or stand-in names no parameter or buffer of the
+  // model, or two names give the same key (e.g. "model.x" and "x" in the safetensors layout).
   [[nodiscard]] absl::StatusOr<State> StateDict() const override;
   // Reads every tensor StateDict would save, in place. Errors: those of StateDict, and of
   // StateReader::ReadTensor.

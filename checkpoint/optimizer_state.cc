@@ -283,7 +283,7 @@ absl::StatusOr<OptimizerState> OptimizerState::Create(optim::DataParallelOptimiz
   }
   NamedTensors named;
   std::map<std::string, parallel::TensorLayout> layouts;
-  for (const gradients::NamedParameter& p : optimizer.parameters()) {
+  for (const gradients::NamedParameter& p : optimizer.StepParameters()) {
     named.emplace_back(p.name, p.param);
     if (p.layout) layouts[p.name] = *p.layout;
   }

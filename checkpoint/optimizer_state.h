@@ -76,8 +76,9 @@ class OptimizerState : public Stateful {
   [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
       optim::DistributedOptimizer& optimizer, optim::ParamScheduler* scheduler = nullptr);
 
-  // The state of a DataParallelOptimizer, sharded or not: as the first Create for its
-  // parameters (by their names, with their layouts), or as the second for its shards.
+  // The state of a DataParallelOptimizer, sharded or not: as the first Create for what it steps
+  // (its parameters or their float32 main copies, by the parameters' names, with their
+  // layouts), or as the second for its shards.
   // Errors: as above. Requires: `optimizer` and `scheduler` (may be null) outlive this object.
   [[nodiscard]] static absl::StatusOr<OptimizerState> Create(
       optim::DataParallelOptimizer& optimizer, optim::ParamScheduler* scheduler = nullptr);

@@ -19,18 +19,47 @@ using internal::Piece;
 absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::Create(
     std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
     const DataParallelGradSyncOptions& options) {
+  return Make(std::move(parameters), &group, options);
+}
+
+absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::CreateLocal(
+    std::vector<NamedParameter> parameters, const DataParallelGradSyncOptions& options) {
+  if (!options.main_grad_dtype.has_value()) {
+    return absl::InvalidArgumentError(
+        "a gradient sync without a group holds main gradients: set main_grad_dtype");
+  }
+  return Make(std::move(parameters), nullptr, options);
+}
+
+absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::Make(
+    std::vector<NamedParameter> parameters, c10d::ProcessGroup* group,
+    const DataParallelGradSyncOptions& options) {
   GradBucketsOptions buckets_options;
   buckets_options.bucket_cap_mb = options.bucket_cap_mb;
   buckets_options.init_sync = options.init_sync;
   buckets_options.portions = 1;
   buckets_options.collective = "all-reduce";
+  buckets_options.main_grad_dtype = options.main_grad_dtype;
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<GradBuckets> buckets,
                         GradBuckets::Create(std::move(parameters), group, buckets_options,
-                                            [&group](size_t, Bucket& bucket) {
+                                            [group](size_t, Bucket& bucket) {
                                               std::vector<at::Tensor> contents = {bucket.flat};
-                                              return group.allreduce(contents);
+                                              return group->allreduce(contents);
                                             }));
-  return std::unique_ptr<DataParallelGradSync>(new DataParallelGradSync(std::move(buckets)));
+  std::unique_ptr<DataParallelGradSync> sync(new DataParallelGradSync(std::move(buckets)));
+  if (!options.main_grad_dtype.has_value()) return sync;
+  // One piece per parameter (one part per bucket); a parameter without elements has none.
+  const std::vector<at::Tensor>& params = sync->buckets_->params();
+  for (const at::Tensor& param : params) {
+    sync->main_grads_.push_back(
+        at::zeros(param.sizes(), param.options().dtype(*options.main_grad_dtype)));
+  }
+  for (const Bucket& bucket : sync->buckets_->buckets()) {
+    for (const Piece& piece : bucket.pieces) {
+      sync->main_grads_[piece.param] = sync->buckets_->BucketRows(piece);
+    }
+  }
+  return sync;
 }
 
 absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::Create(
@@ -57,15 +86,21 @@ size_t DataParallelGradSync::num_buckets() const { return buckets_->buckets().si
 
 int64_t DataParallelGradSync::bucket_bytes() const { return buckets_->total_bytes(); }
 
-const at::Tensor& DataParallelGradSync::LocalGradientSum() const {
+at::Tensor DataParallelGradSync::LocalGradientSum() const {
   return buckets_->local_gradient_sum();
 }
 
 absl::Status DataParallelGradSync::Wait() {
   KEEL_RETURN_IF_ERROR(buckets_->Wait());
   at::NoGradGuard no_grad;
-  const double world = buckets_->group().getSize();
+  const auto world = static_cast<double>(buckets_->world_size());
   return base::CallTorch(absl::StatusCode::kInternal, "writing the averaged gradients", [&] {
+    if (buckets_->main_grads()) {
+      if (world > 1) {
+        for (Bucket& bucket : buckets_->buckets()) bucket.flat.div_(world);
+      }
+      return;
+    }
     for (Bucket& bucket : buckets_->buckets()) {
       for (const Piece& piece : bucket.pieces) {
         at::Tensor grad = GradBuckets::Rows(buckets_->params()[piece.param].grad(), piece);

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -49,6 +50,12 @@ struct DataParallelGradSyncOptions {
   // Keel: the mesh dimension the group is, as the shards' layouts name it ("dp", "expert_dp").
   // Default: "dp".
   std::string dim_name = "dp";
+  // Megatron's main gradients (DistributedDataParallel's main_grad buffers): every backward
+  // pass, accumulation micro-batches included, adds each parameter's gradient into a buffer of
+  // this dtype and frees the parameter's .grad; the buffers are reduced in this dtype (float32
+  // for bf16 parameters: Megatron's grad_reduce_in_fp32), and Wait() leaves the average there
+  // (MainGrad), not in .grad. Default: unset (DDP's: gradients accumulate in .grad).
+  std::optional<at::ScalarType> main_grad_dtype;
 };
 
 // Averages the gradients of a module's parameters over a data-parallel process group once per
@@ -76,6 +83,11 @@ class DataParallelGradSync {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallelGradSync>> Create(
       torch::nn::Module& module, c10d::ProcessGroup& group,
       const DataParallelGradSyncOptions& options = {});
+  // One rank, no group: the main gradients alone (options.main_grad_dtype must be set), as
+  // Megatron keeps them on one data-parallel rank; Wait() communicates nothing.
+  // Errors: as Create's; kInvalidArgument without main_grad_dtype.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallelGradSync>> CreateLocal(
+      std::vector<NamedParameter> parameters, const DataParallelGradSyncOptions& options);
 
   DataParallelGradSync(const DataParallelGradSync&) = delete;
   DataParallelGradSync& operator=(const DataParallelGradSync&) = delete;
@@ -89,7 +101,8 @@ class DataParallelGradSync {
   void PrepareForFinalBackward();
 
   // Finishes the synchronised backward: waits for every bucket's all-reduce and writes the
-  // group average (sum / world size) into each parameter's grad, identical on every rank.
+  // group average (sum / world size) into each parameter's grad (with main gradients, into
+  // MainGrad), identical on every rank.
   // Collective: all buckets are reduced even on error, so the ranks stay in step.
   // Errors: kFailedPrecondition when called in accumulation mode with nothing pending, or when a
   // parameter got no gradient (unused) or two (two backward passes before Wait); the message
@@ -101,8 +114,14 @@ class DataParallelGradSync {
   // the reduction: a 0-d tensor on the parameters' device (no host synchronisation), non-finite
   // exactly when one of them was (float32 and narrower gradients cannot overflow it). It tells
   // which rank a non-finite reduced gradient came from, as Megatron's check_for_nan_in_grad
-  // checks each rank's local gradients; undefined before the first Wait().
-  const at::Tensor& LocalGradientSum() const;
+  // checks each rank's local gradients; undefined before the first Wait(). Without a group it
+  // is summed when asked, not on every step.
+  at::Tensor LocalGradientSum() const;
+
+  // With main gradients: parameter i's (in the given order), a view of its bucket in
+  // main_grad_dtype with the parameter's shape; the group's average after Wait(), overwritten
+  // by the next step's first backward. Undefined without main gradients.
+  const at::Tensor& MainGrad(size_t i) const { return main_grads_[i]; }
 
   // Number of all-reduce buckets, each reduced by one collective per synchronised backward.
   size_t num_buckets() const;
@@ -111,8 +130,12 @@ class DataParallelGradSync {
 
  private:
   explicit DataParallelGradSync(std::unique_ptr<internal::GradBuckets> buckets);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DataParallelGradSync>> Make(
+      std::vector<NamedParameter> parameters, c10d::ProcessGroup* group,
+      const DataParallelGradSyncOptions& options);
 
   std::unique_ptr<internal::GradBuckets> buckets_;
+  std::vector<at::Tensor> main_grads_;
 };
 
 }  // namespace keel::gradients

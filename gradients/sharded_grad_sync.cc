@@ -21,9 +21,9 @@ using internal::GradBuckets;
 using internal::GradBucketsOptions;
 using internal::Piece;
 
-// Rank `rank`'s part of the bucket's buffer.
-at::Tensor Part(const Bucket& bucket, int64_t rank) {
-  return bucket.flat.narrow(0, rank * bucket.portion_numel, bucket.portion_numel);
+// Rank `rank`'s part of `flat`, the bucket's buffer or one laid out as it.
+at::Tensor Part(const Bucket& bucket, const at::Tensor& flat, int64_t rank) {
+  return flat.narrow(0, rank * bucket.portion_numel, bucket.portion_numel);
 }
 
 // Starts the reduction of the bucket's parts: a reduce-scatter where the backend has one for
@@ -32,26 +32,26 @@ at::Tensor Part(const Bucket& bucket, int64_t rank) {
 c10::intrusive_ptr<c10d::Work> ReduceScatter(c10d::ProcessGroup& group, Bucket& bucket,
                                              int64_t rank, bool native) {
   if (native) {
-    at::Tensor part = Part(bucket, rank);
+    at::Tensor part = Part(bucket, bucket.flat, rank);
     return group._reduce_scatter_base(part, bucket.flat);
   }
   std::vector<at::Tensor> contents = {bucket.flat};
   return group.allreduce(contents);
 }
 
-// Starts the all-gather of every rank's part into the whole buffer, in place: one flat
-// all-gather (NCCL), or each part broadcast from its rank (Gloo, whose all-gather would stage
-// the whole bucket in a second buffer). May throw c10::Error.
+// Starts the all-gather of every rank's part of `flat` (laid out as the bucket) into the whole
+// buffer, in place: one flat all-gather (NCCL), or each part broadcast from its rank (Gloo,
+// whose all-gather would stage the whole bucket in a second buffer). May throw c10::Error.
 std::vector<c10::intrusive_ptr<c10d::Work>> AllGatherParts(c10d::ProcessGroup& group,
-                                                           Bucket& bucket, int64_t rank,
-                                                           bool native) {
+                                                           const Bucket& bucket, at::Tensor flat,
+                                                           int64_t rank, bool native) {
   if (native) {
-    at::Tensor mine = Part(bucket, rank);
-    return {group._allgather_base(bucket.flat, mine)};
+    at::Tensor mine = Part(bucket, flat, rank);
+    return {group._allgather_base(flat, mine)};
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> work;
   for (int64_t k = 0; k < group.getSize(); ++k) {
-    std::vector<at::Tensor> part = {Part(bucket, k)};
+    std::vector<at::Tensor> part = {Part(bucket, flat, k)};
     c10d::BroadcastOptions from;
     from.rootRank = k;
     work.push_back(group.broadcast(part, from));
@@ -79,8 +79,9 @@ absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
   buckets_options.init_sync = options.init_sync;
   buckets_options.portions = group.getSize();
   buckets_options.collective = "reduce-scatter";
+  buckets_options.main_grad_dtype = options.main_grad_dtype;
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<GradBuckets> buckets,
-                        GradBuckets::Create(std::move(parameters), group, buckets_options,
+                        GradBuckets::Create(std::move(parameters), &group, buckets_options,
                                             [&group, rank, native](size_t, Bucket& bucket) {
                                               return ReduceScatter(group, bucket, rank, native);
                                             }));
@@ -88,6 +89,15 @@ absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
   sync->rank_ = rank;
   sync->native_ = native;
   sync->MakeShards(options.dim_name);
+  KEEL_RETURN_IF_ERROR(base::CallTorch(
+      absl::StatusCode::kInternal, "allocating the parameter all-gather buffers", [&] {
+        for (const Bucket& bucket : sync->buckets_->buckets()) {
+          const at::Tensor& param = sync->buckets_->params()[bucket.params.front()];
+          sync->gather_buffers_.push_back(param.scalar_type() == bucket.flat.scalar_type()
+                                              ? bucket.flat
+                                              : at::empty_like(bucket.flat, param.options()));
+        }
+      }));
   return sync;
 }
 
@@ -128,8 +138,18 @@ void ShardedGradSync::MakeShards(const std::string& dim_name) {
     }
     layout.dims.push_back({dim_name, &buckets_->group(), parallel::Placement::Shard(0)});
     layout.offsets[0] += row_begin[i];
-    shards_.push_back(ParamShard{p.name, p.param.detach().narrow(0, row_begin[i], rows[i]),
-                                 std::move(layout), row_begin[i]});
+    ParamShard shard{p.name, p.param.detach().narrow(0, row_begin[i], rows[i]), {},
+                     std::move(layout), row_begin[i]};
+    if (buckets_->main_grads()) {
+      shard.main_grad = at::empty_like(shard.tensor, buckets_->buckets().front().flat.options());
+    }
+    shards_.push_back(std::move(shard));
+  }
+  if (!buckets_->main_grads()) return;
+  for (const Bucket& bucket : buckets_->buckets()) {
+    for (const Piece& piece : bucket.pieces) {
+      if (piece.portion == rank_) shards_[piece.param].main_grad = buckets_->BucketRows(piece);
+    }
   }
 }
 
@@ -139,7 +159,7 @@ void ShardedGradSync::PrepareForFinalBackward() { buckets_->EnableSync(true); }
 
 size_t ShardedGradSync::num_buckets() const { return buckets_->buckets().size(); }
 
-const at::Tensor& ShardedGradSync::LocalGradientSum() const {
+at::Tensor ShardedGradSync::LocalGradientSum() const {
   return buckets_->local_gradient_sum();
 }
 
@@ -175,6 +195,10 @@ absl::Status ShardedGradSync::Wait() {
   const double world = buckets_->group().getSize();
   const std::vector<at::Tensor>& params = buckets_->params();
   return base::CallTorch(absl::StatusCode::kInternal, "writing the averaged gradients", [&] {
+    if (buckets_->main_grads()) {
+      for (ParamShard& shard : shards_) shard.main_grad.div_(world);
+      return;
+    }
     for (Bucket& bucket : buckets_->buckets()) {
       for (const Piece& piece : bucket.pieces) {
         if (piece.portion != rank_) continue;
@@ -209,12 +233,14 @@ absl::Status ShardedGradSync::AllGather(const absl::Status& before) {
         absl::StrCat("copying this rank's rows into parameter bucket ", b), [&] {
           for (const Piece& piece : bucket.pieces) {
             if (piece.portion != rank_) continue;
-            buckets_->BucketRows(piece).copy_(GradBuckets::Rows(params[piece.param], piece));
+            buckets_->BucketRows(piece, gather_buffers_[b])
+                .copy_(GradBuckets::Rows(params[piece.param], piece));
           }
         }));
     keep_first(base::CallTorch(
-        absl::StatusCode::kUnavailable, absl::StrCat("all-gather of parameter bucket ", b),
-        [&] { work[b] = AllGatherParts(buckets_->group(), bucket, rank_, native_); }));
+        absl::StatusCode::kUnavailable, absl::StrCat("all-gather of parameter bucket ", b), [&] {
+          work[b] = AllGatherParts(buckets_->group(), bucket, gather_buffers_[b], rank_, native_);
+        }));
   }
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
@@ -224,7 +250,8 @@ absl::Status ShardedGradSync::AllGather(const absl::Status& before) {
           for (const auto& part : work[b]) part->wait();
           for (const Piece& piece : bucket.pieces) {
             if (piece.portion != rank_) {
-              GradBuckets::Rows(params[piece.param], piece).copy_(buckets_->BucketRows(piece));
+              GradBuckets::Rows(params[piece.param], piece)
+                  .copy_(buckets_->BucketRows(piece, gather_buffers_[b]));
             }
           }
         }));

@@ -44,8 +44,11 @@ struct ParamShard {
   // The parameter's fully qualified name.
   std::string name;
   // Those rows of the parameter: a view sharing its storage (not requiring grad), so stepping
-  // it steps the parameter. Wait() sets its grad().
+  // it steps the parameter. Wait() sets its grad() (without main gradients).
   at::Tensor tensor;
+  // With main gradients: this rank's rows of them, a view of the bucket in main_grad_dtype,
+  // averaged over the group by Wait(). Undefined without main gradients.
+  at::Tensor main_grad;
   // The shard in the whole tensor: the parameter's layout (none: the parameter is whole) with
   // one more dimension, the group's, sharding dimension 0, and the offset of these rows.
   parallel::TensorLayout layout;
@@ -60,7 +63,9 @@ struct ParamShard {
 // about 1/N of every bucket, within a row per part. The parts are padded to the largest, so
 // NCCL reduce-scatters and all-gathers each bucket as one flat buffer; where the backend has
 // no reduce-scatter (Gloo in LibTorch 1.13) the bucket is all-reduced and each rank keeps its
-// part, the same sums, and each part is broadcast from its rank in place.
+// part, the same sums, and each part is broadcast from its rank in place. With main gradients
+// in another dtype than the parameters' (float32 for bf16), the parameters are all-gathered
+// from buffers of their own dtype, as Megatron's separate parameter and gradient buffers.
 //
 // Requires: as DataParallelGradSync; no 0-d parameter (view it as shape [1]).
 class ShardedGradSync {
@@ -86,13 +91,13 @@ class ShardedGradSync {
 
   // Finishes the synchronised backward: waits for every bucket's reduction and writes the
   // group average of this rank's rows into those rows of each parameter's grad, which each
-  // shard's grad() then views. The parameters' other rows of grad are this rank's local sums:
-  // read gradients through shards() only. Collective. Errors: DataParallelGradSync::Wait's
-  // (naming the reduce-scatter).
+  // shard's grad() then views (with main gradients: into the shards' main_grad). The
+  // parameters' other rows of grad are this rank's local sums: read gradients through shards()
+  // only. Collective. Errors: DataParallelGradSync::Wait's (naming the reduce-scatter).
   [[nodiscard]] absl::Status Wait();
 
-  // After the shards were stepped: every rank's rows, all-gathered into every rank's
-  // parameters, so the replicas are whole and equal again. `before` is this rank's failure
+  // After the shards were stepped (their rows of the parameters written): every rank's rows,
+  // all-gathered into every rank's parameters, so the replicas are whole and equal again. `before` is this rank's failure
   // since Wait (a shard step that threw), if any. Every bucket is all-gathered whatever failed,
   // so the ranks' collectives stay paired, and the ranks then agree on failure: a failing rank
   // returns its error, its peers kAborted naming it. Collective.
@@ -109,7 +114,7 @@ class ShardedGradSync {
   std::vector<NamedParameter> ShardParameters() const;
 
   // As DataParallelGradSync's: this rank's gradients, summed before the reduce-scatter.
-  const at::Tensor& LocalGradientSum() const;
+  at::Tensor LocalGradientSum() const;
 
   size_t num_buckets() const;
   // Elements of the buckets (with the padding of the parts) and of this rank's parts.
@@ -124,6 +129,9 @@ class ShardedGradSync {
   int64_t rank_ = 0;
   bool native_ = false;  // the backend reduce-scatters and all-gathers flat buffers (NCCL)
   std::vector<ParamShard> shards_;
+  // Each bucket's parameter buffer for the all-gather: the bucket itself when it has the
+  // parameters' dtype.
+  std::vector<at::Tensor> gather_buffers_;
 };
 
 }  // namespace keel::gradients

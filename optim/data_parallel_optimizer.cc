@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -32,12 +33,22 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildWhole(
   return optimizer;
 }
 
-// A sync of `parameters` over `group`, or none without a group or parameters.
+// A sync of `parameters` over `group`; with main gradients a local one without a group; none
+// without parameters, or without a group and main gradients.
 absl::StatusOr<std::unique_ptr<gradients::DataParallelGradSync>> SyncOf(
     const std::vector<gradients::NamedParameter>& parameters, c10d::ProcessGroup* group,
     const gradients::DataParallelGradSyncOptions& options) {
-  if (group == nullptr || parameters.empty()) return nullptr;
-  return gradients::DataParallelGradSync::Create(parameters, *group, options);
+  if (parameters.empty()) return nullptr;
+  if (group != nullptr) return gradients::DataParallelGradSync::Create(parameters, *group, options);
+  if (!options.main_grad_dtype.has_value()) return nullptr;
+  return gradients::DataParallelGradSync::CreateLocal(parameters, options);
+}
+
+// What the optimizer steps for a parameter with main gradients: a float32 copy of a narrower
+// one, else the parameter.
+at::Tensor MainCopy(const at::Tensor& param) {
+  if (param.scalar_type() == at::kFloat) return param;
+  return param.detach().to(at::kFloat, false, /*copy=*/true);
 }
 
 }  // namespace
@@ -62,10 +73,28 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
             },
             options.sync));
   } else {
-    KEEL_ASSIGN_OR_RETURN(o.whole_, BuildWhole(o.parameters_, factory));
+    std::vector<gradients::NamedParameter> stepped = o.parameters_;
+    if (options.sync.main_grad_dtype.has_value()) {
+      KEEL_RETURN_IF_ERROR(
+          base::CallTorch(absl::StatusCode::kInternal, "allocating the main parameters", [&] {
+            for (gradients::NamedParameter& p : stepped) {
+              p.param = o.main_.emplace_back(MainCopy(p.param));
+            }
+          }));
+    }
+    KEEL_ASSIGN_OR_RETURN(o.whole_, BuildWhole(stepped, factory));
     KEEL_ASSIGN_OR_RETURN(o.sync_, SyncOf(dense, group, options.sync));
     KEEL_ASSIGN_OR_RETURN(o.expert_sync_,
                           SyncOf(experts, options.expert_data_parallel_group, options.sync));
+    if (!o.main_.empty()) {
+      // Each parameter's main gradient, in the order of the dense and the expert syncs.
+      size_t dense_index = 0, expert_index = 0;
+      for (const gradients::NamedParameter& p : o.parameters_) {
+        o.main_grads_.push_back(gradients::HasLayoutDim(p, options.expert_dim_name)
+                                    ? o.expert_sync_->MainGrad(expert_index++)
+                                    : o.sync_->MainGrad(dense_index++));
+      }
+    }
   }
   for (const auto& group_options : o.optimizer().param_groups()) {
     o.initial_options_.push_back(group_options.options().clone());
@@ -96,11 +125,20 @@ absl::Status DataParallelOptimizer::Wait() {
   for (gradients::DataParallelGradSync* sync : {sync_.get(), expert_sync_.get()}) {
     if (sync != nullptr) status.Update(sync->Wait());
   }
-  return status;
+  KEEL_RETURN_IF_ERROR(status);
+  // The main gradients become the gradients of what the optimizer steps (float32).
+  return base::CallTorch(absl::StatusCode::kInternal, "handing over the main gradients", [&] {
+    for (size_t i = 0; i < main_.size(); ++i) {
+      main_[i].mutable_grad() = main_grads_[i].to(at::kFloat);
+    }
+  });
 }
 
 std::vector<gradients::NamedParameter> DataParallelOptimizer::StepParameters() const {
-  return sharded_ ? sharded_->ShardParameters() : parameters_;
+  if (sharded_) return sharded_->ShardParameters();
+  std::vector<gradients::NamedParameter> stepped = parameters_;
+  for (size_t i = 0; i < main_.size(); ++i) stepped[i].param = main_[i];
+  return stepped;
 }
 
 absl::StatusOr<at::Tensor> DataParallelOptimizer::ClipGradNorm(
@@ -114,17 +152,52 @@ absl::Status DataParallelOptimizer::Step() {
     sharded_->ZeroGrad();
     return absl::OkStatus();
   }
-  return base::CallTorch(absl::StatusCode::kInternal, "the optimizer step", [&] {
-    whole_->step();
-    whole_->zero_grad();
-  });
+  if (main_.empty()) {
+    return base::CallTorch(absl::StatusCode::kInternal, "the optimizer step", [&] {
+      whole_->step();
+      whole_->zero_grad();
+    });
+  }
+  const absl::Status stepped =
+      base::CallTorch(absl::StatusCode::kInternal, "the optimizer step", [&] { whole_->step(); });
+  SkipStep();  // the main gradients are views of the buckets: dropped, not zeroed
+  KEEL_RETURN_IF_ERROR(stepped);
+  return CopyMainToModel();
 }
 
 void DataParallelOptimizer::SkipStep() {
   if (sharded_) {
     sharded_->ZeroGrad();
+  } else if (!main_.empty()) {
+    for (at::Tensor& main : main_) main.mutable_grad().reset();
   } else {
     whole_->zero_grad();
+  }
+}
+
+bool DataParallelOptimizer::has_main_copies() const {
+  if (sharded_) return sharded_->has_main_copies();
+  for (size_t i = 0; i < main_.size(); ++i) {
+    if (!main_[i].is_same(parameters_[i].param)) return true;
+  }
+  return false;
+}
+
+absl::Status DataParallelOptimizer::CopyMainToModel() {
+  if (sharded_) return sharded_->CopyMainToModel();
+  at::NoGradGuard no_grad;
+  return base::CallTorch(absl::StatusCode::kInternal, "copying the main parameters", [&] {
+    for (size_t i = 0; i < main_.size(); ++i) {
+      if (!main_[i].is_same(parameters_[i].param)) parameters_[i].param.copy_(main_[i]);
+    }
+  });
+}
+
+void DataParallelOptimizer::CopyModelToMain() {
+  if (sharded_) return sharded_->CopyModelToMain();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < main_.size(); ++i) {
+    if (!main_[i].is_same(parameters_[i].param)) main_[i].copy_(parameters_[i].param);
   }
 }
 
@@ -136,7 +209,8 @@ at::Tensor DataParallelOptimizer::LocalGradientSum() const {
     sum = sum.defined() ? sum + sync->LocalGradientSum() : sync->LocalGradientSum();
   }
   if (sync_ != nullptr) return sum;
-  // No reduction replaced this rank's gradients: they are still its own.
+  // No reduction replaced this rank's gradients: they are still its own. (With main gradients
+  // every parameter has a sync.)
   for (const gradients::NamedParameter& p : parameters_) {
     const at::Tensor grad = p.param.grad();
     if (!grad.defined()) continue;
@@ -152,6 +226,7 @@ void DataParallelOptimizer::Reset() {
   for (size_t i = 0; i < o.param_groups().size(); ++i) {
     o.param_groups()[i].set_options(initial_options_[i]->clone());
   }
+  CopyModelToMain();
 }
 
 torch::optim::Optimizer& DataParallelOptimizer::optimizer() {
@@ -161,7 +236,9 @@ torch::optim::Optimizer& DataParallelOptimizer::optimizer() {
 std::string DataParallelOptimizer::Describe() const {
   const torch::optim::Optimizer& o = sharded_ ? sharded_->optimizer() : *whole_;
   const absl::StatusOr<OptimizerKind> kind = KindOf(o);
-  const std::string name(kind.ok() ? OptimizerKindName(*kind) : "optimizer");
+  const std::string name =
+      absl::StrCat(kind.ok() ? OptimizerKindName(*kind) : "optimizer",
+                   has_main_copies() ? " over float32 main parameters" : "");
   if (!sharded_) return name;
   int64_t total = 0;
   for (const gradients::ParamShard& shard : sharded_->shards()) {

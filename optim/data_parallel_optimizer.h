@@ -6,6 +6,12 @@
 // clipped by the norm of the whole gradient over every parameter's layout; then stepped. One
 // object for a third party's loop, with the same calls whatever the mode.
 //
+// Megatron's mixed precision (--bf16) is options.sync.main_grad_dtype: gradients summed into
+// main-gradient buffers of that dtype (float32: grad_reduce_in_fp32) on every micro-batch and
+// reduced there; the optimizer steps float32 main parameters (a rank's shards of them with the
+// distributed optimizer) whose gradients are the main gradients, and each step rounds their
+// values into the bf16 parameters.
+//
 //   auto adamw = [](const std::vector<gradients::NamedParameter>& params) { ... };
 //   KEEL_ASSIGN_OR_RETURN(auto optimizer,
 //                         DataParallelOptimizer::Create(TrainableParameters({model}), dp, adamw));
@@ -48,7 +54,8 @@ struct DataParallelOptimizerOptions {
   // Megatron's use_distributed_optimizer: each rank keeps the state of its shard only (ZeRO
   // 1-2); nothing to shard without a group. Default: false.
   bool use_distributed_optimizer = false;
-  // The gradient buckets (bucket_cap_mb, init_sync). Default: DataParallelGradSync's.
+  // The gradient buckets (bucket_cap_mb, init_sync, main_grad_dtype). Default:
+  // DataParallelGradSync's.
   gradients::DataParallelGradSyncOptions sync;
   // The clipping norm (norm_type, the pipeline group, ...). Default: ClipGradNorm's.
   gradients::ClipGradNormOptions clip;
@@ -79,7 +86,8 @@ class DataParallelOptimizer {
   void PrepareForFinalBackward();
   [[nodiscard]] absl::Status Wait();
   // What this rank steps: the parameters, or with the distributed optimizer their shards, each
-  // with its layout.
+  // with its layout; with main gradients, the float32 main copies of narrower parameters (or
+  // shards), whose gradients are the averaged main gradients after Wait.
   std::vector<gradients::NamedParameter> StepParameters() const;
   // gradients::ScaleGradsAndClipGradNorm over StepParameters(), with their layouts: the
   // gradients scaled as `scaling` says (by default not at all), then clipped by the norm of the
@@ -91,11 +99,21 @@ class DataParallelOptimizer {
   [[nodiscard]] absl::Status Step();
   // The gradients cleared without a step: the step is dropped (every rank must drop it).
   void SkipStep();
+  // Whether the optimizer steps float32 main copies of (some) parameters.
+  bool has_main_copies() const;
+  // The main copies' values, rounded, into the parameters (all-gathered when sharded): after
+  // the main copies were loaded from a checkpoint. Nothing without main copies. Collective
+  // when sharded. Errors: kInternal when a copy fails; DistributedOptimizer's.
+  [[nodiscard]] absl::Status CopyMainToModel();
+  // The parameters' values into their main copies (Megatron's reload_model_params): after the
+  // parameters were set otherwise. Nothing without main copies.
+  void CopyModelToMain();
   // The sum of this rank's gradients before the reduction, after Wait (see
   // DataParallelGradSync::LocalGradientSum); without a group, of its gradients as they are (a
   // float64 pass over them: for diagnostics, not every step). Undefined without gradients.
   at::Tensor LocalGradientSum() const;
-  // Back to the state Create made: no optimizer state, every param group's options as built.
+  // Back to the state Create made: no optimizer state, every param group's options as built,
+  // the main copies taken from the parameters again.
   void Reset();
 
   // The LibTorch optimizer, whose options a ParamScheduler sets.
@@ -114,11 +132,16 @@ class DataParallelOptimizer {
 
   std::vector<gradients::NamedParameter> parameters_;
   DataParallelOptimizerOptions options_;
-  // Unsharded: the optimizer over the parameters, and the sync with a group.
+  // Unsharded: the optimizer over the parameters (or their main copies), and the sync with a
+  // group (with main gradients, without one too).
   std::unique_ptr<torch::optim::Optimizer> whole_;
   std::unique_ptr<gradients::DataParallelGradSync> sync_;
-  // Unsharded, with expert parameters and their group: their sync.
+  // Unsharded, with expert parameters and their group (or main gradients): their sync.
   std::unique_ptr<gradients::DataParallelGradSync> expert_sync_;
+  // Unsharded, with main gradients: what the optimizer steps for each parameter (its float32
+  // main copy, or the parameter itself when float32), and its main gradient.
+  std::vector<at::Tensor> main_;
+  std::vector<at::Tensor> main_grads_;
   // Sharded.
   std::unique_ptr<DistributedOptimizer> sharded_;
   // Each param group's options as built, for Reset.

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -49,7 +50,16 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Make
     const ShardOptimizerFactory& factory) {
   std::vector<gradients::ParamShard> shards;
   for (const auto& sync : syncs) {
-    shards.insert(shards.end(), sync->shards().begin(), sync->shards().end());
+    for (gradients::ParamShard shard : sync->shards()) {
+      // Megatron's main parameters: float32 copies of the narrower shards.
+      if (shard.main_grad.defined() && shard.tensor.scalar_type() != at::kFloat) {
+        KEEL_RETURN_IF_ERROR(base::CallTorch(
+            absl::StatusCode::kInternal, "allocating the main parameters",
+            [&] { shard.tensor = shard.tensor.to(at::kFloat, false, /*copy=*/true); }));
+      }
+      shard.main_grad = at::Tensor();
+      shards.push_back(std::move(shard));
+    }
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument,
@@ -59,16 +69,23 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Make
   for (const gradients::ParamShard& shard : shards) tensors.emplace_back(shard.name, shard.tensor);
   KEEL_RETURN_IF_ERROR(CheckOptimizerHoldsEachOnce(optimizer.get(), tensors, "shard"));
   return std::unique_ptr<DistributedOptimizer>(
-      new DistributedOptimizer(std::move(syncs), std::move(optimizer)));
+      new DistributedOptimizer(std::move(syncs), std::move(shards), std::move(optimizer)));
 }
 
 DistributedOptimizer::DistributedOptimizer(
     std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
-    std::unique_ptr<torch::optim::Optimizer> optimizer)
-    : syncs_(std::move(syncs)), optimizer_(std::move(optimizer)) {
+    std::vector<gradients::ParamShard> shards, std::unique_ptr<torch::optim::Optimizer> optimizer)
+    : syncs_(std::move(syncs)), shards_(std::move(shards)), optimizer_(std::move(optimizer)) {
   for (const auto& sync : syncs_) {
-    shards_.insert(shards_.end(), sync->shards().begin(), sync->shards().end());
+    model_shards_.insert(model_shards_.end(), sync->shards().begin(), sync->shards().end());
   }
+}
+
+bool DistributedOptimizer::has_main_copies() const {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (!shards_[i].tensor.is_same(model_shards_[i].tensor)) return true;
+  }
+  return false;
 }
 
 void DistributedOptimizer::PrepareForGradAccumulation() {
@@ -82,7 +99,16 @@ void DistributedOptimizer::PrepareForFinalBackward() {
 absl::Status DistributedOptimizer::Wait() {
   absl::Status status;  // the first error; every sync waits whatever failed before it
   for (const auto& sync : syncs_) status.Update(sync->Wait());
-  return status;
+  KEEL_RETURN_IF_ERROR(status);
+  // The main gradients become the gradients of what the optimizer steps (float32).
+  return base::CallTorch(absl::StatusCode::kInternal, "handing over the main gradients", [&] {
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      const at::Tensor& main_grad = model_shards_[i].main_grad;
+      if (!main_grad.defined()) continue;
+      at::Tensor tensor = shards_[i].tensor;
+      tensor.mutable_grad() = main_grad.to(tensor.scalar_type());
+    }
+  });
 }
 
 std::vector<gradients::NamedParameter> DistributedOptimizer::ShardParameters() const {
@@ -91,17 +117,45 @@ std::vector<gradients::NamedParameter> DistributedOptimizer::ShardParameters() c
     std::vector<gradients::NamedParameter> group = sync->ShardParameters();
     parameters.insert(parameters.end(), group.begin(), group.end());
   }
+  for (size_t i = 0; i < parameters.size(); ++i) parameters[i].param = shards_[i].tensor;
   return parameters;
 }
 
 absl::Status DistributedOptimizer::Step() {
   // A step that throws on one rank still joins the all-gathers, whose agreement then fails
   // every rank: returning early would leave the peers waiting in them.
-  const absl::Status stepped = base::CallTorch(absl::StatusCode::kInternal, "stepping the shards",
-                                               [&] { optimizer_->step(); });
+  absl::Status stepped = base::CallTorch(absl::StatusCode::kInternal, "stepping the shards",
+                                         [&] { optimizer_->step(); });
+  if (stepped.ok()) stepped = CopyMainRows();
   absl::Status status;
   for (const auto& sync : syncs_) status.Update(sync->AllGather(stepped));
   return status;
+}
+
+absl::Status DistributedOptimizer::CopyMainRows() {
+  at::NoGradGuard no_grad;
+  return base::CallTorch(absl::StatusCode::kInternal, "copying the main parameters", [&] {
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (shards_[i].tensor.is_same(model_shards_[i].tensor)) continue;
+      model_shards_[i].tensor.copy_(shards_[i].tensor);
+    }
+  });
+}
+
+absl::Status DistributedOptimizer::CopyMainToModel() {
+  if (!has_main_copies()) return absl::OkStatus();
+  const absl::Status copied = CopyMainRows();
+  absl::Status status;
+  for (const auto& sync : syncs_) status.Update(sync->AllGather(copied));
+  return status;
+}
+
+void DistributedOptimizer::CopyModelToMain() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (shards_[i].tensor.is_same(model_shards_[i].tensor)) continue;
+    shards_[i].tensor.copy_(model_shards_[i].tensor);
+  }
 }
 
 void DistributedOptimizer::ZeroGrad() {
@@ -111,16 +165,18 @@ void DistributedOptimizer::ZeroGrad() {
       param.mutable_grad().reset();
     }
   }
-  for (const gradients::ParamShard& shard : shards_) {
-    at::Tensor tensor = shard.tensor;
-    tensor.mutable_grad().reset();
+  for (const auto* shards : {&shards_, &model_shards_}) {
+    for (const gradients::ParamShard& shard : *shards) {
+      at::Tensor tensor = shard.tensor;
+      tensor.mutable_grad().reset();
+    }
   }
 }
 
 at::Tensor DistributedOptimizer::LocalGradientSum() const {
   at::Tensor sum;
   for (const auto& sync : syncs_) {
-    const at::Tensor& local = sync->LocalGradientSum();
+    const at::Tensor local = sync->LocalGradientSum();
     if (local.defined()) sum = sum.defined() ? sum + local : local;
   }
   return sum;

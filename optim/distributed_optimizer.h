@@ -2,7 +2,10 @@
 // DeepSpeed's ZeRO stages 1-2) for LibTorch: each data-parallel rank keeps the optimizer
 // state of its shard of the parameters only, about 1/N of it; receives only its shard of the
 // averaged gradients (gradients::ShardedGradSync), steps it with a LibTorch optimizer built over
-// the shards, and all-gathers the updated parameters.
+// the shards, and all-gathers the updated parameters. With main gradients
+// (DataParallelGradSyncOptions::main_grad_dtype), the optimizer steps float32 main copies of the
+// shards of narrower (bf16, fp16) parameters, Megatron's main parameters, whose values are then
+// copied, rounded, into the parameters' rows before the all-gather.
 //
 //   auto adamw = [](const std::vector<gradients::ParamShard>& shards) {
 //     std::vector<at::Tensor> tensors;
@@ -86,7 +89,8 @@ class DistributedOptimizer {
   // is returned): each shard's grad() is its group's average of its rows. Collective.
   [[nodiscard]] absl::Status Wait();
 
-  // For ClipGradNorm between Wait and Step: the shards, with their layouts.
+  // For ClipGradNorm between Wait and Step: the shards the optimizer steps, with their layouts
+  // and gradients.
   std::vector<gradients::NamedParameter> ShardParameters() const;
 
   // Steps the shards with optimizer(), then all-gathers them into every rank's parameters; a
@@ -96,10 +100,20 @@ class DistributedOptimizer {
   [[nodiscard]] absl::Status Step();
   // Clears the gradients of the module's parameters and of the shards (they become undefined).
   void ZeroGrad();
+  // The main copies' values rounded into the parameters' rows, then all-gathered: after their
+  // main copies were loaded. Nothing without main copies. Collective.
+  // Errors: ShardedGradSync::AllGather's.
+  [[nodiscard]] absl::Status CopyMainToModel();
+  // The parameters' rows into the main copies: after the parameters were set (a reset, a
+  // pretrained model). Nothing without main copies.
+  void CopyModelToMain();
 
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
-  // Every group's shards, in group order.
+  // Every group's shards as the optimizer steps them (the main copies where there are),
+  // in group order.
   const std::vector<gradients::ParamShard>& shards() const { return shards_; }
+  // Whether the optimizer steps main copies of some shards.
+  bool has_main_copies() const;
   // ShardedGradSync::LocalGradientSum over the groups: a float64 scalar.
   at::Tensor LocalGradientSum() const;
   // The elements of this rank's shards.
@@ -107,13 +121,19 @@ class DistributedOptimizer {
 
  private:
   DistributedOptimizer(std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
+                       std::vector<gradients::ParamShard> shards,
                        std::unique_ptr<torch::optim::Optimizer> optimizer);
+  // The main copies' values into the parameters' rows (not all-gathered).
+  [[nodiscard]] absl::Status CopyMainRows();
   // The optimizer over the syncs' shards, checked.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Make(
       std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
       const ShardOptimizerFactory& factory);
 
   std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs_;
+  // The syncs' shards (views of the parameters), and what the optimizer steps: the same, or
+  // with main gradients float32 main copies of the narrower ones.
+  std::vector<gradients::ParamShard> model_shards_;
   std::vector<gradients::ParamShard> shards_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };

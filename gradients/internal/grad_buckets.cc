@@ -16,6 +16,9 @@
 #include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "torch/csrc/autograd/function.h"
+#include "torch/csrc/autograd/function_hook.h"
+#include "torch/csrc/autograd/variable.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 #include "torch/csrc/distributed/c10d/Types.hpp"
 
@@ -56,15 +59,37 @@ std::vector<at::Tensor> TensorsOf(const std::vector<NamedParameter>& parameters)
   return tensors;
 }
 
+// Runs after a parameter's AccumulateGrad node, which has just written its .grad.
+class AfterAccumulation : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AfterAccumulation(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(
-    std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
+    std::vector<NamedParameter> parameters, c10d::ProcessGroup* group,
     const GradBucketsOptions& options, Launch launch) {
   if (!(options.bucket_cap_mb > 0) || !std::isfinite(options.bucket_cap_mb)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket_cap_mb must be a finite number > 0, got ", options.bucket_cap_mb));
   }
+  if (options.main_grad_dtype.has_value() && !at::isFloatingType(*options.main_grad_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("main_grad_dtype must be a floating-point dtype, got ",
+                     c10::toString(*options.main_grad_dtype)));
+  }
+  TORCH_INTERNAL_ASSERT(group != nullptr || options.main_grad_dtype.has_value(),
+                        "gradient buckets without a group hold main gradients");
   std::unordered_set<const void*> seen;
   for (const NamedParameter& p : parameters) {
     const at::Tensor& param = p.param;
@@ -86,39 +111,62 @@ absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(
                        "; only floating-point parameters are supported"));
     }
     KEEL_RETURN_IF_ERROR(base::CheckGroupCarries(
-        &group, param.device(),
+        group, param.device(),
         absl::StrCat("the gradient ", options.collective, " of parameter '", p.name, "'")));
   }
   if (parameters.empty()) {
     return absl::InvalidArgumentError("no parameter that requires grad to synchronise");
   }
   std::unique_ptr<GradBuckets> buckets(
-      new GradBuckets(group, std::move(parameters), std::move(launch), options.collective));
+      new GradBuckets(group, std::move(parameters), std::move(launch), options));
   KEEL_RETURN_IF_ERROR(buckets->AssignBuckets(options.bucket_cap_mb));
   KEEL_RETURN_IF_ERROR(
       base::CallTorch(absl::StatusCode::kInternal, "allocating gradient buckets", [&] {
-        for (Bucket& bucket : buckets->buckets_) buckets->LayOut(bucket, options.portions);
+        for (Bucket& bucket : buckets->buckets_) {
+          const at::ScalarType param_dtype = buckets->params_[bucket.params.front()].scalar_type();
+          buckets->LayOut(bucket, options.portions, options.main_grad_dtype.value_or(param_dtype));
+        }
       }));
-  KEEL_RETURN_IF_ERROR(buckets->CheckRanksAgree());
-  if (options.init_sync) KEEL_RETURN_IF_ERROR(buckets->BroadcastFromRank0());
+  if (group != nullptr) {
+    KEEL_RETURN_IF_ERROR(buckets->CheckRanksAgree());
+    if (options.init_sync) KEEL_RETURN_IF_ERROR(buckets->BroadcastFromRank0());
+  }
   buckets->RegisterHooks();
   return buckets;
 }
 
-GradBuckets::GradBuckets(c10d::ProcessGroup& group, std::vector<NamedParameter> parameters,
-                         Launch launch, std::string collective)
-    : group_(&group),
+GradBuckets::GradBuckets(c10d::ProcessGroup* group, std::vector<NamedParameter> parameters,
+                         Launch launch, const GradBucketsOptions& options)
+    : group_(group),
       parameters_(std::move(parameters)),
       names_(NamesOf(parameters_)),
       params_(TensorsOf(parameters_)),
       launch_(std::move(launch)),
-      collective_(std::move(collective)),
+      collective_(options.collective),
+      main_grads_(options.main_grad_dtype.has_value()),
       bucket_of_(params_.size()),
       pieces_of_(params_.size()),
-      ready_(params_.size(), false) {}
+      ready_(params_.size(), false),
+      accumulated_(params_.size(), false) {}
 
 GradBuckets::~GradBuckets() {
   for (size_t i = 0; i < hook_handles_.size(); ++i) params_[i].remove_hook(hook_handles_[i]);
+  for (size_t i = 0; i < accumulator_hooks_.size(); ++i) {
+    accumulators_[i]->del_post_hook(accumulator_hooks_[i]);
+  }
+}
+
+int64_t GradBuckets::world_size() const { return group_ == nullptr ? 1 : group_->getSize(); }
+
+at::Tensor GradBuckets::local_gradient_sum() const {
+  if (group_ != nullptr) return local_sum_;
+  // One rank: the buffers still hold this rank's gradients after Wait.
+  at::Tensor sum;
+  for (const Bucket& bucket : buckets_) {
+    const at::Tensor part = bucket.flat.sum(at::kDouble);
+    sum = sum.defined() ? sum + part : part;
+  }
+  return sum;
 }
 
 // As DDP's compute_bucket_assignment_by_size over the reversed parameters: gradients arrive
@@ -156,7 +204,7 @@ absl::Status GradBuckets::AssignBuckets(double bucket_cap_mb) {
 // Cuts the bucket's M elements into `portions` parts at the row boundaries nearest to
 // k * M / portions, then places part k at k * portion_numel (the largest part's size). A
 // parameter without elements gets no piece.
-void GradBuckets::LayOut(Bucket& bucket, int64_t portions) {
+void GradBuckets::LayOut(Bucket& bucket, int64_t portions, at::ScalarType dtype) {
   int64_t total = 0;
   for (size_t i : bucket.params) total += params_[i].numel();
   std::vector<int64_t> cuts = {0};
@@ -189,7 +237,8 @@ void GradBuckets::LayOut(Bucket& bucket, int64_t portions) {
     start = end;
   }
   const at::Tensor& first = params_[bucket.params.front()];
-  bucket.flat = at::empty({portions * bucket.portion_numel}, first.options().requires_grad(false));
+  bucket.flat = at::empty({portions * bucket.portion_numel},
+                          first.options().dtype(dtype).requires_grad(false));
   bucket.pending = bucket.params.size();
 }
 
@@ -266,6 +315,14 @@ absl::Status BroadcastBuffersFromRank0(torch::nn::Module& module, c10d::ProcessG
 }
 
 void GradBuckets::RegisterHooks() {
+  if (main_grads_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
+      accumulator_hooks_.push_back(accumulators_.back()->add_post_hook(
+          std::make_unique<AfterAccumulation>([this, i] { OnAccumulated(i); })));
+    }
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_handles_.push_back(
         params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
@@ -277,12 +334,14 @@ at::Tensor GradBuckets::Rows(const at::Tensor& tensor, const Piece& piece) {
 }
 
 at::Tensor GradBuckets::BucketRows(const Piece& piece) {
+  return BucketRows(piece, buckets_[bucket_of_[piece.param]].flat);
+}
+
+at::Tensor GradBuckets::BucketRows(const Piece& piece, const at::Tensor& flat) {
   const at::Tensor& param = params_[piece.param];
   std::vector<int64_t> shape = param.sizes().vec();
   if (!shape.empty()) shape[0] = piece.rows;
-  return buckets_[bucket_of_[piece.param]]
-      .flat.narrow(0, piece.offset, piece.rows * RowWidth(param))
-      .view(shape);
+  return flat.narrow(0, piece.offset, piece.rows * RowWidth(param)).view(shape);
 }
 
 // Runs inside the autograd engine, before the parameter's AccumulateGrad, with the incoming
@@ -331,6 +390,50 @@ absl::Status GradBuckets::AddGradientLocked(size_t index, const at::Tensor& grad
   return status;
 }
 
+void GradBuckets::OnAccumulated(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = AddMainGradientLocked(index);
+  if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
+}
+
+absl::Status GradBuckets::AddMainGradientLocked(size_t index) {
+  at::Tensor& grad = params_[index].mutable_grad();
+  if (!grad.defined()) return absl::OkStatus();
+  const bool sync = sync_enabled_.load();
+  if (sync && ready_[index]) {
+    grad.reset();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter '", names_[index],
+        "' received a second gradient before Wait(); call Wait() after each synchronised "
+        "backward"));
+  }
+  absl::Status status;
+  if (grad.layout() != c10::kStrided) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("parameter '", names_[index],
+                     "' has a sparse gradient; only dense gradients are supported"));
+  } else {
+    status = base::CallTorch(
+        absl::StatusCode::kInternal,
+        absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient"), [&] {
+          const Bucket& bucket = buckets_[bucket_of_[index]];
+          for (size_t p : pieces_of_[index]) {
+            const Piece& piece = bucket.pieces[p];
+            at::Tensor rows = BucketRows(piece);
+            if (accumulated_[index]) {
+              rows.add_(Rows(grad, piece));
+            } else {
+              rows.copy_(Rows(grad, piece));
+            }
+          }
+        });
+  }
+  accumulated_[index] = true;
+  grad.reset();  // as Megatron, the parameter's own gradient is freed once in main_grad
+  if (sync) MarkReadyLocked(index);
+  return status;
+}
+
 absl::Status GradBuckets::ZeroPiecesLocked(size_t index) {
   return base::CallTorch(absl::StatusCode::kInternal, "zeroing a bucket slot", [&] {
     Bucket& bucket = buckets_[bucket_of_[index]];
@@ -353,6 +456,7 @@ void GradBuckets::LaunchReadyBucketsLocked() {
     absl::Status status =
         base::CallTorch(absl::StatusCode::kUnavailable,
                         absl::StrCat(collective_, " of gradient bucket ", next_bucket_), [&] {
+                          if (group_ == nullptr) return;  // one rank: nothing to reduce
                           // This rank's own gradients, before the reduction replaces them.
                           const at::Tensor sum = bucket.flat.sum(at::kDouble);
                           pending_sum_ = pending_sum_.defined() ? pending_sum_ + sum : sum;
@@ -408,10 +512,12 @@ absl::Status GradBuckets::Wait() {
     bucket.pending = bucket.params.size();
   }
   std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(accumulated_.begin(), accumulated_.end(), false);
   num_ready_ = 0;
   next_bucket_ = 0;
   local_sum_ = std::move(pending_sum_);
   pending_sum_ = at::Tensor();
+  if (group_ == nullptr) return status;
   return base::AgreeOnFailure(status, *group_, params_.front().device(),
                               absl::StrCat("the gradient ", collective_));
 }

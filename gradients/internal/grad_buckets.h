@@ -3,7 +3,9 @@
 // parameters packed, as DDP; the world size: one part per rank, each padded to the largest, so
 // that a reduce-scatter gives rank r the sums of part r), gradients copied in from autograd
 // hooks, and each bucket's collective launched, in bucket order on every rank, as soon as its
-// last gradient arrived.
+// last gradient arrived. With main gradients (Megatron's main_grad), the buffers are in their
+// dtype and hold the gradients summed over every backward pass, accumulation micro-batches
+// included; the parameters' own .grad is freed as soon as it was added in.
 #ifndef KEEL_GRADIENTS_INTERNAL_GRAD_BUCKETS_H_
 #define KEEL_GRADIENTS_INTERNAL_GRAD_BUCKETS_H_
 
@@ -13,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
@@ -25,6 +28,9 @@
 namespace c10d {
 class ProcessGroup;
 }  // namespace c10d
+namespace torch::autograd {
+struct Node;
+}  // namespace torch::autograd
 
 namespace keel::gradients::internal {
 
@@ -60,6 +66,9 @@ struct GradBucketsOptions {
   int64_t portions = 1;
   // The collective's name in messages ("all-reduce", "reduce-scatter").
   std::string collective = "all-reduce";
+  // DataParallelGradSyncOptions::main_grad_dtype: the buffers' dtype, and every backward adds
+  // into them. Unset: the parameters' dtype, filled by the synchronised backward only.
+  std::optional<at::ScalarType> main_grad_dtype;
 };
 
 class GradBuckets {
@@ -70,8 +79,9 @@ class GradBuckets {
   // DataParallelGradSync::Create's checks and errors, over `parameters` (each requiring grad,
   // each tensor once), whose layouts travel with them; the hooks call `launch`. With init_sync,
   // rank 0's values of the parameters are broadcast. Collective: every rank of `group` calls it.
+  // A null `group` (one rank, main gradients only) launches nothing.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GradBuckets>> Create(
-      std::vector<NamedParameter> parameters, c10d::ProcessGroup& group,
+      std::vector<NamedParameter> parameters, c10d::ProcessGroup* group,
       const GradBucketsOptions& options, Launch launch);
 
   GradBuckets(const GradBuckets&) = delete;
@@ -92,26 +102,35 @@ class GradBuckets {
   const std::vector<at::Tensor>& params() const { return params_; }
   std::vector<Bucket>& buckets() { return buckets_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Requires: a group.
   c10d::ProcessGroup& group() const { return *group_; }
-  // DataParallelGradSync::LocalGradientSum.
-  const at::Tensor& local_gradient_sum() const { return local_sum_; }
+  int64_t world_size() const;
+  bool main_grads() const { return main_grads_; }
+  // DataParallelGradSync::LocalGradientSum; without a group, the buffers summed when asked.
+  at::Tensor local_gradient_sum() const;
   int64_t total_bytes() const { return total_bytes_; }
 
   // The piece's rows in its bucket's buffer, shaped as the parameter's rows.
   at::Tensor BucketRows(const Piece& piece);
+  // The piece's rows in `flat`, a buffer laid out as the piece's bucket.
+  at::Tensor BucketRows(const Piece& piece, const at::Tensor& flat);
   // The piece's rows of `tensor` (the parameter, or its gradient).
   static at::Tensor Rows(const at::Tensor& tensor, const Piece& piece);
 
  private:
-  GradBuckets(c10d::ProcessGroup& group, std::vector<NamedParameter> parameters, Launch launch,
-              std::string collective);
+  GradBuckets(c10d::ProcessGroup* group, std::vector<NamedParameter> parameters, Launch launch,
+              const GradBucketsOptions& options);
   [[nodiscard]] absl::Status AssignBuckets(double bucket_cap_mb);
-  void LayOut(Bucket& bucket, int64_t portions);
+  void LayOut(Bucket& bucket, int64_t portions, at::ScalarType dtype);
   [[nodiscard]] absl::Status CheckRanksAgree();
   [[nodiscard]] absl::Status BroadcastFromRank0();
   void RegisterHooks();
   void OnGradient(size_t index, const at::Tensor& grad);
   [[nodiscard]] absl::Status AddGradientLocked(size_t index, const at::Tensor& grad);
+  // Main gradients: after the parameter's AccumulateGrad, its .grad is added to its rows and
+  // freed.
+  void OnAccumulated(size_t index);
+  [[nodiscard]] absl::Status AddMainGradientLocked(size_t index);
   [[nodiscard]] absl::Status ZeroPiecesLocked(size_t index);
   void MarkReadyLocked(size_t index);
   void LaunchReadyBucketsLocked();
@@ -122,16 +141,24 @@ class GradBuckets {
   const std::vector<at::Tensor> params_;
   const Launch launch_;
   const std::string collective_;
+  const bool main_grads_;
   std::vector<Bucket> buckets_;
   // For each parameter: its bucket and its pieces' indices there.
   std::vector<size_t> bucket_of_;
   std::vector<std::vector<size_t>> pieces_of_;
   std::vector<unsigned> hook_handles_;
+  // Main gradients: each parameter's gradient accumulator (kept alive: the parameter holds it
+  // weakly) and the key of the hook on it.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> accumulator_hooks_;
   int64_t total_bytes_ = 0;
 
   std::atomic<bool> sync_enabled_{true};
   std::mutex mu_;  // guards the per-backward state below, written by autograd hooks
   std::vector<bool> ready_;
+  // Main gradients: whether the parameter's rows hold a gradient of this step (else the next
+  // one is copied in, not added).
+  std::vector<bool> accumulated_;
   size_t num_ready_ = 0;
   size_t next_bucket_ = 0;  // buckets are launched in index order on every rank
   absl::Status hook_status_;
