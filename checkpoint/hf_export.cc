@@ -72,6 +72,15 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
     return absl::InvalidArgumentError(
         absl::StrCat("max_shard_bytes (", options.max_shard_bytes, ") must be >= 1"));
   }
+  if (options.dtype.has_value() && !at::isFloatingType(*options.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype (", c10::toString(*options.dtype),
+                     ") must be a floating-point dtype: bfloat16, float16 or float32"));
+  }
+  // The dtype a tensor saved as `saved` is written in.
+  const auto written = [&options](at::ScalarType saved) {
+    return options.dtype.has_value() && at::isFloatingType(saved) ? *options.dtype : saved;
+  };
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                         CheckpointReader::Open(checkpoint_path));
   const Manifest& manifest = reader->manifest();
@@ -83,7 +92,7 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
     objects.insert(entry.name().substr(0, entry.name().find('/')));
     if (!absl::StartsWith(entry.name(), prefix)) continue;
     KEEL_ASSIGN_OR_RETURN(at::ScalarType dtype, internal::ParseDtype(entry.dtype()));
-    int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(written(dtype)));
     for (int64_t dim : entry.shape()) bytes *= dim;
     tensors.push_back({entry.name(), entry.name().substr(prefix.size()), bytes});
   }
@@ -109,7 +118,7 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
     std::vector<std::pair<std::string, at::Tensor>> contents;
     for (const ExportedTensor* tensor : files[f]) {
       KEEL_ASSIGN_OR_RETURN(at::Tensor whole, reader->ReadTensor(tensor->name));
-      contents.emplace_back(tensor->key, std::move(whole));
+      contents.emplace_back(tensor->key, whole.to(written(whole.scalar_type())));
       weight_map[tensor->key] = file_name;
       result.total_size += tensor->bytes;
       ++result.num_tensors;

@@ -13,10 +13,12 @@
 #define KEEL_CHECKPOINT_HF_EXPORT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "c10/core/ScalarType.h"
 
 namespace keel::checkpoint {
 
@@ -27,6 +29,10 @@ struct HfExportOptions {
   // A new file starts when the next tensor would take the current one past this many tensor
   // bytes; a larger tensor gets a file of its own. Default: 5 GiB.
   int64_t max_shard_bytes = int64_t{5} << 30;
+  // The dtype of the floating-point tensors written (bf16 from a bf16 run's float32 main
+  // parameters: rounded to nearest even, as Tensor::to); others are written as saved.
+  // Default: unset, every tensor as saved.
+  std::optional<at::ScalarType> dtype;
 };
 
 // What an export wrote.
@@ -43,7 +49,8 @@ struct HfExportResult {
 // `output_dir` (created if needed) as whole tensors, assigned to files in name order. Holds
 // one file's tensors in memory at a time. Each file's "__metadata__" is {"format": "pt"}; the
 // index is written last, so a directory without it holds an unfinished export.
-// Errors: kInvalidArgument for max_shard_bytes < 1; kNotFound if the object has no tensors
+// Errors: kInvalidArgument for max_shard_bytes < 1 or a dtype that is not floating-point;
+// kNotFound if the object has no tensors
 // (listing the objects there are); kAlreadyExists if `output_dir` already holds an index or
 // a "model-*.safetensors" file; as CheckpointReader::Open and ReadTensor;
 // as WriteSafetensorsFile.

@@ -39,11 +39,16 @@
 #include "checkpoint/reader.h"
 #include "tools/cli/exit_code.h"
 #include "tools/cli/user_path.h"
+#include "tools/recipe/options.h"
 
 ABSL_FLAG(int64_t, max_shard_bytes, keel::checkpoint::HfExportOptions().max_shard_bytes,
           "export-safetensors: start a new file when the next tensor would pass this many bytes.");
 ABSL_FLAG(std::string, object, keel::checkpoint::HfExportOptions().object,
           "export-safetensors: the object whose tensors are exported.");
+ABSL_FLAG(std::string, dtype, "",
+          "export-safetensors: the floating-point tensors' dtype, bfloat16 or float32; empty: "
+          "the model's (bfloat16 for a model.bf16 run, whose checkpoints hold float32 main "
+          "parameters; else as saved).");
 
 namespace keel::tools {
 namespace {
@@ -64,6 +69,7 @@ Commands:
   diff A B                     compares two checkpoints tensor by tensor and value by value
   export-safetensors DIR OUT   writes one object as Hugging Face sharded safetensors into OUT
                                [--object=model] [--max_shard_bytes=5368709120]
+                               [--dtype=bfloat16|float32]
 
 Exit status: 0 verified or identical; 1 problems or differences found, or an error;
 2 bad usage.)";
@@ -332,14 +338,35 @@ absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path) {
   return cli::kExitFailure;
 }
 
+// --dtype, or the dtype of the model of a trainer's checkpoint (its configuration's bf16).
+absl::StatusOr<std::optional<at::ScalarType>> ExportDtype(const std::string& dir,
+                                                           const std::string& flag) {
+  if (flag == "bfloat16") return at::kBFloat16;
+  if (flag == "float32") return at::kFloat;
+  if (!flag.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype=", flag, ": allowed: bfloat16, float32, or empty (the model's)"));
+  }
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  const absl::StatusOr<Json> config = reader->ReadValues(recipe::kConfigState);
+  if (absl::IsNotFound(config.status())) return std::nullopt;  // not a trainer's
+  KEEL_RETURN_IF_ERROR(config.status());
+  const auto bf16 = config->find(recipe::kBf16Field);
+  if (bf16 != config->end() && bf16->is_boolean() && bf16->get<bool>()) return at::kBFloat16;
+  return std::nullopt;
+}
+
 absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string& out) {
   checkpoint::HfExportOptions options;
   options.object = absl::GetFlag(FLAGS_object);
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
+  KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(dir, absl::GetFlag(FLAGS_dtype)));
   KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,
                         checkpoint::ExportHfSafetensors(dir, out, options));
   std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size
-            << " bytes) of \"" << options.object << "\" to " << out << ":\n";
+            << " bytes) of \"" << options.object << "\""
+            << (options.dtype ? absl::StrCat(" in ", c10::toString(*options.dtype)) : "")
+            << " to " << out << ":\n";
   for (const std::string& file : result.files) std::cout << "  " << file << "\n";
   return cli::kExitSuccess;
 }

@@ -100,13 +100,14 @@ void ExpectRefused(int ranks, const std::vector<std::string>& assignments,
   EXPECT_THAT(child.Stderr(), ::testing::HasSubstr(message));
 }
 
-void ExpectLayoutInvariant(const std::string& reference, const std::string& run_dir) {
+void ExpectLayoutInvariant(const std::string& reference, const std::string& run_dir,
+                           const TraceBounds& bounds) {
   const std::vector<StepMetrics> expected = Metrics(reference);
   const std::vector<StepMetrics> actual = Metrics(run_dir);
   ASSERT_FALSE(expected.empty());
   ASSERT_FALSE(actual.empty());
-  EXPECT_NEAR(actual[0].loss, expected[0].loss, 1e-6 * expected[0].loss);
-  ExpectCloseTrace(expected, actual, 1e-4, 1e-3);
+  EXPECT_NEAR(actual[0].loss, expected[0].loss, bounds.first_loss * expected[0].loss);
+  ExpectCloseTrace(expected, actual, bounds.loss, bounds.grad_norm);
 }
 
 std::string ExpectResumesAcrossLayouts(
@@ -300,9 +301,10 @@ void ExpectSameModelAndOptimizer(const std::string& expected_path, const std::st
 }
 
 TensorShapes ExportedTensors(const std::string& ckpt, const std::string& checkpoint,
-                             const std::string& out) {
-  Subprocess child = Subprocess::Start({Absolute(ckpt), "export-safetensors", checkpoint, out},
-                                       ChildOptions(out + ".stderr"));
+                             const std::string& out, const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {Absolute(ckpt), "export-safetensors", checkpoint, out};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  Subprocess child = Subprocess::Start(argv, ChildOptions(out + ".stderr"));
   EXPECT_EQ(child.Wait(), 0) << child.Stderr();
   TensorShapes tensors;
   for (const auto& file : std::filesystem::directory_iterator(out)) {

@@ -96,10 +96,18 @@ cli::Subprocess StartOnRanks(int ranks, const std::vector<std::string>& args,
 void ExpectRefused(int ranks, const std::vector<std::string>& assignments,
                    const std::string& message, const std::string& run_dir);
 
-// The run at `run_dir` follows the run at `reference` as a run of another layout must: the
-// first loss within 1e-6 relative, later losses within 1e-4 and gradient norms within 1e-3
-// (ExpectCloseTrace), over the reference's steps.
-void ExpectLayoutInvariant(const std::string& reference, const std::string& run_dir);
+// How far a run of another layout may stray from the one-rank run, relative: its first loss,
+// its later losses and its gradient norms (ExpectCloseTrace). The defaults are float32 runs'.
+struct TraceBounds {
+  double first_loss = 1e-6;
+  double loss = 1e-4;
+  double grad_norm = 1e-3;
+};
+
+// The run at `run_dir` follows the run at `reference` within `bounds` over the reference's
+// steps, as a run of another layout must.
+void ExpectLayoutInvariant(const std::string& reference, const std::string& run_dir,
+                           const TraceBounds& bounds = {});
 
 // One leg of a run that changes its layout at each resume.
 struct Leg {
@@ -147,10 +155,10 @@ void ExpectSameModelAndOptimizer(const std::string& expected_path, const std::st
 // Tensors by name: dtype (as checkpoint::SafetensorsDtype's number) and shape.
 using TensorShapes = std::map<std::string, std::pair<int, std::vector<int64_t>>>;
 
-// Every tensor `<ckpt> export-safetensors <checkpoint> <out>` writes (fails the test if the
-// export fails).
+// Every tensor `<ckpt> export-safetensors <checkpoint> <out> <flags...>` writes (fails the test
+// if the export fails).
 TensorShapes ExportedTensors(const std::string& ckpt, const std::string& checkpoint,
-                             const std::string& out);
+                             const std::string& out, const std::vector<std::string>& flags = {});
 
 }  // namespace keel::tools
 

@@ -46,6 +46,11 @@ absl::StatusOr<std::unique_ptr<optim::DataParallelOptimizer>> BuildOptimizer(
   optimizer_options.clip.device = runtime.device;
   optimizer_options.expert_dim_name = expert_dim;
   optimizer_options.expert_data_parallel_group = runtime.expert_data_group;
+  if (options.bf16) {
+    // Megatron's bf16: float32 main parameters, main gradients in float32 unless told.
+    optimizer_options.sync.main_grad_dtype =
+        options.distributed.grad_reduce_in_fp32.value_or(true) ? at::kFloat : at::kBFloat16;
+  }
   return optim::DataParallelOptimizer::Create(
       std::move(parameters), runtime.group,
       AdamW(options.optimizer, UsesFusedAdamW(options.optimizer, runtime.device)),

@@ -1,7 +1,8 @@
 // The trainer's optimizer: AdamW with the run's options (optimizer.*), one fused kernel a step
 // on GPUs (optim::FusedAdamW) or LibTorch's loop over the parameters on the CPU, under the
 // data-parallel optimizer (the gradient sync or, with distributed.use_distributed_optimizer,
-// the sharded state; clipping over the parameters' layouts).
+// the sharded state; clipping over the parameters' layouts); with model.bf16, over float32
+// main parameters and main gradients (distributed.grad_reduce_in_fp32).
 //
 //   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<optim::DataParallelOptimizer> optimizer,
 //                         BuildOptimizer(parameters, options, runtime, /*expert_dim=*/"ep"));

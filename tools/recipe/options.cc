@@ -312,6 +312,7 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
           {"local_batch_size", options.local_batch_size},
           {"max_norm", base::ToJson(options.max_norm)},
           {"tf32", options.tf32},
+          {kBf16Field, options.bf16},
           {"check_norm_every_steps", options.check_norm_every_steps},
           {"step_scheduler", base::WriteJsonFields(options.step_scheduler)},
           {"data", std::move(data)},
@@ -377,6 +378,14 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
     return absl::InvalidArgumentError(
         "model.tf32 (true) applies to GPU runs (distributed.backend \"nccl\"); allowed on the "
         "CPU: false");
+  }
+  options.bf16 = config.model().bf16();
+  if (const std::optional<bool> in_fp32 = options.distributed.grad_reduce_in_fp32;
+      in_fp32.has_value() && !options.bf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.grad_reduce_in_fp32 (", *in_fp32 ? "true" : "false",
+        ") applies to model.bf16 runs (float32 runs reduce float32 gradients); allowed without "
+        "model.bf16: unset"));
   }
   KEEL_RETURN_IF_ERROR(CheckModelParallelModel(options));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));

@@ -100,6 +100,9 @@ struct DistributedOptions {
   // Megatron's use_distributed_optimizer: AdamW's state sharded over the data-parallel ranks
   // (optim::DistributedOptimizer); nothing to shard on one rank. Default: false.
   bool use_distributed_optimizer = false;
+  // Megatron's grad_reduce_in_fp32 (model.bf16 runs only): float32 main gradients, else bf16.
+  // Default: unset, true under model.bf16.
+  std::optional<bool> grad_reduce_in_fp32;
   // The model-parallel layout, fields by Megatron's names (initialize_model_parallel); the
   // data-parallel size is the world size divided by tp x pp x cp. Default: all sizes 1.
   parallel::ModelParallelOptions parallel;
@@ -111,6 +114,7 @@ void VisitFields(O& o, V&& v) {
   v("backend", o.backend);
   v("timeout_seconds", o.timeout_seconds);
   v("use_distributed_optimizer", o.use_distributed_optimizer);
+  v("grad_reduce_in_fp32", o.grad_reduce_in_fp32);
   VisitFields(o.parallel, v);
 }
 
@@ -191,6 +195,9 @@ struct TrainOptions {
   double max_norm = std::numeric_limits<double>::infinity();
   // model.tf32: float32 matrix products on TF32 tensor cores (GPU runs only). Default: false.
   bool tf32 = false;
+  // model.bf16: Megatron's bf16 mixed precision (bf16 parameters and activations, float32 main
+  // gradients and parameters). Default: false.
+  bool bf16 = false;
   // clip_grad.check_norm_every_steps, Keel's: every N-th step the norm is checked against one
   // computed from every rank's gradient blocks counted once; 0: never. Default: 0.
   int64_t check_norm_every_steps = 0;
@@ -206,6 +213,7 @@ struct TrainOptions {
 // local_batch_size or model size, hidden_size not divisible by num_attention_heads, a
 // validation_every_n_samples of 1 or below 0, an optimizer other than AdamW, a backend other
 // than gloo or nccl, a non-positive timeout or logging interval, model.tf32 without a GPU,
+// distributed.grad_reduce_in_fp32 without model.bf16,
 // optimizer.fused on a LibTorch without the fused kernel; with data.paths: data.prefix
 // or validation_every_n_samples also set, no step_scheduler.max_steps, a bad blend list
 // (a weight that is not a positive number), split string or seed.
@@ -228,6 +236,8 @@ base::Json ConfigFingerprint(const TrainOptions& options);
 // with each one and compared before a resume (Run::CheckConfig); loading it restores nothing,
 // so checkpoints written before Keel saved it load as well.
 inline constexpr char kConfigState[] = "config";
+// Its field that says the model trains in bf16 (model.bf16).
+inline constexpr char kBf16Field[] = "bf16";
 class ConfigState : public checkpoint::Stateful {
  public:
   explicit ConfigState(base::Json fingerprint) : fingerprint_(std::move(fingerprint)) {}

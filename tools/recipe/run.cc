@@ -169,6 +169,7 @@ absl::Status Run::BuildModel() {
   s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group,
                   runtime_.expert_tp_group);
   (*s.model)->to(runtime_.device);
+  if (options_.bf16) (*s.model)->to(at::kBFloat16);
   std::vector<gradients::NamedParameter> parameters =
       gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts());
   MarkSharedEmbedding(*s.model, parameters);
@@ -185,6 +186,13 @@ absl::Status Run::BuildCheckpointing() {
   checkpoint::ModelStateOptions model_state_options;
   model_state_options.model_save_format = options_.checkpoint.model_save_format;
   model_state_options.layouts = (*s.model)->Layouts();
+  // With bf16 parameters the checkpoint holds their float32 main copies (each rank's shards of
+  // them with the distributed optimizer): the truth, which a float32 run loads too.
+  if (s.optimizer->has_main_copies()) {
+    for (const gradients::NamedParameter& p : s.optimizer->StepParameters()) {
+      model_state_options.stand_ins[p.name] = checkpoint::TensorRef{p.param, p.layout};
+    }
+  }
   s.model_state = std::make_unique<checkpoint::ModelState>(**s.model, model_state_options);
   KEEL_ASSIGN_OR_RETURN(s.optim_state,
                         checkpoint::OptimizerState::Create(*s.optimizer, &*s.lr_scheduler));
@@ -245,8 +253,11 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
     if (chief && !result.quarantined.empty())
       log << "warning: no checkpoint loads; starting afresh\n";
     KEEL_RETURN_IF_ERROR(LoadPretrained());
+    s.optimizer->CopyModelToMain();
     return std::nullopt;
   }
+  // The main copies were loaded: the bf16 parameters are their rounded values.
+  KEEL_RETURN_IF_ERROR(s.optimizer->CopyMainToModel());
   if (chief && !options_.pretrained_path.empty()) {
     log << "model: resuming from the run's own checkpoint, not from model.pretrained_path ("
         << options_.pretrained_path << ")\n";
@@ -394,6 +405,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   scaling.ep_axis_name = kExpertDim;
   StageRunOptions stages;
   stages.loss_scale = pipelined ? 1.0 : static_cast<double>(runtime_.dp_size) / label_tokens;
+  stages.activation_dtype = options_.bf16 ? at::kBFloat16 : at::kFloat;
   // Each micro-batch's load-balancing loss weighs 1 / micro-batches in the gradient (once the
   // PP scaling has divided the pipeline's gradients by label_tokens / dp).
   const double pp_scaling = pipelined ? label_tokens / static_cast<double>(runtime_.dp_size) : 1.0;
@@ -493,6 +505,7 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
     }
     StageRunOptions forward_only;
     forward_only.forward_only = true;
+    forward_only.activation_dtype = options_.bf16 ? at::kBFloat16 : at::kFloat;
     KEEL_ASSIGN_OR_RETURN(const at::Tensor batch_loss,
                           RunStages(*s.model, batch, runtime_, forward_only));
     loss_sum = loss_sum.defined() ? loss_sum + batch_loss : batch_loss;

@@ -67,7 +67,8 @@ absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& 
     if (i + 1 == num_micro_batches && options.before_last_backward) options.before_last_backward();
   };
   parallel::PipelineOptions pipeline;
-  pipeline.activation_options = at::TensorOptions().dtype(at::kFloat).device(runtime.device);
+  pipeline.activation_options =
+      at::TensorOptions().dtype(options.activation_dtype).device(runtime.device);
   pipeline.forward_only = options.forward_only;
   KEEL_RETURN_IF_ERROR(parallel::RunPipeline(num_micro_batches, stage, runtime.pp_group, pipeline));
   if (num_micro_batches == 0 && !options.forward_only && options.before_last_backward) {

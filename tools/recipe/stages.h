@@ -35,6 +35,8 @@ struct StageRunOptions {
   bool forward_only = false;
   // The last stage backpropagates its summed token loss times this. Default: 1.
   double loss_scale = 1.0;
+  // The dtype of the activations between stages: the model's. Default: float32.
+  at::ScalarType activation_dtype = at::kFloat;
   // Called before the last micro-batch's backward, or after none if there is none (the
   // data-parallel sync's PrepareForFinalBackward). Default: none.
   std::function<void()> before_last_backward;
