@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/state_dict.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -228,6 +229,31 @@ TEST(CkptToolTest, ExportSafetensorsWritesTheShardsAndIndex) {
   const ToolResult again = RunCkpt(absl::StrCat("export-safetensors ", path, " ", out));
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_THAT(again.output, HasSubstr("ckpt: "));
+}
+
+// --dtype rounds the floating-point tensors (the trainer's bf16 runs are in train_bf16_test);
+// a dtype it does not know is bad usage (exit 2), naming what is allowed, before anything is
+// written.
+TEST(CkptToolTest, ExportSafetensorsWritesTheDtypeAsked) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string path, Save(NewDir("export_dtype"), 1, Model()));
+  const std::string out = NewDir("export_dtype_out") + "/export";
+  const ToolResult result =
+      RunCkpt(absl::StrCat("export-safetensors ", path, " ", out, " --dtype=bfloat16"));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("of \"model\" in BFloat16 to "));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      const auto header,
+      checkpoint::ReadSafetensorsHeader(out + "/model-00001-of-00001.safetensors"));
+  for (const checkpoint::SafetensorsEntry& entry : header.entries) {
+    EXPECT_EQ(entry.dtype, at::kBFloat16) << entry.name;
+  }
+  const std::string bad = NewDir("export_bad_dtype") + "/export";
+  const ToolResult refused =
+      RunCkpt(absl::StrCat("export-safetensors ", path, " ", bad, " --dtype=fp8"));
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.output,
+              HasSubstr("--dtype=fp8: allowed: bfloat16, float32, or empty (the model's)"));
+  EXPECT_FALSE(std::filesystem::exists(bad));
 }
 
 TEST(CkptToolTest, RelativePathsAreResolvedFromTheBazelRunDirectory) {

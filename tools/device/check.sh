@@ -152,8 +152,9 @@ benchmarks() {
   return $status
 }
 
-# The trainer beside the Python loop's variants (tools/scripts/gpu_benchmark.sh: fp32, autocast
-# bf16, compiled) on the default GPT and issue 32's table GPT; gpt2_benchmarks on GPT-2 124M.
+# The trainer beside the Python loop's variants (tools/scripts/gpu_benchmark.sh's pairs: fp32;
+# Keel's bf16 beside autocast bf16, and beside it compiled) on the default GPT and issue 32's
+# table GPT; gpt2_benchmarks on GPT-2 124M.
 # 12 steps, the first 4 untimed (the compiled model compiles in them).
 trainer_benchmark() {
   tools/scripts/gpu_benchmark.sh --train_bin="$BIN/tools/train" --python="${PYTHON:-python3}" \
@@ -161,9 +162,12 @@ trainer_benchmark() {
 }
 trainer_benchmarks() {
   trainer_benchmark --shapes=default --pairs=fp32,bf16 --work_dir="$WORK/gpu_benchmark_default"
-  trainer_benchmark --shapes=table --work_dir="$WORK/gpu_benchmark_table"
+  trainer_benchmark --shapes=table --pairs=fp32,bf16,compiled \
+    --work_dir="$WORK/gpu_benchmark_table"
 }
-gpt2_benchmarks() { trainer_benchmark --shapes=gpt2 --work_dir="$WORK/gpu_benchmark_gpt2"; }
+gpt2_benchmarks() {
+  trainer_benchmark --shapes=gpt2 --pairs=fp32,bf16,compiled --work_dir="$WORK/gpu_benchmark_gpt2"
+}
 
 # The report: the machine, each phase's status, the tests' verdicts, the figures.
 report() {

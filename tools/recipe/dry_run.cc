@@ -20,6 +20,7 @@
 #include "scheduling/preemption.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/data.h"
+#include "tools/recipe/memory.h"
 #include "tools/recipe/plot.h"
 #include "torch/optim/adamw.h"
 #include "torch/types.h"
@@ -293,6 +294,7 @@ absl::Status DryRun(const TrainOptions& options, int world_size, std::ostream& o
   out << "dry run: nothing is trained, loaded or checkpointed\n";
   KEEL_ASSIGN_OR_RETURN(const parallel::MeshLayout layout, CheckGeometry(options, world_size));
   PrintLayout(layout, out);
+  PrintPrecisionAndMemory(options, layout, out);
   // The schedule and the data are the data-parallel ranks' (model-parallel ranks share them).
   const int dp = layout.data_parallel_size();
   KEEL_ASSIGN_OR_RETURN(ScratchDirectory scratch, ScratchDirectory::Create());

@@ -17,7 +17,8 @@
 
 namespace keel::tools::recipe {
 
-// Prints, for a run of `options` on `world_size` ranks: the data (training, sampled and
+// Prints, for a run of `options` on `world_size` ranks: the layout, the precision and the
+// memory of a rank's model state (tools/recipe/memory.h); the data (training, sampled and
 // validation windows; with data.paths, each dataset's weight, samples drawn and epochs per
 // split, planned without building an index); max_steps after the epoch cap, num_epochs,
 // grad_acc_steps per rank, samples and tokens per step and in total; the checkpoint, validation and

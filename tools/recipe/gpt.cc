@@ -135,6 +135,35 @@ int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size) {
   return (options.vocab_size + multiple - 1) / multiple * multiple;
 }
 
+StageParameters CountStageParameters(const GptOptions& options,
+                                     const parallel::ModelParallelOptions& parallel,
+                                     int64_t stage) {
+  const int64_t tp = parallel.tensor_model_parallel_size;
+  const int64_t pp = parallel.pipeline_model_parallel_size;
+  const int64_t ep = parallel.expert_model_parallel_size;
+  const int64_t expert_tp = parallel.expert_tensor_parallel_size.value_or(tp);
+  const int64_t h = options.hidden_size, ffn = options.ffn_hidden_size;
+  const absl::StatusOr<parallel::StageLayers> layers =
+      parallel::LayersOfStage(options.num_layers, static_cast<int>(pp), static_cast<int>(stage));
+  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
+  StageParameters count;
+  const bool first = stage == 0, last = stage == pp - 1;
+  if (first || last) count.dense += PaddedVocabSize(options, tp) / tp * h;  // wte (and the head)
+  if (first) count.dense += options.max_sequence_length * h;                // wpe
+  if (last) count.dense += 2 * h;                                           // ln_f
+  for (int64_t i = layers->first; i < layers->first + layers->count; ++i) {
+    // ln_1, ln_2; qkv (column-parallel) and proj (row-parallel), with biases.
+    count.dense += 4 * h + (3 * h / tp) * (h + 1) + h * (h / tp) + h;
+    if (options.num_moe_experts > 0 && i % options.moe_layer_freq == 0) {
+      count.dense += options.num_moe_experts * h;  // the router
+      count.experts += options.num_moe_experts / ep * 2 * h * (ffn / expert_tp);
+    } else {
+      count.dense += (ffn / tp) * (h + 1) + h * (ffn / tp) + h;  // fc, mlp_proj
+    }
+  }
+  return count;
+}
+
 void MoeStats::Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert) {
   const at::Tensor aux = aux_loss.to(at::kDouble);
   aux_loss_sum = aux_loss_sum.defined() ? aux_loss_sum + aux : aux;

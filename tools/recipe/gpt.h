@@ -27,6 +27,7 @@
 #include "ATen/core/Tensor.h"
 #include "base/fields.h"
 #include "parallel/layout.h"
+#include "parallel/mesh_layout.h"
 #include "parallel/pipeline_parallel/schedules.h"
 #include "parallel/tensor_parallel/layers.h"
 #include "torch/nn/module.h"
@@ -83,6 +84,19 @@ void VisitFields(O& o, V&& v) {
 // The rows of the embedding at tensor-parallel size `tp_size`: vocab_size rounded up to a
 // multiple of make_vocab_size_divisible_by x tp_size (Megatron's _vocab_size_with_padding).
 int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size);
+
+// The elements of the parameters one rank of a pipeline stage holds, counted from the shapes
+// the model registers, without building it (for --dry_run's memory): the experts' apart, as
+// their state is sharded over the expert data-parallel ranks.
+struct StageParameters {
+  int64_t dense = 0;
+  int64_t experts = 0;
+};
+// Stage `stage`'s, at the sizes of `parallel` (tensor, pipeline, expert, expert tensor);
+// Requires: a layout the configuration's checks accepted.
+StageParameters CountStageParameters(const GptOptions& options,
+                                     const parallel::ModelParallelOptions& parallel,
+                                     int64_t stage);
 
 // What the mixture-of-experts blocks of a model routed in training since it was last taken,
 // and the weight each micro-batch's load-balancing loss gets in the backward pass.

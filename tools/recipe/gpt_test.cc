@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "base/named_parameters.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/layout.h"
@@ -104,6 +105,61 @@ at::Tensor Slice(const at::Tensor& whole,
 
 // The layout must not change the numbers: on 2 ranks each holds exactly its slice of the
 // one-rank model's weights, and computes that model's losses and, slice for slice, gradients.
+// The elements of `model`'s parameters (a tied one once), the experts' apart.
+StageParameters Elements(torch::nn::Module& model) {
+  StageParameters count;
+  for (const auto& [name, param] : base::UniqueNamedParameters(model).unique) {
+    (name.find(".experts.") != std::string::npos ? count.experts : count.dense) += param.numel();
+  }
+  return count;
+}
+
+// What --dry_run counts is what the model registers: one rank, and each rank of two tensor-
+// parallel ranks, two pipeline stages, and two expert-parallel ranks of a MoE model whose
+// second block is dense.
+TEST(GptTest, CountsTheParametersItRegisters) {
+  GptOptions dense = Small();
+  GptOptions moe = Small();
+  moe.num_moe_experts = 4;
+  moe.moe_layer_freq = 2;
+  for (const GptOptions& options : {dense, moe}) {
+    Gpt one(options, nullptr);
+    const StageParameters counted = CountStageParameters(options, {}, 0);
+    const StageParameters registered = Elements(*one);
+    EXPECT_EQ(counted.dense, registered.dense);
+    EXPECT_EQ(counted.experts, registered.experts);
+    EXPECT_EQ(counted.experts > 0, options.num_moe_experts > 0);
+  }
+  struct Layout {
+    std::string name;
+    parallel::ModelParallelOptions sizes;
+  };
+  parallel::ModelParallelOptions tp2, pp2, ep2;
+  tp2.tensor_model_parallel_size = 2;
+  pp2.pipeline_model_parallel_size = 2;
+  ep2.expert_model_parallel_size = 2;
+  for (const Layout& layout : {Layout{"tp2", tp2}, Layout{"pp2", pp2}, Layout{"ep2", ep2}}) {
+    SCOPED_TRACE(layout.name);
+    std::vector<StageParameters> registered(2), counted(2);
+    KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+      c10d::ProcessGroup* group = r.group.get();
+      const parallel::ModelParallelOptions& s = layout.sizes;
+      Gpt model(moe, s.tensor_model_parallel_size > 1 ? group : nullptr,
+                s.pipeline_model_parallel_size > 1 ? group : nullptr,
+                s.expert_model_parallel_size > 1 ? group : nullptr,
+                s.tensor_model_parallel_size > 1 ? group : nullptr);
+      registered[r.rank] = Elements(*model);
+      counted[r.rank] =
+          CountStageParameters(moe, s, s.pipeline_model_parallel_size > 1 ? r.rank : 0);
+      return absl::OkStatus();
+    }));
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(counted[rank].dense, registered[rank].dense) << "rank " << rank;
+      EXPECT_EQ(counted[rank].experts, registered[rank].experts) << "rank " << rank;
+    }
+  }
+}
+
 TEST(GptTest, TwoTensorParallelRanksComputeTheOneRankModel) {
   // One thread for LibTorch's kernels, so the comparisons below see the layout's rounding
   // alone: the wheel's BLAS (MKL) rounds a threaded sgemm differently from call to call

@@ -5,7 +5,7 @@
 # hyper-parameters): a trainer variant beside a Python variant.
 #
 #   tools/scripts/gpu_benchmark.sh --train_bin=bazel-bin/tools/train [--python=python3]
-#   tools/scripts/gpu_benchmark.sh --shapes=gpt2 --pairs=fp32,bf16 --rounds=3
+#   tools/scripts/gpu_benchmark.sh --shapes=gpt2 --pairs=bf16,compiled --rounds=3
 #
 # Shapes (--shapes, default all three):
 #   default: the trainer's default GPT (h128, 4 layers, 4 heads, ffn 512, seq 128, global batch
@@ -17,13 +17,15 @@
 # Pairs (--pairs, default all), trainer | reference:
 #   fp32:     fp32 (its defaults on a GPU: fused AdamW, multi-tensor clipping) | fp32 (PyTorch's
 #             defaults: foreach AdamW and clipping);
-#   bf16:     fp32 with model.tf32 | torch.autocast(bfloat16);
-#   compiled: fp32 with optimizer.fused=false (LibTorch's per-parameter AdamW) |
-#             autocast bf16 + torch.compile + AdamW(fused=True).
+#   tf32:     fp32 with model.tf32 | fp32 with TF32 matrix products;
+#   bf16:     model.bf16 (Megatron's bf16: bf16 weights, float32 main weights and gradients) |
+#             torch.autocast(bfloat16) (float32 weights, bf16 matrix products);
+#   compiled: model.bf16 | autocast bf16 + torch.compile + AdamW(fused=True).
 # MFU uses llm.c's count, 6 N + 6 L C T FLOPs per token (N: the Python model's parameters, the
 # tied embedding once), over the GPU's dense bf16 peak (989.4 TFLOP/s for an H100 or H200;
 # --peak_tflops for another), for every row whatever its precision.
-# --device=cpu runs the same on the CPU (the fp32 and compiled pairs; TF32 is a GPU setting).
+# --device=cpu runs the same on the CPU (the fp32, bf16 and compiled pairs; TF32 is a GPU
+# setting).
 # --rounds (default 1), --steps (20), --untimed_steps (5: the compiled model compiles in them)
 # and --prefix (an indexed dataset; default: the trainer's corpus, prepared once) go to each
 # run; --work_dir keeps the logs (default a new temporary directory).
@@ -31,7 +33,7 @@ set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 shapes=default,table,gpt2
-pairs=fp32,bf16,compiled
+pairs=fp32,tf32,bf16,compiled
 rounds=1
 steps=20
 untimed_steps=5
@@ -87,10 +89,12 @@ shape_flags() {
 pair_flags() {
   case "$1" in
     fp32) echo "" ;;
-    bf16) echo "--trainer_set=model.tf32=true --reference_flag=--bf16" ;;
-    compiled) echo "--trainer_set=optimizer.fused=false --reference_flag=--bf16
+    tf32) echo "--trainer_set=model.tf32=true --reference_flag=--tf32" ;;
+    bf16) echo "--trainer_set=model.bf16=true --reference_flag=--bf16" ;;
+    compiled) echo "--trainer_set=model.bf16=true --reference_flag=--bf16
                     --reference_flag=--compile --reference_flag=--fused" ;;
-    *) echo "gpu_benchmark: unknown pair \"$1\"; allowed: fp32, bf16, compiled" >&2; exit 2 ;;
+    *) echo "gpu_benchmark: unknown pair \"$1\"; allowed: fp32, tf32, bf16, compiled" >&2
+       exit 2 ;;
   esac
 }
 
@@ -113,8 +117,9 @@ import json, os, sys
 work, shapes, pairs, peak = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(","), sys.argv[4]
 # (hidden, layers, sequence) per shape, for 6 L C T.
 geometry = {"default": (128, 4, 128), "table": (1024, 8, 512), "gpt2": (768, 12, 1024)}
-labels = {"fp32": ("fp32", "fp32"), "bf16": ("fp32 + TF32", "autocast bf16"),
-          "compiled": ("fp32, per-parameter AdamW", "autocast bf16 + compile + fused AdamW")}
+labels = {"fp32": ("fp32", "fp32"), "tf32": ("fp32 + TF32", "fp32 + TF32"),
+          "bf16": ("bf16 (Megatron's)", "autocast bf16"),
+          "compiled": ("bf16 (Megatron's)", "autocast bf16 + compile + fused AdamW")}
 rows = []
 device = ""
 for shape in shapes:

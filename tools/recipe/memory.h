@@ -1,0 +1,52 @@
+// What one rank's model state takes on its device, from the configuration alone (the trainer's
+// --dry_run): the weights, the gradients, the float32 main parameters of a bf16 run, AdamW's
+// two moments and the communication buffers, for the pipeline stage that holds the most, as
+// the trainer allocates them (gradients::DataParallelGradSync's buckets, optim's main copies
+// and shards). Activations are not counted: they depend on the batch, not on the model.
+//
+//   PrintPrecisionAndMemory(options, layout, std::cout);
+#ifndef KEEL_TOOLS_RECIPE_MEMORY_H_
+#define KEEL_TOOLS_RECIPE_MEMORY_H_
+
+#include <cstdint>
+#include <ostream>
+
+#include "parallel/mesh_layout.h"
+#include "tools/recipe/gpt.h"
+#include "tools/recipe/options.h"
+
+namespace keel::tools::recipe {
+
+struct RankMemory {
+  // The stage whose ranks hold the most (the first of equals), and its parameters per rank.
+  int64_t stage = 0;
+  StageParameters parameters;
+  // Bytes: the parameters in their dtype; their gradients (float32 .grad, or a bf16 run's main
+  // gradients in distributed.grad_reduce_in_fp32's dtype); a bf16 run's float32 main
+  // parameters (this rank's shard with the distributed optimizer); AdamW's exp_avg and
+  // exp_avg_sq in float32 (sharded alike); the copies for communication (a float32 run's
+  // all-reduce buckets with more than one data-parallel rank, a sharded bf16 run's parameter
+  // all-gather buffer).
+  int64_t weight_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t main_param_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t buffer_bytes = 0;
+
+  int64_t total_bytes() const {
+    return weight_bytes + gradient_bytes + main_param_bytes + optimizer_bytes + buffer_bytes;
+  }
+};
+
+// The rank of `layout` running `options` that holds the most. Requires: options and layout
+// that CheckGeometry accepted.
+RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshLayout& layout);
+
+// "precision: ..." (float32, or Megatron's bf16 with its main gradients' dtype) and
+// "memory per rank: ..." lines.
+void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLayout& layout,
+                             std::ostream& out);
+
+}  // namespace keel::tools::recipe
+
+#endif  // KEEL_TOOLS_RECIPE_MEMORY_H_

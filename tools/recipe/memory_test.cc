@@ -1,0 +1,84 @@
+// The bytes per parameter against Megatron-Core's table for its distributed optimizer
+// (docs/source/api-guide/dist_optimizer.md: float32 16 bytes, 8 + 8/d sharded over d ranks;
+// bf16 with float32 main gradients 18, 6 + 12/d; with bf16 main gradients 16, 4 + 12/d), and
+// where Keel holds more: its data-parallel buckets are a copy of float32 gradients (4 bytes
+// more with more than one rank), and a sharded bf16 run with float32 main gradients all-gathers
+// the parameters into a buffer of their own (2 more); Megatron's parameters and gradients are
+// views of those buffers.
+#include "tools/recipe/memory.h"
+
+#include <cstdint>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/mesh_layout.h"
+#include "tools/recipe/gpt.h"
+#include "tools/recipe/options.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+TrainOptions Options(bool bf16, bool sharded) {
+  TrainOptions options;
+  options.model.hidden_size = 64;
+  options.model.num_layers = 2;
+  options.model.num_attention_heads = 4;
+  options.model.ffn_hidden_size = 256;
+  options.bf16 = bf16;
+  options.distributed.use_distributed_optimizer = sharded;
+  return options;
+}
+
+// Bytes per parameter of the rank of `options` on `world` data-parallel ranks.
+double BytesPerParameter(const TrainOptions& options, int world) {
+  const parallel::MeshLayout layout =
+      *parallel::MeshLayout::Create(options.distributed.parallel, world);
+  const RankMemory memory = EstimateRankMemory(options, layout);
+  const int64_t n = memory.parameters.dense + memory.parameters.experts;
+  EXPECT_EQ(n, CountStageParameters(options.model, {}, 0).dense);
+  return static_cast<double>(memory.total_bytes()) / static_cast<double>(n);
+}
+
+TEST(MemoryTest, BytesPerParameterAreMegatronsWhereTheBuffersAgree) {
+  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(false, false), 1), 16);
+  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(true, false), 1), 18);
+  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(true, false), 4), 18);
+  TrainOptions bf16_grads = Options(true, true);
+  bf16_grads.distributed.grad_reduce_in_fp32 = false;
+  EXPECT_DOUBLE_EQ(BytesPerParameter(bf16_grads, 4), 4 + 12.0 / 4);
+  bf16_grads.distributed.use_distributed_optimizer = false;
+  EXPECT_DOUBLE_EQ(BytesPerParameter(bf16_grads, 1), 16);
+}
+
+TEST(MemoryTest, KeelsOwnBuffersCostWhatTheyHold) {
+  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(false, false), 4), 16 + 4);
+  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(false, true), 4), 8 + 8.0 / 4 + 4);
+  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(true, true), 4), 6 + 12.0 / 4 + 2);
+}
+
+// Shards divide the parameters of a stage, and the stage with the embedding and the head
+// holds the most; the dry run's lines name the precision.
+TEST(MemoryTest, PrintsThePrecisionAndTheLargestStage) {
+  TrainOptions options = Options(true, false);
+  options.model.num_layers = 4;
+  options.distributed.parallel.pipeline_model_parallel_size = 4;
+  const parallel::MeshLayout layout = *parallel::MeshLayout::Create(options.distributed.parallel, 4);
+  const RankMemory memory = EstimateRankMemory(options, layout);
+  EXPECT_EQ(memory.stage, 0);  // the word and position embeddings
+  EXPECT_EQ(memory.parameters.dense, CountStageParameters(options.model, layout.options(), 0).dense);
+  std::ostringstream out;
+  PrintPrecisionAndMemory(options, layout, out);
+  EXPECT_THAT(out.str(), HasSubstr("precision: bf16 parameters and activations; main gradients "
+                                   "in float32, float32 main parameters and AdamW state"));
+  EXPECT_THAT(out.str(), HasSubstr("memory per rank (pipeline stage 0 of 4, the largest): "));
+  std::ostringstream fp32;
+  PrintPrecisionAndMemory(Options(false, false), *parallel::MeshLayout::Create({}, 1), fp32);
+  EXPECT_THAT(fp32.str(), HasSubstr("precision: float32\n"));
+  EXPECT_THAT(fp32.str(), ::testing::Not(HasSubstr("main parameters")));
+}
+
+}  // namespace
+}  // namespace keel::tools::recipe
