@@ -476,6 +476,47 @@ TEST(DataParallelGradSyncTest, SecondBackwardBeforeWaitIsAnError) {
   }
 }
 
+// Main gradients (Megatron's main_grad): each backward pass adds into float32 buckets and frees
+// the bf16 .grad; the errors are the plain path's; a local sync (one rank, no group) needs
+// main gradients; destroying the sync removes its hooks from the gradient accumulators.
+TEST(DataParallelGradSyncTest, MainGradientsKeepThePlainPathsContract) {
+  DataParallelGradSyncOptions main;
+  main.main_grad_dtype = at::kFloat;
+  std::vector<absl::Status> twice(2), unused(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    Mlp model(/*phase=*/0, at::kBFloat16, /*with_extra=*/true);
+    model.use_extra = true;
+    KEEL_ASSIGN_OR_RETURN(auto sync, DataParallelGradSync::Create(model, *r.group, main));
+    Loss(model, 0, 2, 1.0, at::kBFloat16).backward();
+    for (const at::Tensor& p : model.parameters()) EXPECT_FALSE(p.grad().defined());
+    Loss(model, 2, 2, 1.0, at::kBFloat16).backward();
+    twice[r.rank] = sync->Wait();
+    model.use_extra = false;
+    Loss(model, 0, 2, 1.0, at::kBFloat16).backward();
+    unused[r.rank] = sync->Wait();
+    EXPECT_EQ(sync->MainGrad(0).scalar_type(), at::kFloat);
+    return absl::OkStatus();
+  }));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(twice[rank], StatusIs(StatusCode::kFailedPrecondition,
+                                      HasSubstr("received a second gradient")));
+    EXPECT_THAT(unused[rank], StatusIs(StatusCode::kFailedPrecondition,
+                                       HasSubstr("parameter 'extra' received no gradient")));
+  }
+  Mlp model(/*phase=*/0, at::kBFloat16);
+  EXPECT_THAT(DataParallelGradSync::CreateLocal(TrainableParameters({&model}), {}).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("set main_grad_dtype")));
+  {
+    KEEL_ASSERT_OK_AND_ASSIGN(auto local,
+                              DataParallelGradSync::CreateLocal(TrainableParameters({&model}), main));
+    Loss(model, 0, 2, 1.0, at::kBFloat16).backward();
+    KEEL_ASSERT_OK(local->Wait());
+    EXPECT_FALSE(model.parameters()[0].grad().defined());
+  }
+  Loss(model, 0, 2, 1.0, at::kBFloat16).backward();
+  for (const at::Tensor& p : model.parameters()) EXPECT_TRUE(p.grad().defined());
+}
+
 // An embedding with sparse=true produces a sparse gradient for a dense parameter.
 class SparseEmbedding : public torch::nn::Module {
  public:
