@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -44,13 +43,6 @@ absl::StatusOr<std::unique_ptr<gradients::DataParallelGradSync>> SyncOf(
   return gradients::DataParallelGradSync::CreateLocal(parameters, options);
 }
 
-// What the optimizer steps for a parameter with main gradients: a float32 copy of a narrower
-// one, else the parameter.
-at::Tensor MainCopy(const at::Tensor& param) {
-  if (param.scalar_type() == at::kFloat) return param;
-  return param.detach().to(at::kFloat, false, /*copy=*/true);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Create(
@@ -73,20 +65,16 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
             },
             options.sync));
   } else {
-    std::vector<gradients::NamedParameter> stepped = o.parameters_;
     if (options.sync.main_grad_dtype.has_value()) {
-      KEEL_RETURN_IF_ERROR(
-          base::CallTorch(absl::StatusCode::kInternal, "allocating the main parameters", [&] {
-            for (gradients::NamedParameter& p : stepped) {
-              p.param = o.main_.emplace_back(MainCopy(p.param));
-            }
-          }));
+      std::vector<at::Tensor> params;
+      for (const gradients::NamedParameter& p : o.parameters_) params.push_back(p.param);
+      KEEL_ASSIGN_OR_RETURN(o.main_, internal::MainCopies::Create(std::move(params)));
     }
-    KEEL_ASSIGN_OR_RETURN(o.whole_, BuildWhole(stepped, factory));
+    KEEL_ASSIGN_OR_RETURN(o.whole_, BuildWhole(o.StepParameters(), factory));
     KEEL_ASSIGN_OR_RETURN(o.sync_, SyncOf(dense, group, options.sync));
     KEEL_ASSIGN_OR_RETURN(o.expert_sync_,
                           SyncOf(experts, options.expert_data_parallel_group, options.sync));
-    if (!o.main_.empty()) {
+    if (o.main_.has_value()) {
       // Each parameter's main gradient, in the order of the dense and the expert syncs.
       size_t dense_index = 0, expert_index = 0;
       for (const gradients::NamedParameter& p : o.parameters_) {
@@ -127,9 +115,11 @@ absl::Status DataParallelOptimizer::Wait() {
   }
   KEEL_RETURN_IF_ERROR(status);
   // The main gradients become the gradients of what the optimizer steps (float32).
+  if (!main_.has_value()) return absl::OkStatus();
   return base::CallTorch(absl::StatusCode::kInternal, "handing over the main gradients", [&] {
-    for (size_t i = 0; i < main_.size(); ++i) {
-      main_[i].mutable_grad() = main_grads_[i].to(at::kFloat);
+    for (size_t i = 0; i < main_grads_.size(); ++i) {
+      at::Tensor main = main_->main()[i];
+      main.mutable_grad() = main_grads_[i].to(at::kFloat);
     }
   });
 }
@@ -137,7 +127,9 @@ absl::Status DataParallelOptimizer::Wait() {
 std::vector<gradients::NamedParameter> DataParallelOptimizer::StepParameters() const {
   if (sharded_) return sharded_->ShardParameters();
   std::vector<gradients::NamedParameter> stepped = parameters_;
-  for (size_t i = 0; i < main_.size(); ++i) stepped[i].param = main_[i];
+  if (main_.has_value()) {
+    for (size_t i = 0; i < stepped.size(); ++i) stepped[i].param = main_->main()[i];
+  }
   return stepped;
 }
 
@@ -152,7 +144,7 @@ absl::Status DataParallelOptimizer::Step() {
     sharded_->ZeroGrad();
     return absl::OkStatus();
   }
-  if (main_.empty()) {
+  if (!main_.has_value()) {
     return base::CallTorch(absl::StatusCode::kInternal, "the optimizer step", [&] {
       whole_->step();
       whole_->zero_grad();
@@ -162,14 +154,14 @@ absl::Status DataParallelOptimizer::Step() {
       base::CallTorch(absl::StatusCode::kInternal, "the optimizer step", [&] { whole_->step(); });
   SkipStep();  // the main gradients are views of the buckets: dropped, not zeroed
   KEEL_RETURN_IF_ERROR(stepped);
-  return CopyMainToModel();
+  return main_->ToModel();
 }
 
 void DataParallelOptimizer::SkipStep() {
   if (sharded_) {
     sharded_->ZeroGrad();
-  } else if (!main_.empty()) {
-    for (at::Tensor& main : main_) main.mutable_grad().reset();
+  } else if (main_.has_value()) {
+    for (at::Tensor main : main_->main()) main.mutable_grad().reset();
   } else {
     whole_->zero_grad();
   }
@@ -177,28 +169,17 @@ void DataParallelOptimizer::SkipStep() {
 
 bool DataParallelOptimizer::has_main_copies() const {
   if (sharded_) return sharded_->has_main_copies();
-  for (size_t i = 0; i < main_.size(); ++i) {
-    if (!main_[i].is_same(parameters_[i].param)) return true;
-  }
-  return false;
+  return main_.has_value() && main_->any();
 }
 
 absl::Status DataParallelOptimizer::CopyMainToModel() {
   if (sharded_) return sharded_->CopyMainToModel();
-  at::NoGradGuard no_grad;
-  return base::CallTorch(absl::StatusCode::kInternal, "copying the main parameters", [&] {
-    for (size_t i = 0; i < main_.size(); ++i) {
-      if (!main_[i].is_same(parameters_[i].param)) parameters_[i].param.copy_(main_[i]);
-    }
-  });
+  return main_.has_value() ? main_->ToModel() : absl::OkStatus();
 }
 
 void DataParallelOptimizer::CopyModelToMain() {
   if (sharded_) return sharded_->CopyModelToMain();
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < main_.size(); ++i) {
-    if (!main_[i].is_same(parameters_[i].param)) main_[i].copy_(parameters_[i].param);
-  }
+  if (main_.has_value()) main_->FromModel();
 }
 
 at::Tensor DataParallelOptimizer::LocalGradientSum() const {

@@ -35,6 +35,7 @@
 #include "gradients/dp_sync.h"
 #include "gradients/parameters.h"
 #include "optim/distributed_optimizer.h"
+#include "optim/internal/main_copies.h"
 #include "torch/optim/optimizer.h"
 
 namespace c10d {
@@ -138,9 +139,9 @@ class DataParallelOptimizer {
   std::unique_ptr<gradients::DataParallelGradSync> sync_;
   // Unsharded, with expert parameters and their group (or main gradients): their sync.
   std::unique_ptr<gradients::DataParallelGradSync> expert_sync_;
-  // Unsharded, with main gradients: what the optimizer steps for each parameter (its float32
-  // main copy, or the parameter itself when float32), and its main gradient.
-  std::vector<at::Tensor> main_;
+  // Unsharded, with main gradients: what the optimizer steps for each parameter, and its main
+  // gradient.
+  std::optional<internal::MainCopies> main_;
   std::vector<at::Tensor> main_grads_;
   // Sharded.
   std::unique_ptr<DistributedOptimizer> sharded_;

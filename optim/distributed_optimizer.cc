@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -50,15 +49,17 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Make
     const ShardOptimizerFactory& factory) {
   std::vector<gradients::ParamShard> shards;
   for (const auto& sync : syncs) {
-    for (gradients::ParamShard shard : sync->shards()) {
-      // Megatron's main parameters: float32 copies of the narrower shards.
-      if (shard.main_grad.defined() && shard.tensor.scalar_type() != at::kFloat) {
-        KEEL_RETURN_IF_ERROR(base::CallTorch(
-            absl::StatusCode::kInternal, "allocating the main parameters",
-            [&] { shard.tensor = shard.tensor.to(at::kFloat, false, /*copy=*/true); }));
-      }
-      shard.main_grad = at::Tensor();
-      shards.push_back(std::move(shard));
+    shards.insert(shards.end(), sync->shards().begin(), sync->shards().end());
+  }
+  // With main gradients, the optimizer steps the shards' main copies.
+  std::optional<internal::MainCopies> main;
+  if (!shards.empty() && shards.front().main_grad.defined()) {
+    std::vector<at::Tensor> views;
+    for (const gradients::ParamShard& shard : shards) views.push_back(shard.tensor);
+    KEEL_ASSIGN_OR_RETURN(main, internal::MainCopies::Create(std::move(views)));
+    for (size_t i = 0; i < shards.size(); ++i) {
+      shards[i].tensor = main->main()[i];
+      shards[i].main_grad = at::Tensor();
     }
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -68,25 +69,24 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Make
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const gradients::ParamShard& shard : shards) tensors.emplace_back(shard.name, shard.tensor);
   KEEL_RETURN_IF_ERROR(CheckOptimizerHoldsEachOnce(optimizer.get(), tensors, "shard"));
-  return std::unique_ptr<DistributedOptimizer>(
-      new DistributedOptimizer(std::move(syncs), std::move(shards), std::move(optimizer)));
+  return std::unique_ptr<DistributedOptimizer>(new DistributedOptimizer(
+      std::move(syncs), std::move(shards), std::move(main), std::move(optimizer)));
 }
 
 DistributedOptimizer::DistributedOptimizer(
     std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
-    std::vector<gradients::ParamShard> shards, std::unique_ptr<torch::optim::Optimizer> optimizer)
-    : syncs_(std::move(syncs)), shards_(std::move(shards)), optimizer_(std::move(optimizer)) {
+    std::vector<gradients::ParamShard> shards, std::optional<internal::MainCopies> main,
+    std::unique_ptr<torch::optim::Optimizer> optimizer)
+    : syncs_(std::move(syncs)),
+      shards_(std::move(shards)),
+      main_(std::move(main)),
+      optimizer_(std::move(optimizer)) {
   for (const auto& sync : syncs_) {
     model_shards_.insert(model_shards_.end(), sync->shards().begin(), sync->shards().end());
   }
 }
 
-bool DistributedOptimizer::has_main_copies() const {
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    if (!shards_[i].tensor.is_same(model_shards_[i].tensor)) return true;
-  }
-  return false;
-}
+bool DistributedOptimizer::has_main_copies() const { return main_.has_value() && main_->any(); }
 
 void DistributedOptimizer::PrepareForGradAccumulation() {
   for (const auto& sync : syncs_) sync->PrepareForGradAccumulation();
@@ -126,36 +126,22 @@ absl::Status DistributedOptimizer::Step() {
   // every rank: returning early would leave the peers waiting in them.
   absl::Status stepped = base::CallTorch(absl::StatusCode::kInternal, "stepping the shards",
                                          [&] { optimizer_->step(); });
-  if (stepped.ok()) stepped = CopyMainRows();
+  if (stepped.ok() && main_.has_value()) stepped = main_->ToModel();
   absl::Status status;
   for (const auto& sync : syncs_) status.Update(sync->AllGather(stepped));
   return status;
 }
 
-absl::Status DistributedOptimizer::CopyMainRows() {
-  at::NoGradGuard no_grad;
-  return base::CallTorch(absl::StatusCode::kInternal, "copying the main parameters", [&] {
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      if (shards_[i].tensor.is_same(model_shards_[i].tensor)) continue;
-      model_shards_[i].tensor.copy_(shards_[i].tensor);
-    }
-  });
-}
-
 absl::Status DistributedOptimizer::CopyMainToModel() {
   if (!has_main_copies()) return absl::OkStatus();
-  const absl::Status copied = CopyMainRows();
+  const absl::Status copied = main_->ToModel();
   absl::Status status;
   for (const auto& sync : syncs_) status.Update(sync->AllGather(copied));
   return status;
 }
 
 void DistributedOptimizer::CopyModelToMain() {
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    if (shards_[i].tensor.is_same(model_shards_[i].tensor)) continue;
-    shards_[i].tensor.copy_(model_shards_[i].tensor);
-  }
+  if (main_.has_value()) main_->FromModel();
 }
 
 void DistributedOptimizer::ZeroGrad() {

@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,6 +29,7 @@
 #include "gradients/dp_sync.h"
 #include "gradients/parameters.h"
 #include "gradients/sharded_grad_sync.h"
+#include "optim/internal/main_copies.h"
 #include "torch/nn/module.h"
 #include "torch/optim/optimizer.h"
 
@@ -122,9 +124,8 @@ class DistributedOptimizer {
  private:
   DistributedOptimizer(std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
                        std::vector<gradients::ParamShard> shards,
+                       std::optional<internal::MainCopies> main,
                        std::unique_ptr<torch::optim::Optimizer> optimizer);
-  // The main copies' values into the parameters' rows (not all-gathered).
-  [[nodiscard]] absl::Status CopyMainRows();
   // The optimizer over the syncs' shards, checked.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Make(
       std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs,
@@ -135,6 +136,7 @@ class DistributedOptimizer {
   // with main gradients float32 main copies of the narrower ones.
   std::vector<gradients::ParamShard> model_shards_;
   std::vector<gradients::ParamShard> shards_;
+  std::optional<internal::MainCopies> main_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
