@@ -159,6 +159,8 @@ void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {
 
 bool HasFusedAdamW() { return TORCH_VERSION_MAJOR >= 2; }
 
+bool GlooCarriesBFloat16() { return TORCH_VERSION_MAJOR >= 2; }
+
 void FusedAdamWStep(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                     at::TensorList steps, double lr, double beta1, double beta2,

@@ -69,6 +69,10 @@ void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar);
 // Whether FusedAdamWStep runs: LibTorch 2.x has ATen's _fused_adamw_ (CPU and CUDA); 1.13 not.
 bool HasFusedAdamW();
 
+// Whether ProcessGroupGloo reduces and moves bf16 tensors: LibTorch 2.x; 1.13's refuses them
+// ("Invalid scalar type").
+bool GlooCarriesBFloat16();
+
 // One AdamW step over tensors of one device and dtype in a single multi-tensor kernel (ATen's
 // _fused_adamw_, what torch.optim.AdamW(fused=True) runs): each params[i] takes its
 // decoupled weight decay and Adam update from grads[i], exp_avgs[i] and exp_avg_sqs[i]

@@ -65,7 +65,8 @@ struct ParamShard {
 // no reduce-scatter (Gloo in LibTorch 1.13) the bucket is all-reduced and each rank keeps its
 // part, the same sums, and each part is broadcast from its rank in place. With main gradients
 // in another dtype than the parameters' (float32 for bf16), the parameters are all-gathered
-// from buffers of their own dtype, as Megatron's separate parameter and gradient buffers.
+// from buffers of their own dtype, as Megatron's separate parameter and gradient buffers (in
+// the float32 buckets where the group cannot carry bf16: Gloo in LibTorch 1.13).
 //
 // Requires: as DataParallelGradSync; no 0-d parameter (view it as shape [1]).
 class ShardedGradSync {

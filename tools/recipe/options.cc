@@ -380,6 +380,18 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
         "CPU: false");
   }
   options.bf16 = config.model().bf16();
+  if (const parallel::ModelParallelOptions& p = options.distributed.parallel;
+      options.bf16 && options.distributed.backend == parallel::Backend::kGloo &&
+      !base::GlooCarriesBFloat16() &&
+      (p.tensor_model_parallel_size > 1 || p.pipeline_model_parallel_size > 1 ||
+       p.expert_model_parallel_size > 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.bf16 (true) with tensor_model_parallel_size ", p.tensor_model_parallel_size,
+        ", pipeline_model_parallel_size ", p.pipeline_model_parallel_size,
+        " and expert_model_parallel_size ", p.expert_model_parallel_size,
+        ": this build's LibTorch (1.13) has a Gloo that cannot carry the bf16 activations; "
+        "allowed with it: model.bf16 with data parallelism alone, or model.bf16 false"));
+  }
   if (const std::optional<bool> in_fp32 = options.distributed.grad_reduce_in_fp32;
       in_fp32.has_value() && !options.bf16) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -129,6 +129,9 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
        "CPU: false"},
       {{"logging.profile_steps=-1"}, "logging.profile_steps (-1) must be >= 0 (0: no profile)"},
       {{"logging.profile_after_step=-2"}, "logging.profile_after_step (-2) must be >= 0"},
+      {{"distributed.grad_reduce_in_fp32=false"},
+       "distributed.grad_reduce_in_fp32 (false) applies to model.bf16 runs (float32 runs "
+       "reduce float32 gradients); allowed without model.bf16: unset"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
@@ -158,6 +161,29 @@ TEST(ReadOptionsTest, PrecisionAndKernelChoices) {
   KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"model.tf32=true", "distributed.backend=nccl"}));
   EXPECT_TRUE(options.tf32);
   EXPECT_EQ(ConfigFingerprint(options)["tf32"], true);
+}
+
+// model.bf16 (Megatron's bf16): off by default; distributed.grad_reduce_in_fp32 unset (true
+// under bf16) or as set; on the CPU with model parallelism only where Gloo carries bf16.
+TEST(ReadOptionsTest, Bf16IsOptInAndChecksWhatCarriesIt) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
+  EXPECT_FALSE(options.bf16);
+  EXPECT_EQ(ConfigFingerprint(options)[kBf16Field], false);
+  KEEL_ASSERT_OK_AND_ASSIGN(options,
+                            Read({"model.bf16=true", "distributed.grad_reduce_in_fp32=false"}));
+  EXPECT_TRUE(options.bf16);
+  EXPECT_EQ(options.distributed.grad_reduce_in_fp32, false);
+  EXPECT_EQ(ConfigFingerprint(options)[kBf16Field], true);
+  const std::vector<std::string> tp2 = {"model.bf16=true",
+                                        "distributed.tensor_model_parallel_size=2"};
+  if (base::GlooCarriesBFloat16()) {
+    KEEL_EXPECT_OK(Read(tp2).status());
+  } else {
+    EXPECT_THAT(Read(tp2), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("model.bf16 (true) with tensor_model_parallel_size "
+                                              "2, pipeline_model_parallel_size 1 and "
+                                              "expert_model_parallel_size 1: this build's")));
+  }
 }
 
 // data.paths: NeMo's defaults, and every rule checked before anything opens a dataset.
