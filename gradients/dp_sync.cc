@@ -82,6 +82,8 @@ void DataParallelGradSync::PrepareForGradAccumulation() { buckets_->EnableSync(f
 
 void DataParallelGradSync::PrepareForFinalBackward() { buckets_->EnableSync(true); }
 
+void DataParallelGradSync::SkipBackward() { buckets_->SkipBackward(); }
+
 size_t DataParallelGradSync::num_buckets() const { return buckets_->buckets().size(); }
 
 int64_t DataParallelGradSync::bucket_bytes() const { return buckets_->total_bytes(); }
@@ -103,7 +105,7 @@ absl::Status DataParallelGradSync::Wait() {
     }
     for (Bucket& bucket : buckets_->buckets()) {
       for (const Piece& piece : bucket.pieces) {
-        at::Tensor grad = GradBuckets::Rows(buckets_->params()[piece.param].grad(), piece);
+        at::Tensor grad = GradBuckets::Rows(internal::AllocatedGrad(buckets_->params()[piece.param]), piece);
         at::div_out(grad, buckets_->BucketRows(piece), world);
       }
     }

@@ -99,6 +99,11 @@ class DataParallelGradSync {
   // The next backward pass reduces gradients over the group; call Wait() after it. This is
   // the state after Create, so without accumulation every backward is synchronised.
   void PrepareForFinalBackward();
+  // Instead of the synchronised backward, on a rank that has no (further) micro-batch in this
+  // step (an epoch's short last step without drop_last): the collectives start with what this
+  // rank accumulated, zeros if nothing, as the ranks joined by DDP's join() shadow their
+  // peers' all-reduces. Call Wait() after it.
+  void SkipBackward();
 
   // Finishes the synchronised backward: waits for every bucket's all-reduce and writes the
   // group average (sum / world size) into each parameter's grad (with main gradients, into

@@ -517,6 +517,44 @@ TEST(DataParallelGradSyncTest, MainGradientsKeepThePlainPathsContract) {
   for (const at::Tensor& p : model.parameters()) EXPECT_TRUE(p.grad().defined());
 }
 
+// A rank without a micro-batch (an epoch's short last step) joins the reduction with zeros:
+// the average is the other rank's gradients halved, whether it had accumulated nothing or
+// one micro-batch before running out, with DDP's gradients in .grad or main gradients.
+TEST(DataParallelGradSyncTest, ARankThatSkipsItsBackwardJoinsWithWhatItHas) {
+  for (bool main_grads : {false, true}) {
+    for (int accumulated : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat(main_grads ? "main gradients" : "DDP", ", ", accumulated,
+                                " micro-batch(es) before running out"));
+      Mlp reference(/*phase=*/0);
+      Loss(reference, 0, 2, 2.0, at::kFloat).backward();  // rank 0's, halved
+      if (accumulated > 0) Loss(reference, 2, 2, 2.0, at::kFloat).backward();  // rank 1's
+      const std::vector<at::Tensor> expected = Grads(reference);
+      std::vector<std::vector<at::Tensor>> grads(2);
+      KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+        Mlp model(/*phase=*/0);
+        DataParallelGradSyncOptions options;
+        if (main_grads) options.main_grad_dtype = at::kFloat;
+        KEEL_ASSIGN_OR_RETURN(auto sync, DataParallelGradSync::Create(model, *r.group, options));
+        if (r.rank == 0) {
+          Loss(model, 0, 2, 1.0, at::kFloat).backward();
+        } else {
+          sync->PrepareForGradAccumulation();
+          if (accumulated > 0) Loss(model, 2, 2, 1.0, at::kFloat).backward();
+          sync->SkipBackward();
+        }
+        KEEL_RETURN_IF_ERROR(sync->Wait());
+        for (size_t i = 0; i < model.parameters().size(); ++i) {
+          grads[r.rank].push_back(main_grads ? sync->MainGrad(i).clone()
+                                             : model.parameters()[i].grad().clone());
+        }
+        return absl::OkStatus();
+      }));
+      ExpectIdentical(grads[1], grads[0]);
+      EXPECT_LE(MaxRelativeDifference(grads[0], expected), Tolerance(at::kFloat));
+    }
+  }
+}
+
 // An embedding with sparse=true produces a sparse gradient for a dense parameter.
 class SparseEmbedding : public torch::nn::Module {
  public:

@@ -162,6 +162,8 @@ void ShardedGradSync::PrepareForGradAccumulation() { buckets_->EnableSync(false)
 
 void ShardedGradSync::PrepareForFinalBackward() { buckets_->EnableSync(true); }
 
+void ShardedGradSync::SkipBackward() { buckets_->SkipBackward(); }
+
 size_t ShardedGradSync::num_buckets() const { return buckets_->buckets().size(); }
 
 at::Tensor ShardedGradSync::LocalGradientSum() const {
@@ -207,7 +209,7 @@ absl::Status ShardedGradSync::Wait() {
     for (Bucket& bucket : buckets_->buckets()) {
       for (const Piece& piece : bucket.pieces) {
         if (piece.portion != rank_) continue;
-        at::Tensor grad = GradBuckets::Rows(params[piece.param].grad(), piece);
+        at::Tensor grad = GradBuckets::Rows(internal::AllocatedGrad(params[piece.param]), piece);
         at::div_out(grad, buckets_->BucketRows(piece), world);
       }
     }

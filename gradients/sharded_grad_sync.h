@@ -89,6 +89,7 @@ class ShardedGradSync {
   // As DataParallelGradSync's.
   void PrepareForGradAccumulation();
   void PrepareForFinalBackward();
+  void SkipBackward();
 
   // Finishes the synchronised backward: waits for every bucket's reduction and writes the
   // group average of this rank's rows into those rows of each parameter's grad, which each

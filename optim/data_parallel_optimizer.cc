@@ -106,6 +106,12 @@ void DataParallelOptimizer::PrepareForFinalBackward() {
   if (expert_sync_) expert_sync_->PrepareForFinalBackward();
 }
 
+void DataParallelOptimizer::SkipBackward() {
+  if (sharded_) sharded_->SkipBackward();
+  if (sync_) sync_->SkipBackward();
+  if (expert_sync_) expert_sync_->SkipBackward();
+}
+
 absl::Status DataParallelOptimizer::Wait() {
   if (sharded_) return sharded_->Wait();
   // Both syncs finish whatever the first returns, so that every group's collectives pair.

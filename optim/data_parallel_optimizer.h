@@ -85,6 +85,7 @@ class DataParallelOptimizer {
   // As DataParallelGradSync's (nothing without a group).
   void PrepareForGradAccumulation();
   void PrepareForFinalBackward();
+  void SkipBackward();
   [[nodiscard]] absl::Status Wait();
   // What this rank steps: the parameters, or with the distributed optimizer their shards, each
   // with its layout; with main gradients, the float32 main copies of narrower parameters (or

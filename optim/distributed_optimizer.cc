@@ -96,6 +96,10 @@ void DistributedOptimizer::PrepareForFinalBackward() {
   for (const auto& sync : syncs_) sync->PrepareForFinalBackward();
 }
 
+void DistributedOptimizer::SkipBackward() {
+  for (const auto& sync : syncs_) sync->SkipBackward();
+}
+
 absl::Status DistributedOptimizer::Wait() {
   absl::Status status;  // the first error; every sync waits whatever failed before it
   for (const auto& sync : syncs_) status.Update(sync->Wait());

@@ -87,6 +87,7 @@ class DistributedOptimizer {
   // As DataParallelGradSync's: accumulation micro-batches do not communicate.
   void PrepareForGradAccumulation();
   void PrepareForFinalBackward();
+  void SkipBackward();
   // ShardedGradSync::Wait of every group, all of them even when one fails (the first error
   // is returned): each shard's grad() is its group's average of its rows. Collective.
   [[nodiscard]] absl::Status Wait();

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -257,6 +258,42 @@ TEST(TrainTest, TwoRanksMatchOneRankWithGradientAccumulation) {
   ASSERT_EQ(Metrics(one).size(), static_cast<size_t>(kSteps));
   ExpectCloseTrace(Metrics(one), Metrics(two), 1e-12, 1e-12);
   ExpectSameWeights(LatestCheckpoint(one), LatestCheckpoint(two));
+}
+
+// The "single" sampler without drop_last: an epoch of 220 windows (sequence 1024) in steps of 8
+// samples ends with a step of 4, which leaves rank 1 of 2 (ranks 2 and 3 of 4) without a
+// micro-batch. They join the gradient reduction with zeros (SkipBackward), and the run trains
+// through the epoch end to its checkpoint, following the one-rank run (whose micro-batches hold
+// the same samples) as any other layout does; sharded on 4 ranks too.
+TEST(TrainTest, RanksWithoutDataInAnEpochsShortLastStepJoinWithZeros) {
+  constexpr int64_t kSteps = 30;
+  const auto args = [&](const std::string& run_dir, int ranks, std::vector<std::string> more) {
+    more.insert(more.end(), {"sampler.dataloader_type=single", "sampler.drop_last=false",
+                             "data.sequence_length=1024", "step_scheduler.ckpt_every_steps=15",
+                             absl::StrCat("step_scheduler.local_batch_size=", 8 / ranks)});
+    return SmallRun(run_dir, kSteps, more);
+  };
+  const std::string one = NewTempDir("short_step_one_rank");
+  Subprocess single = StartTrain(args(one, 1, {}), one + "/stderr");
+  ASSERT_EQ(single.Wait(), 0) << single.Stderr();
+  const std::vector<StepMetrics> reference = Metrics(one);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(reference[27].epoch, 0);  // step 28, the short one
+  EXPECT_EQ(reference[28].epoch, 1);
+  struct Layout {
+    int ranks;
+    std::vector<std::string> more;
+  };
+  for (const Layout& layout : {Layout{2, {}}, Layout{4, {}},
+                               Layout{4, {"distributed.use_distributed_optimizer=true"}}}) {
+    SCOPED_TRACE(absl::StrCat(layout.ranks, " ranks ", absl::StrJoin(layout.more, " ")));
+    const std::string run_dir = NewTempDir("short_step");
+    Subprocess ranks =
+        LaunchTrain(layout.ranks, args(run_dir, layout.ranks, layout.more), run_dir + "/stderr");
+    ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+    ExpectLayoutInvariant(one, run_dir);
+    EXPECT_THAT(LatestCheckpoint(run_dir), HasSubstr("step_0000000030"));
+  }
 }
 
 // Two ranks (tools:launch): the newest checkpoint's bytes that only rank 1 reads (its row of

@@ -297,6 +297,12 @@ absl::Status GradBuckets::BroadcastFromRank0() {
   return absl::OkStatus();
 }
 
+at::Tensor& AllocatedGrad(const at::Tensor& param) {
+  at::Tensor& grad = param.mutable_grad();
+  if (!grad.defined()) grad = at::zeros_like(param);
+  return grad;
+}
+
 absl::Status BroadcastBuffersFromRank0(torch::nn::Module& module, c10d::ProcessGroup& group) {
   at::NoGradGuard no_grad;
   c10d::BroadcastOptions from_rank0;
@@ -432,6 +438,39 @@ absl::Status GradBuckets::AddMainGradientLocked(size_t index) {
   grad.reset();  // as Megatron, the parameter's own gradient is freed once in main_grad
   if (sync) MarkReadyLocked(index);
   return status;
+}
+
+void GradBuckets::SkipBackward() {
+  EnableSync(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    absl::Status status = TakeAccumulatedLocked(i);
+    if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
+    MarkReadyLocked(i);
+  }
+}
+
+absl::Status GradBuckets::TakeAccumulatedLocked(size_t index) {
+  if (main_grads_) return accumulated_[index] ? absl::OkStatus() : ZeroPiecesLocked(index);
+  const at::Tensor& accumulated = params_[index].grad();
+  if (!accumulated.defined()) return ZeroPiecesLocked(index);
+  if (accumulated.layout() != c10::kStrided) {
+    absl::Status zeroed = ZeroPiecesLocked(index);
+    if (!zeroed.ok()) return zeroed;
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter '", names_[index],
+                     "' has a sparse gradient; only dense gradients are supported"));
+  }
+  return base::CallTorch(absl::StatusCode::kInternal,
+                         absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"),
+                         [&] {
+                           const Bucket& bucket = buckets_[bucket_of_[index]];
+                           for (size_t p : pieces_of_[index]) {
+                             const Piece& piece = bucket.pieces[p];
+                             BucketRows(piece).copy_(Rows(accumulated, piece));
+                           }
+                         });
 }
 
 absl::Status GradBuckets::ZeroPiecesLocked(size_t index) {

@@ -91,6 +91,9 @@ class GradBuckets {
 
   // Whether the following backward passes fill the buckets (else they only accumulate).
   void EnableSync(bool enabled) { sync_enabled_.store(enabled); }
+  // DataParallelGradSync::SkipBackward: every parameter still waiting for its gradient gets
+  // what this rank accumulated (zeros if nothing), and its bucket's collective launches.
+  void SkipBackward();
 
   // DataParallelGradSync::Wait up to the averaging: every bucket's collective is awaited (a
   // parameter without gradient contributes zeros, and an error), then the ranks agree on
@@ -132,6 +135,9 @@ class GradBuckets {
   void OnAccumulated(size_t index);
   [[nodiscard]] absl::Status AddMainGradientLocked(size_t index);
   [[nodiscard]] absl::Status ZeroPiecesLocked(size_t index);
+  // The gradient accumulated so far into the parameter's pieces: .grad's (zeros without one),
+  // or with main gradients what the buckets hold already.
+  [[nodiscard]] absl::Status TakeAccumulatedLocked(size_t index);
   void MarkReadyLocked(size_t index);
   void LaunchReadyBucketsLocked();
 
@@ -166,6 +172,10 @@ class GradBuckets {
   at::Tensor pending_sum_;
   at::Tensor local_sum_;
 };
+
+// A parameter's .grad, allocated (zeros) where it has none (a rank that skipped its backward):
+// where a sync's Wait writes the average. May throw c10::Error.
+at::Tensor& AllocatedGrad(const at::Tensor& param);
 
 // Broadcasts rank 0's buffers of `module` (running statistics and the like) to every rank of
 // `group`. Collective. Errors: kUnavailable when a broadcast fails.

@@ -98,6 +98,21 @@ TEST(TopKRouterTest, TheAuxLossGradientJoinsTheBackwardPassScaled) {
   EXPECT_TRUE(at::allclose(weight.grad(), aux_grad * 0.25, 1e-6, 1e-9));
 }
 
+// An expert-parallel rank without a micro-batch routes no token: its load-balancing loss is 0,
+// not the 0 / 0 of the formula, and its backward pass leaves the router's gradient finite.
+TEST(TopKRouterTest, NoTokensHaveNoLoadToBalance) {
+  RouterOptions options;
+  options.num_moe_experts = kExperts;
+  options.moe_aux_loss_coeff = 0.1;
+  TopKRouter router = Router(options);
+  const at::Tensor x = at::ones({3}).requires_grad_(true);
+  const Routing routing = router->forward(at::zeros({0, kHidden}));
+  EXPECT_EQ(routing.aux_loss.item<double>(), 0.0);
+  EXPECT_EQ(routing.tokens_per_expert.sum().item<int64_t>(), 0);
+  AttachAuxLoss(x, routing.aux_loss, 0.25).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), at::ones({3})));
+}
+
 // The layer on one rank, whose weights every split copies its blocks of.
 struct Whole {
   GroupedMlp experts{kExperts, kHidden, kFfn, nullptr};

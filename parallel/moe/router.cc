@@ -51,7 +51,9 @@ Routing TopKRouterImpl::forward(const at::Tensor& tokens) {
   const at::Tensor routing_map =
       at::zeros({tokens.size(0), experts}, logits.options()).scatter(1, routing.indices, 1.0);
   routing.tokens_per_expert = routing_map.sum(0).to(at::kLong);
-  if (options_.moe_aux_loss_coeff == 0.0) {
+  // No coefficient, or no tokens (an expert-parallel rank's empty micro-batch: the formula
+  // below would divide zero by zero): no load to balance.
+  if (options_.moe_aux_loss_coeff == 0.0 || tokens.size(0) == 0) {
     routing.aux_loss = at::zeros({}, logits.options());
     return routing;
   }

@@ -411,6 +411,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   const double pp_scaling = pipelined ? label_tokens / static_cast<double>(runtime_.dp_size) : 1.0;
   (*s.model)->moe_stats().aux_loss_scale = pp_scaling / static_cast<double>(micro_batches.size());
   stages.before_last_backward = [&s] { s.optimizer->PrepareForFinalBackward(); };
+  stages.without_backward = [&s] { s.optimizer->SkipBackward(); };
   KEEL_ASSIGN_OR_RETURN(const at::Tensor device_loss_sum,
                         RunStages(*s.model, batches, runtime_, stages));
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));

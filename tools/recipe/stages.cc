@@ -71,8 +71,8 @@ absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& 
       at::TensorOptions().dtype(options.activation_dtype).device(runtime.device);
   pipeline.forward_only = options.forward_only;
   KEEL_RETURN_IF_ERROR(parallel::RunPipeline(num_micro_batches, stage, runtime.pp_group, pipeline));
-  if (num_micro_batches == 0 && !options.forward_only && options.before_last_backward) {
-    options.before_last_backward();
+  if (num_micro_batches == 0 && !options.forward_only && options.without_backward) {
+    options.without_backward();
   }
   return loss_sum;
 }

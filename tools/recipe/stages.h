@@ -37,9 +37,12 @@ struct StageRunOptions {
   double loss_scale = 1.0;
   // The dtype of the activations between stages: the model's. Default: float32.
   at::ScalarType activation_dtype = at::kFloat;
-  // Called before the last micro-batch's backward, or after none if there is none (the
-  // data-parallel sync's PrepareForFinalBackward). Default: none.
+  // Called before the last micro-batch's backward (the data-parallel sync's
+  // PrepareForFinalBackward). Default: none.
   std::function<void()> before_last_backward;
+  // Called instead when this rank runs no micro-batch (an epoch's short last step gives it
+  // none: the sync's SkipBackward). Default: none.
+  std::function<void()> without_backward;
 };
 
 // The defined micro-batches of `batches` through this rank's stage over runtime.pp_group, in
