@@ -29,19 +29,21 @@
 namespace keel::checkpoint {
 
 // A state struct S with a VisitFields overload (see base/fields.h) as a Stateful: StateDict
-// saves get() as values, one per field; LoadStateDict reads every field and passes the
+// saves get() as values, one per field (get's error, if it has one, is StateDict's); LoadStateDict reads every field and passes the
 // result to set(). A field absent from the checkpoint is reported missing and set() is not
 // called; saved values that name no field are ignored.
 template <typename S>
 class ValueState : public Stateful {
  public:
   // Requires: whatever `get` and `set` refer to outlives this object.
-  ValueState(std::function<S()> get, std::function<absl::Status(const S&)> set)
+  ValueState(std::function<absl::StatusOr<S>()> get, std::function<absl::Status(const S&)> set)
       : get_(std::move(get)), set_(std::move(set)) {}
 
   [[nodiscard]] absl::StatusOr<State> StateDict() const override {
+    absl::StatusOr<S> value = get_();
+    if (!value.ok()) return value.status();
     State state;
-    state.values = base::WriteJsonFields(get_());
+    state.values = base::WriteJsonFields(*value);
     return state;
   }
 
@@ -66,7 +68,7 @@ class ValueState : public Stateful {
   }
 
  private:
-  std::function<S()> get_;
+  std::function<absl::StatusOr<S>()> get_;
   std::function<absl::Status(const S&)> set_;
 };
 

@@ -73,9 +73,9 @@ absl::StatusOr<std::unique_ptr<ResumableBlend>> ResumableBlend::Continue(
   blend->StartSegment(saved, match, consumed, notes);
   KEEL_RETURN_IF_ERROR(blend->RebuildStreams(saved, match, config, mode));
   KEEL_RETURN_IF_ERROR(blend->ExtendStreams(config, mode, notes));
+  KEEL_ASSIGN_OR_RETURN(const BlendState continued, blend->State(consumed));
   notes->push_back(absl::StrCat("each dataset continues its stream where it stopped, after ",
-                                absl::StrJoin(blend->State(consumed).dataset_consumed, ", "),
-                                " samples"));
+                                absl::StrJoin(continued.dataset_consumed, ", "), " samples"));
   return blend;
 }
 
@@ -114,7 +114,9 @@ bool ResumableBlend::IsPlainResumeOf(const BlendState& saved, const std::vector<
       return false;
     }
   }
-  return State(consumed).dataset_consumed == saved.dataset_consumed;
+  // consumed is within [0, size_]: the state exists.
+  const absl::StatusOr<BlendState> state = State(consumed);
+  return state.ok() && state->dataset_consumed == saved.dataset_consumed;
 }
 
 void ResumableBlend::StartSegment(const BlendState& saved, const std::vector<int64_t>& match,
@@ -207,15 +209,22 @@ int64_t ResumableBlend::NextDataset() const {
   return best;
 }
 
-void ResumableBlend::Seek(int64_t position) {
+absl::Status ResumableBlend::Seek(int64_t position) {
   if (position < cursor_) {
     cursor_ = origin_;
     taken_ = origin_taken_;
   }
   for (; cursor_ < position; ++cursor_) {
-    const int64_t d = continued_ ? NextDataset() : megatron_.Locate(cursor_)->dataset;
+    int64_t d = 0;
+    if (continued_) {
+      d = NextDataset();
+    } else {
+      KEEL_ASSIGN_OR_RETURN(const GptSampleRef ref, megatron_.Locate(cursor_));
+      d = ref.dataset;
+    }
     ++taken_[d];
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<BlendSample> ResumableBlend::Locate(int64_t position) {
@@ -232,7 +241,7 @@ absl::StatusOr<BlendSample> ResumableBlend::Locate(int64_t position) {
     sample.dataset = ref.dataset;
     sample.stream_sample = ref.dataset_sample;
   } else {
-    Seek(position);
+    KEEL_RETURN_IF_ERROR(Seek(position));
     sample.dataset = NextDataset();
     sample.stream_sample = segment_base_[sample.dataset] + taken_[sample.dataset];
   }
@@ -249,8 +258,13 @@ absl::StatusOr<BlendSample> ResumableBlend::Locate(int64_t position) {
                                           paths_[sample.dataset], " is past its stream"));
 }
 
-BlendState ResumableBlend::State(int64_t consumed_samples) {
-  Seek(consumed_samples);
+absl::StatusOr<BlendState> ResumableBlend::State(int64_t consumed_samples) {
+  if (consumed_samples < origin_ || consumed_samples > size_) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the blend's state after ", consumed_samples, " samples: outside [", origin_, ", ",
+        size_, "], the positions this blend ", origin_ > 0 ? "serves since the resume" : "has"));
+  }
+  KEEL_RETURN_IF_ERROR(Seek(consumed_samples));
   BlendState state;
   state.consumed_samples = consumed_samples;
   state.dataset_paths = paths_;

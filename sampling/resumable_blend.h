@@ -96,14 +96,15 @@ class ResumableBlend {
   // Errors: kOutOfRange outside [resume position, size()); kInternal past a stream's end.
   [[nodiscard]] absl::StatusOr<BlendSample> Locate(int64_t position);
 
-  // The state after `consumed_samples` positions. Requires: resume position <=
-  // consumed_samples <= size().
-  BlendState State(int64_t consumed_samples);
+  // The state after `consumed_samples` positions. Errors: kOutOfRange outside
+  // [resume position, size()].
+  [[nodiscard]] absl::StatusOr<BlendState> State(int64_t consumed_samples);
 
  private:
   ResumableBlend() = default;
-  // Moves the cursor to `position`, tallying each dataset's positions.
-  void Seek(int64_t position);
+  // Moves the cursor to `position`, tallying each dataset's positions. Errors: Megatron's
+  // blend's Locate.
+  [[nodiscard]] absl::Status Seek(int64_t position);
   // The dataset the greedy sends the cursor's position to.
   int64_t NextDataset() const;
   // Each dataset's index in `saved` (-1 for a new one, or all when the split changed).

@@ -94,7 +94,7 @@ TEST_F(ResumableBlendTest, FreshBlendIsMegatrons) {
     EXPECT_EQ(sample.sample, train.blend()->dataset_sample_index(p));
     EXPECT_EQ(sample.gpt, train.datasets()[sample.dataset].get());
   }
-  const BlendState state = blend->State(100);
+  KEEL_ASSERT_OK_AND_ASSIGN(const BlendState state, blend->State(100));
   EXPECT_EQ(state.dataset_consumed[0] + state.dataset_consumed[1], 100);
   EXPECT_EQ(state.dataset_consumed[0], 30);  // 0.3 * 100, the greedy's exact share
 }
@@ -103,7 +103,7 @@ TEST_F(ResumableBlendTest, UnchangedResumeServesWhatTheRunWouldHave) {
   const GptDatasetConfig config = Config({"a", "b"}, {0.3, 0.7});
   const GptSplitView train = Train(config, 200);
   KEEL_ASSERT_OK_AND_ASSIGN(auto first, ResumableBlend::Fresh(train, config));
-  const BlendState saved = first->State(77);
+  KEEL_ASSERT_OK_AND_ASSIGN(const BlendState saved, first->State(77));
   std::vector<std::string> notes;
   KEEL_ASSERT_OK_AND_ASSIGN(
       auto resumed,
@@ -129,7 +129,7 @@ void ExpectEachStreamServedOnceInOrder(const std::vector<std::pair<std::string, 
 TEST_F(ResumableBlendTest, NewWeightsContinueEveryDatasetWhereItStopped) {
   const GptDatasetConfig before = Config({"a", "b"}, {0.3, 0.7});
   KEEL_ASSERT_OK_AND_ASSIGN(auto first, ResumableBlend::Fresh(Train(before, 400), before));
-  const BlendState saved = first->State(150);
+  KEEL_ASSERT_OK_AND_ASSIGN(const BlendState saved, first->State(150));
   auto run = Served(*first, 0, 150);
 
   const GptDatasetConfig after = Config({"a", "b"}, {0.8, 0.2});
@@ -149,7 +149,7 @@ TEST_F(ResumableBlendTest, NewWeightsContinueEveryDatasetWhereItStopped) {
   // a needs more than Megatron built for 0.3 of 400: its stream grew a generation.
   EXPECT_THAT(notes, Contains(AllOf(HasSubstr(Prefix("a") + " needs up to"),
                                     HasSubstr("generation 1"), HasSubstr("seed 1235"))));
-  const BlendState state = resumed->State(resumed->size());
+  KEEL_ASSERT_OK_AND_ASSIGN(const BlendState state, resumed->State(resumed->size()));
   EXPECT_THAT(state.generations[0], SizeIs(2));
   EXPECT_EQ(state.segment_start, 150);
   EXPECT_EQ(state.dataset_consumed[0], saved.dataset_consumed[0] + a);
@@ -161,9 +161,9 @@ TEST_F(ResumableBlendTest, ASecondResumeGoesOnWithTheFirstOnesBlend) {
   const GptDatasetConfig after = Config({"a", "b"}, {0.6, 0.4});
   std::vector<std::string> notes;
   KEEL_ASSERT_OK_AND_ASSIGN(auto second,
-                            ResumableBlend::Continue(first->State(100), Train(after, 400), after,
+                            ResumableBlend::Continue(*first->State(100), Train(after, 400), after,
                                                      IndexCacheMode::kBuild, &notes));
-  const BlendState at_250 = second->State(250);
+  KEEL_ASSERT_OK_AND_ASSIGN(const BlendState at_250, second->State(250));
   notes.clear();
   KEEL_ASSERT_OK_AND_ASSIGN(auto third, ResumableBlend::Continue(at_250, Train(after, 400), after,
                                                                  IndexCacheMode::kBuild, &notes));
@@ -179,7 +179,7 @@ TEST_F(ResumableBlendTest, ALongerRunKeepsEachDatasetsOrder) {
   auto run = Served(*first, 0, 60);
   std::vector<std::string> notes;
   KEEL_ASSERT_OK_AND_ASSIGN(auto longer,
-                            ResumableBlend::Continue(first->State(60), Train(config, 1000), config,
+                            ResumableBlend::Continue(*first->State(60), Train(config, 1000), config,
                                                      IndexCacheMode::kBuild, &notes));
   EXPECT_EQ(longer->size(), 1000);
   const auto rest = Served(*longer, 60, 1000);
@@ -198,7 +198,7 @@ TEST_F(ResumableBlendTest, AddedAndRemovedDatasets) {
   const GptDatasetConfig after = Config({"b", "c"}, {0.5, 0.5});
   std::vector<std::string> notes;
   KEEL_ASSERT_OK_AND_ASSIGN(auto resumed,
-                            ResumableBlend::Continue(first->State(120), Train(after, 300), after,
+                            ResumableBlend::Continue(*first->State(120), Train(after, 300), after,
                                                      IndexCacheMode::kBuild, &notes));
   EXPECT_THAT(notes, Contains(HasSubstr(Prefix("c") + " is new")));
   EXPECT_THAT(notes, Contains(HasSubstr(Prefix("a") + " is no longer blended")));
@@ -207,10 +207,26 @@ TEST_F(ResumableBlendTest, AddedAndRemovedDatasets) {
   ExpectEachStreamServedOnceInOrder(run);
 }
 
+// The state after more samples than the blend has (a checkpoint whose consumed samples outran
+// it), or before its resume position, is an error: it aborted the process, reading a position
+// past the end.
+TEST_F(ResumableBlendTest, AStateOutsideTheBlendIsAnError) {
+  const GptDatasetConfig config = Config({"a", "b"}, {0.5, 0.5});
+  KEEL_ASSERT_OK_AND_ASSIGN(auto blend, ResumableBlend::Fresh(Train(config, 100), config));
+  const int64_t size = blend->size();
+  EXPECT_THAT(blend->State(size + 1),
+              StatusIs(StatusCode::kOutOfRange,
+                       HasSubstr(absl::StrCat("after ", size + 1, " samples: outside [0, ", size,
+                                              "]"))));
+  EXPECT_THAT(blend->State(-1), StatusIs(StatusCode::kOutOfRange, HasSubstr("after -1 samples")));
+  KEEL_ASSERT_OK_AND_ASSIGN(const BlendState state, blend->State(size));
+  EXPECT_EQ(state.dataset_consumed[0] + state.dataset_consumed[1], size);
+}
+
 TEST_F(ResumableBlendTest, MalformedStatesAreRefused) {
   const GptDatasetConfig config = Config({"a", "b"}, {0.5, 0.5});
   KEEL_ASSERT_OK_AND_ASSIGN(auto blend, ResumableBlend::Fresh(Train(config, 100), config));
-  BlendState state = blend->State(10);
+  KEEL_ASSERT_OK_AND_ASSIGN(BlendState state, blend->State(10));
   state.weights.pop_back();
   std::vector<std::string> notes;
   EXPECT_THAT(

@@ -77,7 +77,9 @@ class MegatronData {
                                                     std::vector<int64_t>& tokens);
 
   // The training split's state after `consumed_samples` samples, for checkpoints.
-  sampling::BlendState State(int64_t consumed_samples) { return train_->State(consumed_samples); }
+  absl::StatusOr<sampling::BlendState> State(int64_t consumed_samples) {
+    return train_->State(consumed_samples);
+  }
   // Continues the training split from a checkpoint's state: when the blend changed, each
   // dataset where it stopped, with a warning on `log` (rank 0) naming the change. Collective:
   // over runtime.control_group. Errors: kFailedPrecondition for a changed blend under the
