@@ -58,13 +58,17 @@ void VisitFields(O& o, V&& v) {
   v("index_mapping_dir", o.index_mapping_dir);
 }
 
+// data.validation_every_n_samples when the configuration leaves it unset without data.paths.
+inline constexpr int64_t kValidationEveryNSamples = 20;
+
 struct DataOptions {
   // Megatron indexed dataset prefix (<prefix>.idx/.bin); empty: the default corpus, prepared
   // into <run_dir>/data. Default: "".
   std::string prefix;
   // GPT windows over the dataset.
   sampling::GptDatasetOptions dataset;
-  // Every N-th window validates; 0: no validation set. Default: 0.
+  // Every N-th window validates; 0: no validation set. Default: 0 (the configuration's,
+  // unset: kValidationEveryNSamples, or 0 with data.paths).
   int64_t validation_every_n_samples = 0;
   // Megatron's GPT datasets instead of prefix (paths set).
   MegatronDataOptions megatron;

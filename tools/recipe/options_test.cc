@@ -38,7 +38,7 @@ TEST(ReadOptionsTest, DefaultConfigFillsEveryOption) {
   EXPECT_EQ(options.local_batch_size, 8);
   EXPECT_EQ(options.sampler.micro_batch_size, 8);  // from step_scheduler
   EXPECT_EQ(options.sampler.global_batch_size, 16);
-  EXPECT_EQ(options.data.validation_every_n_samples, 20);
+  EXPECT_EQ(options.data.validation_every_n_samples, 20);  // unset there: the default
   EXPECT_EQ(options.model.max_sequence_length, 128);  // data.sequence_length
   EXPECT_EQ(options.optimizer.beta2, 0.95);
   EXPECT_EQ(options.lr_scheduler.lr_decay_style, optim::LrDecayStyle::kCosine);
@@ -186,11 +186,12 @@ TEST(ReadOptionsTest, Bf16IsOptInAndChecksWhatCarriesIt) {
   }
 }
 
-// data.paths: NeMo's defaults, and every rule checked before anything opens a dataset.
+// data.paths: NeMo's defaults (no validation windows: data.split gives the validation split,
+// without a second field to set), and every rule checked before anything opens a dataset.
 TEST(ReadOptionsTest, MegatronDataIsCheckedBeforeAnythingIsBuilt) {
-  const std::vector<std::string> blend = {"data.paths=0.3 /x/a 0.7 /x/b",
-                                          "data.validation_every_n_samples=0"};
+  const std::vector<std::string> blend = {"data.paths=0.3 /x/a 0.7 /x/b"};
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read(blend));
+  EXPECT_EQ(options.data.validation_every_n_samples, 0);
   EXPECT_EQ(options.data.megatron.paths, "0.3 /x/a 0.7 /x/b");
   EXPECT_EQ(options.data.megatron.split, "900,50,50");
   EXPECT_EQ(options.data.megatron.seed, 1234);
