@@ -183,12 +183,18 @@ absl::StatusOr<std::vector<double>> ParseAndNormalizeSplit(absl::string_view spl
   const auto refuse = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "split \"", split, "\" ", why,
-        "; allowed: up to 3 non-negative decimal numbers separated by commas or blanks, e.g. "
-        "\"969,30,1\""));
+        "; allowed: up to 3 non-negative decimal numbers separated by anything but letters and "
+        "signs, e.g. \"969,30,1\" or \"8/1/1\""));
+  };
+  // Megatron's re.findall("[.0-9]+") reads any other character as a separator; a letter or a
+  // sign would change what a number means ("1e2", "-20"), so those are refused instead.
+  const auto separates = [](char c) {
+    return !absl::ascii_isdigit(c) && c != '.' && !absl::ascii_isalpha(c) && c != '-' &&
+           c != '+';
   };
   std::vector<double> weights;
   for (size_t i = 0; i < split.size();) {
-    if (split[i] == ',' || absl::ascii_isspace(static_cast<unsigned char>(split[i]))) {
+    if (separates(split[i])) {
       ++i;
       continue;
     }

@@ -133,10 +133,11 @@ using SplitMatrix = std::array<std::optional<std::pair<double, double>>, 3>;
 // numpy's normalize: the weights over their sum, summed as numpy.sum does (pairwise).
 std::vector<double> Normalize(absl::Span<const double> weights);
 
-// parse_and_normalize_split, strictly: up to three non-negative decimal numbers separated by
-// commas or blanks ("969,30,1", "70 20 10", "0.9, 0.1"), missing ones 0, normalized.
-// Errors: kInvalidArgument naming the string for any other character (upstream reads
-// "-1,2,1" and "1e2,1" as 1,2,1), more than three numbers, or numbers that sum to 0.
+// parse_and_normalize_split: up to three non-negative decimal numbers, any characters but
+// letters and signs separating them as upstream's ("969,30,1", "70 20 10", "8/1/1",
+// "0.9, 0.1"), missing ones 0, normalized. Errors: kInvalidArgument naming the string for a
+// letter or a sign (upstream reads "-1,2,1" and "1e2,1" as 1,2,1), more than three numbers,
+// or numbers that sum to 0.
 [[nodiscard]] absl::StatusOr<std::vector<double>> ParseAndNormalizeSplit(absl::string_view split);
 
 // convert_split_vector_to_split_matrix of one vector: bookends summed in order from 0.

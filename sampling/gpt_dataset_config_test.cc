@@ -37,6 +37,11 @@ TEST(GptDatasetConfigTest, SplitStringsParseAsMegatronsWithinTheStrictForm) {
   EXPECT_THAT(*ParseAndNormalizeSplit("70 20 10"), ElementsAre(0.7, 0.2, 0.1));
   EXPECT_THAT(*ParseAndNormalizeSplit("0.99, 0.01"), ElementsAre(0.99, 0.01, 0.0));
   EXPECT_THAT(*ParseAndNormalizeSplit("1"), ElementsAre(1.0, 0.0, 0.0));
+  // Any other separator, as upstream's regular expression reads them.
+  for (const char* separated : {"8/1/1", "8:1:1", "8 | 1 | 1", "8;1;1", "8_1_1"}) {
+    SCOPED_TRACE(separated);
+    EXPECT_THAT(*ParseAndNormalizeSplit(separated), ElementsAre(0.8, 0.1, 0.1));
+  }
   for (const char* bad : {"-1,2,1", "1e2,1", "train,valid", "1.2.3", "1,2,3,4", "0,0,0", ""}) {
     SCOPED_TRACE(bad);
     EXPECT_THAT(
