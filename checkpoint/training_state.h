@@ -29,9 +29,9 @@
 namespace keel::checkpoint {
 
 // A state struct S with a VisitFields overload (see base/fields.h) as a Stateful: StateDict
-// saves get() as values, one per field (get's error, if it has one, is StateDict's); LoadStateDict reads every field and passes the
-// result to set(). A field absent from the checkpoint is reported missing and set() is not
-// called; saved values that name no field are ignored.
+// saves get() as values, one per field (get's error, if it has one, is StateDict's); LoadStateDict
+// reads every field and passes the result to set(). A field absent from the checkpoint is reported
+// missing and set() is not called; saved values that name no field are ignored.
 template <typename S>
 class ValueState : public Stateful {
  public:

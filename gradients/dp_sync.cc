@@ -88,9 +88,7 @@ size_t DataParallelGradSync::num_buckets() const { return buckets_->buckets().si
 
 int64_t DataParallelGradSync::bucket_bytes() const { return buckets_->total_bytes(); }
 
-at::Tensor DataParallelGradSync::LocalGradientSum() const {
-  return buckets_->local_gradient_sum();
-}
+at::Tensor DataParallelGradSync::LocalGradientSum() const { return buckets_->local_gradient_sum(); }
 
 absl::Status DataParallelGradSync::Wait() {
   KEEL_RETURN_IF_ERROR(buckets_->Wait());
@@ -105,7 +103,8 @@ absl::Status DataParallelGradSync::Wait() {
     }
     for (Bucket& bucket : buckets_->buckets()) {
       for (const Piece& piece : bucket.pieces) {
-        at::Tensor grad = GradBuckets::Rows(internal::AllocatedGrad(buckets_->params()[piece.param]), piece);
+        at::Tensor grad =
+            GradBuckets::Rows(internal::AllocatedGrad(buckets_->params()[piece.param]), piece);
         at::div_out(grad, buckets_->BucketRows(piece), world);
       }
     }

@@ -498,8 +498,8 @@ TEST(DataParallelGradSyncTest, MainGradientsKeepThePlainPathsContract) {
     return absl::OkStatus();
   }));
   for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_THAT(twice[rank], StatusIs(StatusCode::kFailedPrecondition,
-                                      HasSubstr("received a second gradient")));
+    EXPECT_THAT(twice[rank],
+                StatusIs(StatusCode::kFailedPrecondition, HasSubstr("received a second gradient")));
     EXPECT_THAT(unused[rank], StatusIs(StatusCode::kFailedPrecondition,
                                        HasSubstr("parameter 'extra' received no gradient")));
   }
@@ -507,8 +507,8 @@ TEST(DataParallelGradSyncTest, MainGradientsKeepThePlainPathsContract) {
   EXPECT_THAT(DataParallelGradSync::CreateLocal(TrainableParameters({&model}), {}).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("set main_grad_dtype")));
   {
-    KEEL_ASSERT_OK_AND_ASSIGN(auto local,
-                              DataParallelGradSync::CreateLocal(TrainableParameters({&model}), main));
+    KEEL_ASSERT_OK_AND_ASSIGN(
+        auto local, DataParallelGradSync::CreateLocal(TrainableParameters({&model}), main));
     Loss(model, 0, 2, 1.0, at::kBFloat16).backward();
     KEEL_ASSERT_OK(local->Wait());
     EXPECT_FALSE(model.parameters()[0].grad().defined());
@@ -526,7 +526,7 @@ TEST(DataParallelGradSyncTest, ARankThatSkipsItsBackwardJoinsWithWhatItHas) {
       SCOPED_TRACE(absl::StrCat(main_grads ? "main gradients" : "DDP", ", ", accumulated,
                                 " micro-batch(es) before running out"));
       Mlp reference(/*phase=*/0);
-      Loss(reference, 0, 2, 2.0, at::kFloat).backward();  // rank 0's, halved
+      Loss(reference, 0, 2, 2.0, at::kFloat).backward();                       // rank 0's, halved
       if (accumulated > 0) Loss(reference, 2, 2, 2.0, at::kFloat).backward();  // rank 1's
       const std::vector<at::Tensor> expected = Grads(reference);
       std::vector<std::vector<at::Tensor>> grads(2);

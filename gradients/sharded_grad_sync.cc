@@ -143,8 +143,11 @@ void ShardedGradSync::MakeShards(const std::string& dim_name) {
     }
     layout.dims.push_back({dim_name, &buckets_->group(), parallel::Placement::Shard(0)});
     layout.offsets[0] += row_begin[i];
-    ParamShard shard{p.name, p.param.detach().narrow(0, row_begin[i], rows[i]), {},
-                     std::move(layout), row_begin[i]};
+    ParamShard shard{p.name,
+                     p.param.detach().narrow(0, row_begin[i], rows[i]),
+                     {},
+                     std::move(layout),
+                     row_begin[i]};
     if (buckets_->main_grads()) {
       shard.main_grad = at::empty_like(shard.tensor, buckets_->buckets().front().flat.options());
     }
@@ -166,9 +169,7 @@ void ShardedGradSync::SkipBackward() { buckets_->SkipBackward(); }
 
 size_t ShardedGradSync::num_buckets() const { return buckets_->buckets().size(); }
 
-at::Tensor ShardedGradSync::LocalGradientSum() const {
-  return buckets_->local_gradient_sum();
-}
+at::Tensor ShardedGradSync::LocalGradientSum() const { return buckets_->local_gradient_sum(); }
 
 int64_t ShardedGradSync::bucket_numel() const {
   int64_t numel = 0;
@@ -235,15 +236,15 @@ absl::Status ShardedGradSync::AllGather(const absl::Status& before) {
   std::vector<std::vector<c10::intrusive_ptr<c10d::Work>>> work(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
-    keep_first(base::CallTorch(
-        absl::StatusCode::kInternal,
-        absl::StrCat("copying this rank's rows into parameter bucket ", b), [&] {
-          for (const Piece& piece : bucket.pieces) {
-            if (piece.portion != rank_) continue;
-            buckets_->BucketRows(piece, gather_buffers_[b])
-                .copy_(GradBuckets::Rows(params[piece.param], piece));
-          }
-        }));
+    keep_first(base::CallTorch(absl::StatusCode::kInternal,
+                               absl::StrCat("copying this rank's rows into parameter bucket ", b),
+                               [&] {
+                                 for (const Piece& piece : bucket.pieces) {
+                                   if (piece.portion != rank_) continue;
+                                   buckets_->BucketRows(piece, gather_buffers_[b])
+                                       .copy_(GradBuckets::Rows(params[piece.param], piece));
+                                 }
+                               }));
     keep_first(base::CallTorch(
         absl::StatusCode::kUnavailable, absl::StrCat("all-gather of parameter bucket ", b), [&] {
           work[b] = AllGatherParts(buckets_->group(), bucket, gather_buffers_[b], rank_, native_);

@@ -99,12 +99,12 @@ class ShardedGradSync {
   [[nodiscard]] absl::Status Wait();
 
   // After the shards were stepped (their rows of the parameters written): every rank's rows,
-  // all-gathered into every rank's parameters, so the replicas are whole and equal again. `before` is this rank's failure
-  // since Wait (a shard step that threw), if any. Every bucket is all-gathered whatever failed,
-  // so the ranks' collectives stay paired, and the ranks then agree on failure: a failing rank
-  // returns its error, its peers kAborted naming it. Collective.
-  // Errors: `before`; kUnavailable when an all-gather fails, kInternal when copying rows does;
-  // kAborted on the peers of a failing rank (the parameters are then unspecified).
+  // all-gathered into every rank's parameters, so the replicas are whole and equal again. `before`
+  // is this rank's failure since Wait (a shard step that threw), if any. Every bucket is
+  // all-gathered whatever failed, so the ranks' collectives stay paired, and the ranks then agree
+  // on failure: a failing rank returns its error, its peers kAborted naming it. Collective. Errors:
+  // `before`; kUnavailable when an all-gather fails, kInternal when copying rows does; kAborted on
+  // the peers of a failing rank (the parameters are then unspecified).
   [[nodiscard]] absl::Status AllGather(const absl::Status& before = absl::OkStatus());
 
   // One shard per parameter, in the parameters' order (possibly without rows).

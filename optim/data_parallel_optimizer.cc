@@ -223,9 +223,8 @@ torch::optim::Optimizer& DataParallelOptimizer::optimizer() {
 std::string DataParallelOptimizer::Describe() const {
   const torch::optim::Optimizer& o = sharded_ ? sharded_->optimizer() : *whole_;
   const absl::StatusOr<OptimizerKind> kind = KindOf(o);
-  const std::string name =
-      absl::StrCat(kind.ok() ? OptimizerKindName(*kind) : "optimizer",
-                   has_main_copies() ? " over float32 main parameters" : "");
+  const std::string name = absl::StrCat(kind.ok() ? OptimizerKindName(*kind) : "optimizer",
+                                        has_main_copies() ? " over float32 main parameters" : "");
   if (!sharded_) return name;
   int64_t total = 0;
   for (const gradients::ParamShard& shard : sharded_->shards()) {

@@ -34,8 +34,8 @@ constexpr int kMicroBatches = 2;
 class Net : public torch::nn::Module {
  public:
   explicit Net(at::ScalarType dtype) {
-    embed_ = register_parameter(
-        "embed", at::arange(36, at::kFloat).mul(0.3).sin().view({9, 4}).to(dtype));
+    embed_ = register_parameter("embed",
+                                at::arange(36, at::kFloat).mul(0.3).sin().view({9, 4}).to(dtype));
     w_ = register_parameter("w", at::arange(12, at::kFloat).mul(0.7).cos().view({3, 4}).to(dtype));
     b_ = register_parameter("b", at::full({3}, 0.01).to(dtype));
   }
@@ -148,9 +148,9 @@ void ExpectEqualWeights(const std::vector<at::Tensor>& actual,
 
 TEST(MainParamsTest, OneRankStepsMegatronsRecipe) {
   Net net(at::kBFloat16);
-  KEEL_ASSERT_OK_AND_ASSIGN(auto optimizer,
-                            DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr,
-                                                          AdamW(), MainGradOptions(false)));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr, AdamW(),
+                                                    MainGradOptions(false)));
   EXPECT_TRUE(optimizer->has_main_copies());
   EXPECT_EQ(optimizer->Describe(), "AdamW over float32 main parameters");
   KEEL_ASSERT_OK_AND_ASSIGN(const std::vector<at::Tensor> weights, Train(net, *optimizer, 0, 1));
@@ -167,10 +167,9 @@ TEST(MainParamsTest, TwoRanksStepMegatronsRecipeShardedOrNot) {
     std::vector<std::string> descriptions(2);
     KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
       Net net(at::kBFloat16);
-      KEEL_ASSIGN_OR_RETURN(auto optimizer,
-                            DataParallelOptimizer::Create(TrainableParameters({&net}),
-                                                          r.group.get(), AdamW(),
-                                                          MainGradOptions(shard)));
+      KEEL_ASSIGN_OR_RETURN(
+          auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), r.group.get(),
+                                                        AdamW(), MainGradOptions(shard)));
       KEEL_ASSIGN_OR_RETURN(weights[r.rank], Train(net, *optimizer, r.rank, 2));
       descriptions[r.rank] = optimizer->Describe();
       return absl::OkStatus();
@@ -216,9 +215,9 @@ TEST(MainParamsTest, MainGradientsOnFloat32ParametersStepAsThePlainPath) {
 // Loading main copies and rounding them into the model, and the other way.
 TEST(MainParamsTest, MainCopiesAndTheModelTradeValues) {
   Net net(at::kBFloat16);
-  KEEL_ASSERT_OK_AND_ASSIGN(auto optimizer,
-                            DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr,
-                                                          AdamW(), MainGradOptions(false)));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto optimizer, DataParallelOptimizer::Create(TrainableParameters({&net}), nullptr, AdamW(),
+                                                    MainGradOptions(false)));
   const at::Tensor main = optimizer->StepParameters()[1].param;  // "w"
   at::Tensor w = net.parameters()[1];
   {

@@ -189,8 +189,7 @@ absl::StatusOr<std::vector<double>> ParseAndNormalizeSplit(absl::string_view spl
   // Megatron's re.findall("[.0-9]+") reads any other character as a separator; a letter or a
   // sign would change what a number means ("1e2", "-20"), so those are refused instead.
   const auto separates = [](char c) {
-    return !absl::ascii_isdigit(c) && c != '.' && !absl::ascii_isalpha(c) && c != '-' &&
-           c != '+';
+    return !absl::ascii_isdigit(c) && c != '.' && !absl::ascii_isalpha(c) && c != '-' && c != '+';
   };
   std::vector<double> weights;
   for (size_t i = 0; i < split.size();) {

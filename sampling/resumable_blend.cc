@@ -261,8 +261,8 @@ absl::StatusOr<BlendSample> ResumableBlend::Locate(int64_t position) {
 absl::StatusOr<BlendState> ResumableBlend::State(int64_t consumed_samples) {
   if (consumed_samples < origin_ || consumed_samples > size_) {
     return absl::OutOfRangeError(absl::StrCat(
-        "the blend's state after ", consumed_samples, " samples: outside [", origin_, ", ",
-        size_, "], the positions this blend ", origin_ > 0 ? "serves since the resume" : "has"));
+        "the blend's state after ", consumed_samples, " samples: outside [", origin_, ", ", size_,
+        "], the positions this blend ", origin_ > 0 ? "serves since the resume" : "has"));
   }
   KEEL_RETURN_IF_ERROR(Seek(consumed_samples));
   BlendState state;

@@ -214,10 +214,10 @@ TEST_F(ResumableBlendTest, AStateOutsideTheBlendIsAnError) {
   const GptDatasetConfig config = Config({"a", "b"}, {0.5, 0.5});
   KEEL_ASSERT_OK_AND_ASSIGN(auto blend, ResumableBlend::Fresh(Train(config, 100), config));
   const int64_t size = blend->size();
-  EXPECT_THAT(blend->State(size + 1),
-              StatusIs(StatusCode::kOutOfRange,
-                       HasSubstr(absl::StrCat("after ", size + 1, " samples: outside [0, ", size,
-                                              "]"))));
+  EXPECT_THAT(
+      blend->State(size + 1),
+      StatusIs(StatusCode::kOutOfRange,
+               HasSubstr(absl::StrCat("after ", size + 1, " samples: outside [0, ", size, "]"))));
   EXPECT_THAT(blend->State(-1), StatusIs(StatusCode::kOutOfRange, HasSubstr("after -1 samples")));
   KEEL_ASSERT_OK_AND_ASSIGN(const BlendState state, blend->State(size));
   EXPECT_EQ(state.dataset_consumed[0] + state.dataset_consumed[1], size);

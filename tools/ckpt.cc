@@ -340,7 +340,7 @@ absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path) {
 
 // --dtype, or the dtype of the model of a trainer's checkpoint (its configuration's bf16).
 absl::StatusOr<std::optional<at::ScalarType>> ExportDtype(const std::string& dir,
-                                                           const std::string& flag) {
+                                                          const std::string& flag) {
   if (flag == "bfloat16") return at::kBFloat16;
   if (flag == "float32") return at::kFloat;
   if (!flag.empty()) {
@@ -365,8 +365,8 @@ absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string&
                         checkpoint::ExportHfSafetensors(dir, out, options));
   std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size
             << " bytes) of \"" << options.object << "\""
-            << (options.dtype ? absl::StrCat(" in ", c10::toString(*options.dtype)) : "")
-            << " to " << out << ":\n";
+            << (options.dtype ? absl::StrCat(" in ", c10::toString(*options.dtype)) : "") << " to "
+            << out << ":\n";
   for (const std::string& file : result.files) std::cout << "  " << file << "\n";
   return cli::kExitSuccess;
 }

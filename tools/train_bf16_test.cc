@@ -95,10 +95,9 @@ TEST(TrainBf16Test, TheLayoutDoesNotChangeTheNumbers) {
     std::string name;
     std::string assignment;
   };
-  for (const Layout& layout :
-       {Layout{"dp2_sharded", "distributed.use_distributed_optimizer=true"},
-        Layout{"tp2", "distributed.tensor_model_parallel_size=2"},
-        Layout{"pp2", "distributed.pipeline_model_parallel_size=2"}}) {
+  for (const Layout& layout : {Layout{"dp2_sharded", "distributed.use_distributed_optimizer=true"},
+                               Layout{"tp2", "distributed.tensor_model_parallel_size=2"},
+                               Layout{"pp2", "distributed.pipeline_model_parallel_size=2"}}) {
     SCOPED_TRACE(layout.name);
     if (layout.name != "dp2_sharded" && !base::GlooCarriesBFloat16()) {
       GTEST_SKIP() << "LibTorch 1.13's Gloo cannot carry bf16 activations";
@@ -113,8 +112,9 @@ TEST(TrainBf16Test, ExpertParallelismDoesNotChangeTheNumbers) {
   if (!base::GlooCarriesBFloat16()) {
     GTEST_SKIP() << "LibTorch 1.13's Gloo cannot carry bf16 activations";
   }
-  const std::vector<std::string> moe = AtLr1e3(
-      {kBf16, "model.num_moe_experts=4", "model.moe_router_topk=2", "model.moe_aux_loss_coeff=0.01"});
+  const std::vector<std::string> moe =
+      AtLr1e3({kBf16, "model.num_moe_experts=4", "model.moe_router_topk=2",
+               "model.moe_aux_loss_coeff=0.01"});
   const std::string reference = NewTempDir("moe_bf16_reference");
   RunToEnd(reference, 1, kSteps, moe);
   std::vector<std::string> ep2 = moe;
@@ -129,7 +129,8 @@ TEST(TrainBf16Test, ExpertParallelismDoesNotChangeTheNumbers) {
 // AdamW's state are what its checkpoints hold.
 TEST(TrainBf16Test, KillNineAndResumeIsBitIdentical) {
   ExpectKillNineResumesBitIdentically("bf16_kill", 2, 18, [](const std::string& run_dir) {
-    return SameSamplesRun(run_dir, 18, AtLr1e3({kBf16, "distributed.use_distributed_optimizer=true"}));
+    return SameSamplesRun(run_dir, 18,
+                          AtLr1e3({kBf16, "distributed.use_distributed_optimizer=true"}));
   });
 }
 

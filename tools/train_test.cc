@@ -20,7 +20,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -284,8 +283,8 @@ TEST(TrainTest, RanksWithoutDataInAnEpochsShortLastStepJoinWithZeros) {
     int ranks;
     std::vector<std::string> more;
   };
-  for (const Layout& layout : {Layout{2, {}}, Layout{4, {}},
-                               Layout{4, {"distributed.use_distributed_optimizer=true"}}}) {
+  for (const Layout& layout :
+       {Layout{2, {}}, Layout{4, {}}, Layout{4, {"distributed.use_distributed_optimizer=true"}}}) {
     SCOPED_TRACE(absl::StrCat(layout.ranks, " ranks ", absl::StrJoin(layout.more, " ")));
     const std::string run_dir = NewTempDir("short_step");
     Subprocess ranks =

@@ -371,9 +371,7 @@ absl::Status GradBuckets::AddGradientLocked(size_t index, const at::Tensor& grad
   absl::Status status;
   if (grad.layout() != c10::kStrided ||
       (accumulated.defined() && accumulated.layout() != c10::kStrided)) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("parameter '", names_[index],
-                     "' has a sparse gradient; only dense gradients are supported"));
+    status = SparseGradientError(index);
     absl::Status zeroed = ZeroPiecesLocked(index);
     if (!zeroed.ok()) status = std::move(zeroed);
   } else {
@@ -415,9 +413,7 @@ absl::Status GradBuckets::AddMainGradientLocked(size_t index) {
   }
   absl::Status status;
   if (grad.layout() != c10::kStrided) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("parameter '", names_[index],
-                     "' has a sparse gradient; only dense gradients are supported"));
+    status = SparseGradientError(index);
   } else {
     status = base::CallTorch(
         absl::StatusCode::kInternal,
@@ -458,19 +454,22 @@ absl::Status GradBuckets::TakeAccumulatedLocked(size_t index) {
   if (accumulated.layout() != c10::kStrided) {
     absl::Status zeroed = ZeroPiecesLocked(index);
     if (!zeroed.ok()) return zeroed;
-    return absl::InvalidArgumentError(
-        absl::StrCat("parameter '", names_[index],
-                     "' has a sparse gradient; only dense gradients are supported"));
+    return SparseGradientError(index);
   }
-  return base::CallTorch(absl::StatusCode::kInternal,
-                         absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"),
-                         [&] {
-                           const Bucket& bucket = buckets_[bucket_of_[index]];
-                           for (size_t p : pieces_of_[index]) {
-                             const Piece& piece = bucket.pieces[p];
-                             BucketRows(piece).copy_(Rows(accumulated, piece));
-                           }
-                         });
+  return base::CallTorch(
+      absl::StatusCode::kInternal,
+      absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"), [&] {
+        const Bucket& bucket = buckets_[bucket_of_[index]];
+        for (size_t p : pieces_of_[index]) {
+          const Piece& piece = bucket.pieces[p];
+          BucketRows(piece).copy_(Rows(accumulated, piece));
+        }
+      });
+}
+
+absl::Status GradBuckets::SparseGradientError(size_t index) const {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parameter '", names_[index], "' has a sparse gradient; only dense gradients are supported"));
 }
 
 absl::Status GradBuckets::ZeroPiecesLocked(size_t index) {

@@ -14,8 +14,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
@@ -135,6 +135,8 @@ class GradBuckets {
   void OnAccumulated(size_t index);
   [[nodiscard]] absl::Status AddMainGradientLocked(size_t index);
   [[nodiscard]] absl::Status ZeroPiecesLocked(size_t index);
+  // kInvalidArgument naming the parameter.
+  [[nodiscard]] absl::Status SparseGradientError(size_t index) const;
   // The gradient accumulated so far into the parameter's pieces: .grad's (zeros without one),
   // or with main gradients what the buckets hold already.
   [[nodiscard]] absl::Status TakeAccumulatedLocked(size_t index);

@@ -95,8 +95,7 @@ struct StageParameters {
 // Stage `stage`'s, at the sizes of `parallel` (tensor, pipeline, expert, expert tensor);
 // Requires: a layout the configuration's checks accepted.
 StageParameters CountStageParameters(const GptOptions& options,
-                                     const parallel::ModelParallelOptions& parallel,
-                                     int64_t stage);
+                                     const parallel::ModelParallelOptions& parallel, int64_t stage);
 
 // What the mixture-of-experts blocks of a model routed in training since it was last taken,
 // and the weight each micro-batch's load-balancing loss gets in the backward pass.

@@ -65,10 +65,12 @@ TEST(MemoryTest, PrintsThePrecisionAndTheLargestStage) {
   TrainOptions options = Options(true, false);
   options.model.num_layers = 4;
   options.distributed.parallel.pipeline_model_parallel_size = 4;
-  const parallel::MeshLayout layout = *parallel::MeshLayout::Create(options.distributed.parallel, 4);
+  const parallel::MeshLayout layout =
+      *parallel::MeshLayout::Create(options.distributed.parallel, 4);
   const RankMemory memory = EstimateRankMemory(options, layout);
   EXPECT_EQ(memory.stage, 0);  // the word and position embeddings
-  EXPECT_EQ(memory.parameters.dense, CountStageParameters(options.model, layout.options(), 0).dense);
+  EXPECT_EQ(memory.parameters.dense,
+            CountStageParameters(options.model, layout.options(), 0).dense);
   std::ostringstream out;
   PrintPrecisionAndMemory(options, layout, out);
   EXPECT_THAT(out.str(), HasSubstr("precision: bf16 parameters and activations; main gradients "

@@ -162,10 +162,10 @@ absl::Status ReadData(const DataConfig& config, DataOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.dataset));
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.megatron));
   // Unset: every 20th window validates, or with data.paths none (data.split's validation).
-  options.validation_every_n_samples =
-      config.has_validation_every_n_samples() ? config.validation_every_n_samples()
-      : options.megatron.paths.empty()        ? kValidationEveryNSamples
-                                              : 0;
+  options.validation_every_n_samples = config.has_validation_every_n_samples()
+                                           ? config.validation_every_n_samples()
+                                       : options.megatron.paths.empty() ? kValidationEveryNSamples
+                                                                        : 0;
   const int64_t every_n = options.validation_every_n_samples;
   return Require(every_n == 0 || every_n >= 2, "data.validation_every_n_samples", every_n,
                  "must be 0 (no validation) or >= 2");

@@ -39,7 +39,7 @@ TEST(ReadOptionsTest, DefaultConfigFillsEveryOption) {
   EXPECT_EQ(options.sampler.micro_batch_size, 8);  // from step_scheduler
   EXPECT_EQ(options.sampler.global_batch_size, 16);
   EXPECT_EQ(options.data.validation_every_n_samples, 20);  // unset there: the default
-  EXPECT_EQ(options.model.max_sequence_length, 128);  // data.sequence_length
+  EXPECT_EQ(options.model.max_sequence_length, 128);       // data.sequence_length
   EXPECT_EQ(options.optimizer.beta2, 0.95);
   EXPECT_EQ(options.lr_scheduler.lr_decay_style, optim::LrDecayStyle::kCosine);
   EXPECT_EQ(options.max_norm, 1.0);
