@@ -9,6 +9,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -160,13 +161,18 @@ class StagePass {
       at::AutoGradMode grad_mode(!options_.forward_only);
       step.output = callbacks_.forward(i, step.input);
     }));
-    if (!link_.last()) pending_.send_next = step.output;
+    if (!link_.last()) {
+      KEEL_RETURN_IF_ERROR(CheckActivation(i, step.output, what));
+      pending_.send_next = step.output;
+    }
     if (!options_.forward_only) in_flight_.emplace(i, std::move(step));
     return absl::OkStatus();
   }
 
   // Backpropagates micro-batch i from its output's gradient (undefined on the last stage,
-  // which starts from its loss); the input's gradient goes back with the next exchange.
+  // which starts from its loss); the input's gradient goes back with the next exchange. An
+  // input the loss does not depend on has no gradient: zeros go back, its true gradient, so
+  // that the previous stage's receive is matched.
   absl::Status Backward(int64_t i, const at::Tensor& output_grad, const std::string& what) {
     InFlight step = std::move(in_flight_.at(i));
     in_flight_.erase(i);
@@ -178,8 +184,31 @@ class StagePass {
         step.output.backward();  // the last stage's loss
       }
     }));
-    if (!link_.first()) pending_.send_prev = step.input.grad();
+    if (link_.first()) return absl::OkStatus();
+    at::Tensor input_grad = step.input.grad();
+    pending_.send_prev = input_grad.defined() ? input_grad : at::zeros_like(step.input);
     return absl::OkStatus();
+  }
+
+  // The next stage receives into a buffer of the activation's declared dtype and shape, which
+  // a point-to-point transfer does not check (NCCL hangs or reads garbage): an activation of
+  // another is an error naming both, before anything is sent.
+  absl::Status CheckActivation(int64_t i, const at::Tensor& activation,
+                               const std::string& what) const {
+    const std::vector<int64_t> shape = callbacks_.activation_shape(i);
+    const at::ScalarType dtype = options_.activation_options.dtype().toScalarType();
+    if (activation.defined() && activation.scalar_type() == dtype &&
+        activation.sizes().vec() == shape) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " produced ",
+        activation.defined() ? absl::StrCat(c10::toString(activation.scalar_type()), " [",
+                                            absl::StrJoin(activation.sizes(), ", "), "]")
+                             : "no activation",
+        ", but stage ", stage() + 1, " receives ", c10::toString(dtype), " [",
+        absl::StrJoin(shape, ", "),
+        "] (PipelineOptions::activation_options and StageCallbacks::activation_shape)"));
   }
 
   std::string Describe(int64_t i, absl::string_view pass) const {

@@ -62,8 +62,9 @@ std::vector<PipelineAction> OneFOneBSchedule(int64_t num_micro_batches, int stag
 struct StageCallbacks {
   // Micro-batch i's forward on this stage. `input` is the previous stage's activation
   // (received, requiring grad), undefined on the first stage. Returns the activation the next
-  // stage receives, or on the last stage the scalar the backward pass starts from (the loss,
-  // scaled as the caller wants its gradients). Throws c10::Error on failure, as LibTorch does.
+  // stage receives (of activation_shape(i) and the options' dtype), or on the last stage the
+  // scalar the backward pass starts from (the loss, scaled as the caller wants its
+  // gradients). Throws c10::Error on failure, as LibTorch does.
   std::function<at::Tensor(int64_t i, const at::Tensor& input)> forward;
   // The shape of micro-batch i's activation between stages, known to both sides without an
   // exchange (Megatron's tensor_shape: micro-batch x sequence x hidden).
@@ -88,9 +89,11 @@ struct PipelineOptions {
 // receive; even stages post sends first, odd ones receives, and every exchange completes
 // before the next pass. nullptr or a group of one: a single stage (a forward, then its
 // backward, per micro-batch). Collective: every stage of the group calls it with the same m
-// and shapes. Errors: kInternal when a forward or backward throws; kUnavailable when a peer
-// fails or the group's timeout passes (a stage killed mid-step); kInvalidArgument when pp_group
-// does not carry the activations' device (base::CheckGroupCarries).
+// and shapes. An input the loss does not depend on sends back a zero gradient. Errors:
+// kInternal when a forward or backward throws; kUnavailable when a peer fails or the group's
+// timeout passes (a stage killed mid-step); kInvalidArgument when pp_group does not carry the
+// activations' device (base::CheckGroupCarries), or, before it is sent, when an activation is
+// not of activation_shape and the options' dtype (naming both).
 [[nodiscard]] absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
                                        c10d::ProcessGroup* pp_group,
                                        const PipelineOptions& options = {});

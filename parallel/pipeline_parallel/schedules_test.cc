@@ -196,6 +196,60 @@ TEST(RunPipelineTest, AFailingStageIsAnErrorAndItsPeerTimesOut) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
+// A point-to-point transfer does not check what it carries: an activation of another dtype or
+// shape than the next stage receives is refused by its sender, naming both, and the receiver
+// times out (as it does for any failing peer) instead of reading garbage.
+TEST(RunPipelineTest, AnActivationOfAnotherDtypeOrShapeIsRefusedNamingBoth) {
+  const auto produced = [](int64_t i) {
+    return i == 0 ? at::ones({2, 3}, at::kDouble) : at::ones({3, 2}, at::kFloat);
+  };
+  for (int64_t wrong : {0, 1}) {
+    std::vector<absl::Status> statuses(2);
+    KEEL_ASSERT_OK(RunOnRanks(
+        2,
+        [&](Rank& r) -> absl::Status {
+          StageCallbacks callbacks;
+          callbacks.activation_shape = [](int64_t) { return std::vector<int64_t>{2, 3}; };
+          callbacks.forward = [&](int64_t i, const at::Tensor& input) -> at::Tensor {
+            if (r.rank == 1) return input.sum();
+            return i == wrong ? produced(wrong) : at::ones({2, 3}).requires_grad_(true);
+          };
+          statuses[r.rank] = RunPipeline(2, callbacks, r.group.get());
+          return absl::OkStatus();
+        },
+        std::chrono::seconds(2)));
+    EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stage 1 of 2")));
+    EXPECT_THAT(statuses[0],
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("pipeline stage 0 of 2, micro-batch ", wrong + 1,
+                                                "'s forward produced ",
+                                                wrong == 0 ? "Double [2, 3]" : "Float [3, 2]",
+                                                ", but stage 1 receives Float [2, 3]"))));
+  }
+}
+
+// A stage whose loss does not depend on its input sends back the input's true gradient, zeros,
+// so that the previous stage's receive is matched and its gradients are zero.
+TEST(RunPipelineTest, AnInputTheLossIgnoresSendsBackAZeroGradient) {
+  at::Tensor first_grad;
+  KEEL_ASSERT_OK(RunOnRanks(
+      2,
+      [&](Rank& r) -> absl::Status {
+        const at::Tensor weight = at::full({2}, 3.0).requires_grad_(true);
+        StageCallbacks callbacks;
+        callbacks.activation_shape = [](int64_t) { return std::vector<int64_t>{2}; };
+        callbacks.forward = [&](int64_t, const at::Tensor&) -> at::Tensor {
+          return r.rank == 0 ? weight * 2 : weight.sum();
+        };
+        KEEL_RETURN_IF_ERROR(RunPipeline(2, callbacks, r.group.get()));
+        if (r.rank == 0) first_grad = weight.grad();
+        return absl::OkStatus();
+      },
+      std::chrono::seconds(10)));
+  ASSERT_TRUE(first_grad.defined());
+  EXPECT_TRUE(at::equal(first_grad, at::zeros({2})));
+}
+
 // Over a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
 // refuses them) the stages exchange activations and gradients on the device and compute the
 // gradients they compute over Gloo (up to rounding: the fake GPU runs the CPU's kernels, or
