@@ -86,6 +86,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::CreateWithDeviceGroups(
     KEEL_ASSIGN_OR_RETURN(mesh.control_, world_group("control"));
   }
   KEEL_ASSIGN_OR_RETURN(mesh.checkpoint_, world_group("checkpoint"));
+  mesh.store_ = c10::make_intrusive<c10d::PrefixStore>("mesh/store", store);
   return mesh;
 }
 

@@ -106,6 +106,10 @@ class DeviceMesh {
   // A Gloo group of all ranks that nothing else uses, for checkpoint exchanges, which an async
   // save runs on a background thread. nullptr as the class comment says.
   c10d::ProcessGroup* checkpoint_group() const { return checkpoint_.get(); }
+  // The store the groups were formed through, under a prefix of the mesh's own: for waits no
+  // collective's timeout should bound (a phase only one rank runs). nullptr as the class
+  // comment says.
+  c10d::Store* store() const { return store_.get(); }
 
  private:
   // `make_device_group` nullptr: the device groups are Gloo groups (their own twins).
@@ -122,6 +126,7 @@ class DeviceMesh {
   std::array<c10::intrusive_ptr<c10d::ProcessGroup>, kNumGroupKinds> gloo_groups_;
   c10::intrusive_ptr<c10d::ProcessGroup> control_;
   c10::intrusive_ptr<c10d::ProcessGroup> checkpoint_;
+  c10::intrusive_ptr<c10d::Store> store_;
 };
 
 }  // namespace keel::parallel

@@ -35,9 +35,9 @@ absl::Status PrepareDefaultCorpus(const TrainOptions& options, const std::string
 absl::StatusOr<std::string> DataPrefix(const TrainOptions& options, const TrainRuntime& runtime) {
   if (!options.data.prefix.empty()) return options.data.prefix;
   const std::string prefix = base::JoinPath(options.run_dir, "data/corpus");
-  const absl::Status prepared =
-      runtime.rank == 0 ? PrepareDefaultCorpus(options, prefix, *runtime.log) : absl::OkStatus();
-  KEEL_RETURN_IF_ERROR(AgreeOverRanks(prepared, runtime, "preparing the default corpus"));
+  KEEL_RETURN_IF_ERROR(RunOnRankZero(runtime, "preparing the default corpus", [&] {
+    return PrepareDefaultCorpus(options, prefix, *runtime.log);
+  }));
   return prefix;
 }
 
@@ -132,8 +132,9 @@ absl::StatusOr<TrainData> OpenMegatronData(const TrainOptions& options, const Tr
   return TrainData{options.data.megatron.paths, std::move(splits), *std::move(sampler)};
 }
 
-absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const TrainRuntime& runtime,
-                                        bool plan_only) {
+// OpenTrainData on this rank alone.
+absl::StatusOr<TrainData> OpenOnRank(const TrainOptions& options, const TrainRuntime& runtime,
+                                     bool plan_only) {
   if (!options.data.megatron.paths.empty()) return OpenMegatronData(options, runtime, plan_only);
   KEEL_ASSIGN_OR_RETURN(std::string prefix, DataPrefix(options, runtime));
   KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, sampling::IndexedDataset::Open(prefix));
@@ -148,6 +149,16 @@ absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const Train
       sampler.status(), absl::StrCat("sampler over ", SampledWindows(options, splits), " of the ",
                                      splits.train_size(), " training windows of ", prefix)));
   return TrainData{std::move(prefix), std::move(splits), *std::move(sampler)};
+}
+
+absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options, const TrainRuntime& runtime,
+                                        bool plan_only) {
+  // Each rank opens the files rank 0 prepared: one that cannot (a file a network file system
+  // does not show it yet) fails every rank at once with its error, not its peers at their next
+  // collective's timeout.
+  absl::StatusOr<TrainData> data = OpenOnRank(options, runtime, plan_only);
+  KEEL_RETURN_IF_ERROR(AgreeOverRanks(data.status(), runtime, "opening the training data"));
+  return data;
 }
 
 }  // namespace keel::tools::recipe

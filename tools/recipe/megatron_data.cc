@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "sampling/indexed_dataset.h"
+#include "tools/recipe/token_range.h"
 #include "tools/recipe/tokenizer_info.h"
 
 namespace keel::tools::recipe {
@@ -17,41 +18,10 @@ namespace {
 using sampling::GptSplitView;
 using sampling::IndexCacheMode;
 
-// Tokens read at a time by CheckTokens.
-constexpr int64_t kTokenChunk = int64_t{1} << 24;
-
-// Every token of the dataset at `prefix` must be an embedding row: in [0, vocab_size).
-absl::Status CheckTokens(const sampling::IndexedDataset& dataset, const std::string& prefix,
-                         int64_t vocab_size) {
-  const int64_t item = sampling::TokenDtypeSize(dataset.dtype());
-  const auto check = [&](int64_t byte_offset, int64_t count) -> absl::Status {
-    if (count == 0) return absl::OkStatus();
-    const at::Tensor tokens = dataset.TokensAt(byte_offset, count).to(at::kLong);
-    const int64_t low = tokens.min().item<int64_t>(), high = tokens.max().item<int64_t>();
-    if (low >= 0 && high < vocab_size) return absl::OkStatus();
-    const int64_t bad = low < 0 ? low : high;
-    const int64_t at = (tokens == bad).nonzero()[0][0].item<int64_t>();
-    return absl::InvalidArgumentError(
-        absl::StrCat("token ", bad, " of ", prefix, " (token ", byte_offset / item + at,
-                     " of its .bin) is outside [0, model.vocab_size = ", vocab_size,
-                     "): set model.vocab_size to cover the tokenizer's ids"));
-  };
-  if (dataset.contiguous()) {
-    for (int64_t start = 0; start < dataset.num_tokens(); start += kTokenChunk) {
-      KEEL_RETURN_IF_ERROR(
-          check(start * item, std::min(kTokenChunk, dataset.num_tokens() - start)));
-    }
-    return absl::OkStatus();
-  }
-  for (int64_t i = 0; i < dataset.size(); ++i) {
-    KEEL_RETURN_IF_ERROR(check(dataset.sequence_pointer(i), dataset.sequence_length(i)));
-  }
-  return absl::OkStatus();
-}
-
-// Rank 0's checks of the datasets before any index is built.
-absl::Status CheckDatasets(const TrainOptions& options, const sampling::Blend& blend) {
-  for (const std::string& prefix : blend.prefixes) {
+// Rank 0's checks of the datasets before any index is built: their tokens scanned once per
+// dataset (CheckTokenRange's record, beside the index cache).
+absl::Status CheckDatasets(const TrainOptions& options, const sampling::GptDatasetConfig& config) {
+  for (const std::string& prefix : config.blend->prefixes) {
     absl::StatusOr<sampling::IndexedDataset> dataset = sampling::IndexedDataset::Open(prefix);
     if (absl::IsNotFound(dataset.status())) {
       return absl::InvalidArgumentError(
@@ -60,7 +30,9 @@ absl::Status CheckDatasets(const TrainOptions& options, const sampling::Blend& b
     }
     KEEL_RETURN_IF_ERROR(dataset.status());
     KEEL_RETURN_IF_ERROR(CheckModelCoversVocabulary(options.model.vocab_size, prefix));
-    KEEL_RETURN_IF_ERROR(CheckTokens(*dataset, prefix, options.model.vocab_size));
+    KEEL_RETURN_IF_ERROR(
+        CheckTokenRange(*dataset, prefix, options.model.vocab_size,
+                        sampling::IndexCacheDirectory(config, prefix, "GPTDataset")));
   }
   return absl::OkStatus();
 }
@@ -90,17 +62,12 @@ absl::StatusOr<sampling::GptDatasetSplits> BuildOnRankZeroFirst(
     return sampling::BuildGptDatasets(config, MegatronSizes(options), build);
   }
   absl::StatusOr<sampling::GptDatasetSplits> splits;
-  if (runtime.rank == 0) {
-    absl::Status checked = CheckDatasets(options, *config.blend);
-    splits =
-        checked.ok() ? sampling::BuildGptDatasets(config, MegatronSizes(options), build) : checked;
-    if (checked.ok() && !splits.ok()) {
-      splits = base::Annotate(splits.status(),
-                              absl::StrCat("data.split \"", options.data.megatron.split, "\""));
-    }
-  }
-  KEEL_RETURN_IF_ERROR(AgreeOverRanks(runtime.rank == 0 ? splits.status() : absl::OkStatus(),
-                                      runtime, "building the GPT dataset indices"));
+  KEEL_RETURN_IF_ERROR(RunOnRankZero(runtime, "building the GPT dataset indices", [&] {
+    KEEL_RETURN_IF_ERROR(CheckDatasets(options, config));
+    splits = sampling::BuildGptDatasets(config, MegatronSizes(options), build);
+    return base::Annotate(splits.status(),
+                          absl::StrCat("data.split \"", options.data.megatron.split, "\""));
+  }));
   if (runtime.rank == 0) return splits;
   build.cache_mode = IndexCacheMode::kLoadOnly;
   return sampling::BuildGptDatasets(config, MegatronSizes(options), build);
@@ -219,12 +186,11 @@ absl::Status MegatronData::Resume(const sampling::BlendState& saved, const Train
                                   const TrainRuntime& runtime) {
   std::vector<std::string> notes;
   absl::StatusOr<std::unique_ptr<sampling::ResumableBlend>> continued;
-  if (runtime.rank == 0) {
+  KEEL_RETURN_IF_ERROR(RunOnRankZero(runtime, "continuing the training blend", [&] {
     continued = sampling::ResumableBlend::Continue(saved, train_view_, config_,
                                                    IndexCacheMode::kBuild, &notes);
-  }
-  KEEL_RETURN_IF_ERROR(AgreeOverRanks(runtime.rank == 0 ? continued.status() : absl::OkStatus(),
-                                      runtime, "continuing the training blend"));
+    return continued.status();
+  }));
   if (runtime.rank != 0) {
     continued = sampling::ResumableBlend::Continue(saved, train_view_, config_,
                                                    IndexCacheMode::kLoadOnly, &notes);

@@ -54,10 +54,11 @@ sampling::SplitSizes MegatronSizes(const TrainOptions& options);
 
 class MegatronData {
  public:
-  // Builds the splits: rank 0 loads or writes the index caches, then the others load them;
-  // with plan_only nothing is read or written and only sizes are known. Rank 0 checks first
-  // that every token is below model.vocab_size. Collective: over runtime.control_group (not
-  // with plan_only). Errors (all kInvalidArgument, before anything trains): a prefix without
+  // Builds the splits: rank 0 loads or writes the index caches while the others wait for it
+  // (RunOnRankZero), then they load them; with plan_only nothing is read or written and only
+  // sizes are known. Rank 0 checks first that every token is below model.vocab_size (a scan
+  // once per dataset, CheckTokenRange). Collective: over runtime.control_group and the store
+  // (not with plan_only). Errors (all kInvalidArgument, before anything trains): a prefix without
   // its files, a split that gets no documents but is asked for samples, one whose documents
   // hold fewer tokens than a sample, a token at or above model.vocab_size, a training split
   // smaller than max_steps x global_batch_size; those of BuildGptDatasets.

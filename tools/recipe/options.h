@@ -99,8 +99,10 @@ void VisitFields(O& o, V&& v) {
 struct DistributedOptions {
   // Gloo on the CPU; NCCL on this rank's GPU (a --config=cuda build). Default: kGloo.
   parallel::Backend backend = parallel::Backend::kGloo;
-  // A collective or rendezvous that takes longer fails the run. Default: 60.
-  int64_t timeout_seconds = 60;
+  // A collective or rendezvous that takes longer fails the run. Phases only rank 0 runs (index
+  // builds, dataset checks) are not bounded by it (RunOnRankZero). Default: 600, Megatron's
+  // distributed_timeout_minutes (10).
+  int64_t timeout_seconds = 600;
   // Megatron's use_distributed_optimizer: AdamW's state sharded over the data-parallel ranks
   // (optim::DistributedOptimizer); nothing to shard on one rank. Default: false.
   bool use_distributed_optimizer = false;

@@ -57,7 +57,7 @@ TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {
   EXPECT_EQ(options.optimizer.lr, 1e-3);  // torch::optim::AdamW's defaults
   EXPECT_EQ(options.optimizer.weight_decay, 1e-2);
   EXPECT_EQ(options.max_norm, std::numeric_limits<double>::infinity());
-  EXPECT_EQ(options.distributed.timeout_seconds, 60);
+  EXPECT_EQ(options.distributed.timeout_seconds, 600);
   EXPECT_TRUE(options.logging.tensorboard);
   EXPECT_TRUE(options.numerics.check_for_nan_in_loss_and_grad);  // Megatron's default
   EXPECT_EQ(options.numerics.on_nonfinite, NonFinitePolicy::kStop);

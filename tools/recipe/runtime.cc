@@ -1,11 +1,18 @@
 #include "tools/recipe/runtime.h"
 
 #include <chrono>
+#include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/torch_status.h"
 #include "parallel/mesh_layout.h"
 #include "parallel/process_group.h"
+#include "torch/csrc/distributed/c10d/Store.hpp"
 
 namespace keel::tools::recipe {
 
@@ -29,6 +36,72 @@ absl::Status SumOverStages(at::Tensor& tensor, const TrainRuntime& runtime,
 absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                             absl::string_view what) {
   return base::AgreeOnStatus(status, runtime.control_group, what);
+}
+
+namespace {
+
+// A status as the store holds it: its code's number, a newline, its message.
+std::string EncodeStatus(const absl::Status& status) {
+  return absl::StrCat(static_cast<int>(status.code()), "\n", status.message());
+}
+
+absl::Status DecodeStatus(const std::vector<uint8_t>& bytes) {
+  const std::string text(bytes.begin(), bytes.end());
+  const size_t newline = text.find('\n');
+  int code = static_cast<int>(absl::StatusCode::kUnknown);
+  if (newline == std::string::npos || !absl::SimpleAtoi(text.substr(0, newline), &code)) {
+    return absl::InternalError(absl::StrCat("rank 0 published an unreadable status: ", text));
+  }
+  if (code == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("rank 0: ", text.substr(newline + 1)));
+}
+
+}  // namespace
+
+absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
+                           const std::function<absl::Status()>& phase, const RankZeroWait& wait) {
+  c10d::Store* store = runtime.world_size > 1 ? runtime.store : nullptr;
+  if (store == nullptr) {
+    return AgreeOverRanks(runtime.rank == 0 ? phase() : absl::OkStatus(), runtime, what);
+  }
+  const std::string key = absl::StrCat("keel/rank_zero/", what);
+  if (runtime.rank == 0) {
+    const absl::Status status = phase();
+    KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kUnavailable,
+                                         absl::StrCat("publishing the outcome of ", what),
+                                         [&] { store->set(key, EncodeStatus(status)); }));
+    return status;
+  }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point next_line = start + wait.progress_every;
+  const std::string context = absl::StrCat("waiting for rank 0: ", what);
+  while (true) {
+    bool published = false;
+    KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kUnavailable, context,
+                                         [&] { published = store->check({key}); }));
+    if (published) break;
+    const Clock::time_point now = Clock::now();
+    if (now - start >= wait.limit) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(context, ": no outcome after ",
+                       std::chrono::duration_cast<std::chrono::seconds>(wait.limit).count(), " s"));
+    }
+    if (now >= next_line) {
+      if (runtime.rank == 1 && runtime.log != nullptr) {
+        *runtime.log << context << " ("
+                     << std::chrono::duration_cast<std::chrono::seconds>(now - start).count()
+                     << " s)" << std::endl;
+      }
+      next_line += wait.progress_every;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::vector<uint8_t> bytes;
+  KEEL_RETURN_IF_ERROR(
+      base::CallTorch(absl::StatusCode::kUnavailable, context, [&] { bytes = store->get(key); }));
+  return DecodeStatus(bytes);
 }
 
 ProcessGroups::ProcessGroups(parallel::DeviceMesh mesh, at::Device device)
@@ -75,6 +148,7 @@ void AttachMesh(const parallel::DeviceMesh& mesh, const at::Device& device, Trai
   runtime.control_group = mesh.control_group();
   runtime.data_group = mesh.GlooGroup(parallel::GroupKind::kDp);
   runtime.checkpoint_group = mesh.checkpoint_group();
+  runtime.store = mesh.store();
 }
 
 }  // namespace keel::tools::recipe

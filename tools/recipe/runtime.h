@@ -8,6 +8,8 @@
 #ifndef KEEL_TOOLS_RECIPE_RUNTIME_H_
 #define KEEL_TOOLS_RECIPE_RUNTIME_H_
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <ostream>
 
@@ -24,6 +26,7 @@
 
 namespace c10d {
 class ProcessGroup;
+class Store;
 }  // namespace c10d
 
 namespace keel::tools::recipe {
@@ -71,6 +74,10 @@ struct TrainRuntime {
   // A third group over the same ranks for checkpoint exchanges (async saves run them on a
   // background thread); nullptr for a single process.
   c10d::ProcessGroup* checkpoint_group = nullptr;
+  // The rendezvous store of the mesh, for RunOnRankZero's waits; nullptr for a single process
+  // (and for a runtime a test assembles from groups alone: RunOnRankZero agrees over the
+  // control group then).
+  c10d::Store* store = nullptr;
   // Progress lines and notices (rank 0 writes them).
   std::ostream* log = nullptr;
   // This rank's preemption flag; nullptr installs handlers for
@@ -99,6 +106,26 @@ struct TrainRuntime {
 // ("rank <r>: ..."), or OK (base::AgreeOnStatus). Collective: over runtime.control_group.
 [[nodiscard]] absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                                           absl::string_view what);
+
+// How RunOnRankZero's waiting ranks wait.
+struct RankZeroWait {
+  // A line "waiting for rank 0: <what> (<s> s)" on rank 1's log this often.
+  std::chrono::milliseconds progress_every = std::chrono::minutes(1);
+  // The longest wait, after which the waiting ranks give up (kDeadlineExceeded).
+  std::chrono::milliseconds limit = std::chrono::hours(24);
+};
+
+// A phase only rank 0 runs (preparing the default corpus, checking the datasets, building the
+// index caches), which may take far longer than distributed.timeout_seconds: rank 0 runs
+// `phase` and publishes its status in the store; the other ranks wait for it there, outside
+// any collective (polling; a progress line, as `wait` says). Every rank returns rank 0's
+// status (prefixed "rank 0: " on the others). Without a store, the ranks agree over the
+// control group instead, bounded by its timeout. Collective: every rank calls it with the same
+// `what`, once per launch. Errors: rank 0's; kUnavailable when the store fails (rank 0 gone);
+// kDeadlineExceeded after wait.limit.
+[[nodiscard]] absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
+                                         const std::function<absl::Status()>& phase,
+                                         const RankZeroWait& wait = {});
 
 // The process groups of one rank, built from torchrun's environment: gradients over NCCL or
 // Gloo, host scalars and checkpoint exchanges over Gloo: a DeviceMesh of

@@ -1,0 +1,129 @@
+// What only rank 0 runs before training is waited for through the store, not a collective: a
+// phase longer than the groups' timeout passes, rank 1 says what it waits for, rank 0's error
+// reaches every rank; and a rank that cannot open the data rank 0 prepared fails every rank at
+// once with its own error.
+#include "tools/recipe/runtime.h"
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sampling/indexed_dataset_writer.h"
+#include "testing/files.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+#include "tools/recipe/data.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+using ::keel::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr int kRanks = 3;
+
+TrainRuntime RuntimeOf(Rank& r, std::ostream& log, bool with_store = true) {
+  TrainRuntime runtime;
+  runtime.rank = r.rank;
+  runtime.world_size = r.world_size;
+  runtime.dp_rank = r.rank;
+  runtime.dp_size = r.world_size;
+  runtime.control_group = r.group.get();
+  runtime.data_group = r.group.get();
+  runtime.store = with_store ? r.store.get() : nullptr;
+  runtime.log = &log;
+  return runtime;
+}
+
+TEST(RunOnRankZeroTest, APhaseLongerThanTheCollectiveTimeoutPasses) {
+  std::vector<std::ostringstream> logs(kRanks);
+  RankZeroWait wait;
+  wait.progress_every = std::chrono::milliseconds(400);
+  // Collectives time out after 1 s; rank 0's phase takes 2.5 s.
+  KEEL_ASSERT_OK(RunOnRanks(
+      kRanks,
+      [&](Rank& r) -> absl::Status {
+        const TrainRuntime runtime = RuntimeOf(r, logs[r.rank]);
+        KEEL_RETURN_IF_ERROR(RunOnRankZero(
+            runtime, "a slow phase",
+            [] {
+              std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+              return absl::OkStatus();
+            },
+            wait));
+        return AgreeOverRanks(absl::OkStatus(), runtime, "after the phase");
+      },
+      std::chrono::seconds(1)));
+  EXPECT_THAT(logs[1].str(), HasSubstr("waiting for rank 0: a slow phase ("));
+  EXPECT_THAT(logs[0].str(), IsEmpty());
+  EXPECT_THAT(logs[2].str(), IsEmpty());  // one line for all waiting ranks
+}
+
+TEST(RunOnRankZeroTest, RankZerosErrorReachesEveryRankWithOrWithoutAStore) {
+  for (const bool with_store : {true, false}) {
+    std::vector<absl::Status> statuses(kRanks);
+    int runs = 0;
+    KEEL_ASSERT_OK(RunOnRanks(kRanks, [&](Rank& r) -> absl::Status {
+      std::ostringstream log;
+      statuses[r.rank] = RunOnRankZero(RuntimeOf(r, log, with_store), "preparing the corpus", [&] {
+        ++runs;  // rank 0 alone
+        return absl::NotFoundError("the corpus is missing");
+      });
+      return absl::OkStatus();
+    }));
+    EXPECT_EQ(runs, 1);
+    EXPECT_THAT(statuses[0],
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("the corpus is missing")));
+    for (int rank = 1; rank < kRanks; ++rank) {
+      EXPECT_THAT(statuses[rank],
+                  StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 0: the corpus is missing")))
+          << "rank " << rank << (with_store ? " with" : " without") << " a store";
+    }
+  }
+}
+
+// A dataset rank 2 cannot see (a network file system that does not show it yet): every rank
+// fails at once with rank 2's error, not at its next collective's timeout.
+TEST(OpenTrainDataTest, ARankThatCannotOpenTheDataFailsEveryRankAtOnce) {
+  const std::string dir = keel::testing::NewTempDir("open_train_data");
+  auto writer =
+      sampling::IndexedDatasetWriter::Create(dir + "/tokens", sampling::TokenDtype::kUint16);
+  ASSERT_TRUE(writer.ok());
+  std::vector<int64_t> tokens(400);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i % 200);
+  KEEL_ASSERT_OK(writer->AddDocument(tokens, {static_cast<int64_t>(tokens.size())}));
+  KEEL_ASSERT_OK(writer->Finalize());
+  std::vector<absl::Status> statuses(kRanks);
+  const auto start = std::chrono::steady_clock::now();
+  KEEL_ASSERT_OK(RunOnRanks(
+      kRanks,
+      [&](Rank& r) -> absl::Status {
+        std::ostringstream log;
+        TrainOptions options;
+        options.run_dir = dir + "/run";
+        options.data.prefix = dir + (r.rank == 2 ? "/not_visible_yet" : "/tokens");
+        options.data.dataset.sequence_length = 16;
+        options.step_scheduler.global_batch_size = 6;
+        options.local_batch_size = 2;
+        options.sampler.micro_batch_size = 2;
+        options.sampler.global_batch_size = 6;
+        statuses[r.rank] = OpenTrainData(options, RuntimeOf(r, log)).status();
+        return absl::OkStatus();
+      },
+      std::chrono::seconds(30)));
+  for (const absl::Status& status : statuses) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kNotFound,
+                                 HasSubstr("rank 2: opening " + dir + "/not_visible_yet.idx")));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+}  // namespace
+}  // namespace keel::tools::recipe
