@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
