@@ -12,6 +12,10 @@
 
 namespace keel::base {
 
+int GroupSize(const c10d::ProcessGroup* group) { return group == nullptr ? 1 : group->getSize(); }
+
+int GroupRank(const c10d::ProcessGroup* group) { return group == nullptr ? 0 : group->getRank(); }
+
 absl::Status AllReduce(at::Tensor& tensor, Reduce op, c10d::ProcessGroup& group,
                        absl::string_view context) {
   KEEL_RETURN_IF_ERROR(

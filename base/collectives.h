@@ -23,6 +23,11 @@ namespace keel::base {
 
 enum class Reduce { kSum, kMax, kMin };
 
+// The number of ranks in `group`, and this process's rank in it: nullptr is a group of one
+// (Keel's "no group": a single process, or a dimension of size 1), where it is rank 0.
+int GroupSize(const c10d::ProcessGroup* group);
+int GroupRank(const c10d::ProcessGroup* group);
+
 // All-reduces `tensor` in place over `group` and waits for it. Collective: over `group`.
 // Errors: kUnavailable, "all-reducing <context>: <what c10d said>", when a peer or the backend
 // fails; kInvalidArgument when `group` does not carry the tensor's device (CheckGroupCarries).

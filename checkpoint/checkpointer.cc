@@ -210,8 +210,8 @@ class Checkpointer::Impl {
   Impl(const CheckpointerOptions& options, c10d::ProcessGroup* group)
       : options_(options),
         group_(group),
-        rank_(group == nullptr ? 0 : group->getRank()),
-        world_size_(group == nullptr ? 1 : group->getSize()) {}
+        rank_(base::GroupRank(group)),
+        world_size_(base::GroupSize(group)) {}
 
   ~Impl() {
     if (writer_.joinable()) writer_.join();

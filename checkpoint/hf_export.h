@@ -1,8 +1,9 @@
 // Consolidated Hugging Face export of one object of a Keel checkpoint: whole tensors in
 // "model-0000N-of-0000M.safetensors" files plus "model.safetensors.index.json", the layout
 // NeMo AutoModel's consolidated safetensors export writes (nemo_automodel
-// _backports/consolidate_hf_safetensors.py, file names from _backports/hf_utils.py), which
-// transformers' from_pretrained reads.
+// _backports/consolidate_hf_safetensors.py, file names from _backports/hf_utils.py), the file
+// layout transformers' from_pretrained reads. The tensors keep the object's own names and no
+// config.json is written: transformers loads the files only for a model whose names these are.
 //
 //   keel::checkpoint::HfExportOptions options;
 //   options.max_shard_bytes = int64_t{2} << 30;

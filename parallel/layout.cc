@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/collectives.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::parallel {
@@ -36,9 +37,9 @@ at::Tensor BlockOf(const at::Tensor& whole, const TensorLayout& layout,
   return block;
 }
 
-int DimRank(const LayoutDim& dim) { return dim.group == nullptr ? 0 : dim.group->getRank(); }
+int DimRank(const LayoutDim& dim) { return base::GroupRank(dim.group); }
 
-int DimSize(const LayoutDim& dim) { return dim.group == nullptr ? 1 : dim.group->getSize(); }
+int DimSize(const LayoutDim& dim) { return base::GroupSize(dim.group); }
 
 TensorLayout BlockLayout(std::vector<int64_t> global_shape, std::vector<int64_t> offsets) {
   TensorLayout layout;

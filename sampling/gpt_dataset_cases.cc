@@ -87,7 +87,12 @@ absl::StatusOr<GptDatasetConfig> ReadConfig(const Json& inputs, const std::strin
   if (config.contains("blend_per_split") && config["blend_per_split"].is_array()) {
     for (Json& blend : config["blend_per_split"]) rename(blend);
   }
-  config["tokenizer"] = inputs.value("tokenizer", Json::object());
+  if (!inputs.contains("tokenizer") || inputs["tokenizer"].is_null()) {
+    return absl::InvalidArgumentError(
+        "inputs.tokenizer is missing: Megatron's GPTDatasetConfig requires one (its "
+        "__post_init__ asserts tokenizer is not None)");
+  }
+  config["tokenizer"] = inputs["tokenizer"];
   config["tokenizer"]["unique_identifiers"] = {{"class", "GoldenCaseTokenizer"}};
   config["path_to_cache"] = base::JoinPath(dir, "cache");
   GptDatasetConfig out;

@@ -24,5 +24,24 @@ TEST(GptDatasetParityTest, MatchesMegatronOnEveryCase) {
   }
 }
 
+// Megatron's GPTDatasetConfig asserts a tokenizer: a case without one is refused, as upstream
+// refuses it, instead of running with no end-of-document or pad id.
+TEST(GptDatasetParityTest, ACaseWithoutATokenizerIsRefused) {
+  KEEL_ASSERT_OK_AND_ASSIGN(auto cases, LoadGoldenCases());
+  ASSERT_FALSE(cases.empty());
+  const base::Json& inputs = cases.front().inputs;
+  ASSERT_TRUE(inputs.contains("tokenizer"));
+  KEEL_EXPECT_OK(RunGptDatasetCase(inputs).status());
+  base::Json without = inputs;
+  without.erase("tokenizer");
+  base::Json null_tokenizer = inputs;
+  null_tokenizer["tokenizer"] = nullptr;
+  for (const base::Json& refused : {without, null_tokenizer}) {
+    EXPECT_THAT(RunGptDatasetCase(refused),
+                keel::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                        ::testing::HasSubstr("inputs.tokenizer is missing")));
+  }
+}
+
 }  // namespace
 }  // namespace keel::sampling

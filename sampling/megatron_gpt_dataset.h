@@ -96,8 +96,8 @@ class MegatronGptDataset {
 
   // __getitem__(idx): tokens, labels (the next tokens; without the extra token the last
   // label is the pad id) and the loss mask, each sequence_length long. Pad ids become 0 in
-  // tokens and labels and get loss mask 0, as do labels equal to tokenizer.eod with
-  // eod_mask_loss. Each sample's mask is its own (upstream's cache hands later samples the
+  // tokens and labels and get loss mask 0, as do positions whose token (not label) is
+  // tokenizer.eod with eod_mask_loss, as Megatron masks them. Each sample's mask is its own (upstream's cache hands later samples the
   // first one's pad positions). Errors: as Window.
   [[nodiscard]] absl::Status Sample(int64_t idx, absl::Span<int64_t> tokens,
                                     absl::Span<int64_t> labels, absl::Span<float> loss_mask) const;

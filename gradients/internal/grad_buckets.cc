@@ -156,7 +156,7 @@ GradBuckets::~GradBuckets() {
   }
 }
 
-int64_t GradBuckets::world_size() const { return group_ == nullptr ? 1 : group_->getSize(); }
+int64_t GradBuckets::world_size() const { return base::GroupSize(group_); }
 
 at::Tensor GradBuckets::local_gradient_sum() const {
   if (group_ != nullptr) return local_sum_;

@@ -15,8 +15,6 @@
 namespace keel::parallel {
 namespace {
 
-int64_t SizeOf(c10d::ProcessGroup* group) { return group == nullptr ? 1 : group->getSize(); }
-
 std::atomic<int64_t> dispatch_nanoseconds{0};
 
 // Runs `fn`, counting its time as dispatch.
@@ -105,13 +103,15 @@ at::Tensor RunLocalExperts(const at::Tensor& received, const std::vector<int64_t
 GroupedMlpImpl::GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
                                c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp)
     : num_experts_(num_experts), ep_(ep), expert_tp_(expert_tp) {
-  TORCH_CHECK(num_experts > 0 && num_experts % SizeOf(ep) == 0, "num_experts (", num_experts,
-              ") must be a positive multiple of the expert-parallel size (", SizeOf(ep), ")");
-  TORCH_CHECK(ffn_hidden_size > 0 && ffn_hidden_size % SizeOf(expert_tp) == 0, "ffn_hidden_size (",
-              ffn_hidden_size, ") must be a positive multiple of the expert tensor-parallel size (",
-              SizeOf(expert_tp), ")");
-  const int64_t local = num_experts / SizeOf(ep);
-  const int64_t ffn = ffn_hidden_size / SizeOf(expert_tp);
+  TORCH_CHECK(num_experts > 0 && num_experts % base::GroupSize(ep) == 0, "num_experts (",
+              num_experts, ") must be a positive multiple of the expert-parallel size (",
+              base::GroupSize(ep), ")");
+  TORCH_CHECK(ffn_hidden_size > 0 && ffn_hidden_size % base::GroupSize(expert_tp) == 0,
+              "ffn_hidden_size (", ffn_hidden_size,
+              ") must be a positive multiple of the expert tensor-parallel size (",
+              base::GroupSize(expert_tp), ")");
+  const int64_t local = num_experts / base::GroupSize(ep);
+  const int64_t ffn = ffn_hidden_size / base::GroupSize(expert_tp);
   fc1_ = register_parameter("fc1", at::zeros({local, hidden_size, ffn}));
   fc2_ = register_parameter("fc2", at::zeros({local, ffn, hidden_size}));
 }
@@ -126,10 +126,10 @@ std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
   for (const auto& [name, local, ffn_dim] : {std::tuple{"fc1", fc1_, 2}, {"fc2", fc2_, 1}}) {
     std::vector<int64_t> shape = local.sizes().vec();
     shape[0] = num_experts_;
-    shape[ffn_dim] *= SizeOf(expert_tp_);
+    shape[ffn_dim] *= base::GroupSize(expert_tp_);
     std::vector<LayoutDim> dims;
-    if (SizeOf(ep_) > 1) dims.push_back({"ep", ep_, Placement::Shard(0)});
-    if (SizeOf(expert_tp_) > 1)
+    if (base::GroupSize(ep_) > 1) dims.push_back({"ep", ep_, Placement::Shard(0)});
+    if (base::GroupSize(expert_tp_) > 1)
       dims.push_back({"expert_tp", expert_tp_, Placement::Shard(ffn_dim)});
     if (dims.empty()) return {};
     absl::StatusOr<TensorLayout> layout = EvenlySharded(shape, std::move(dims));
@@ -143,7 +143,7 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
                              GroupedMlpImpl& experts, c10d::ProcessGroup* ep) {
   base::CheckGroupCarriesOrThrow(ep, tokens.device(), "the experts' token all-to-all");
   const int64_t k = routing.indices.size(1);
-  const int64_t ranks = SizeOf(ep);
+  const int64_t ranks = base::GroupSize(ep);
   const int64_t local = experts.num_local_experts();
   // Permute: every (token, expert) pair, ordered by expert (stable: by token within one).
   const at::Tensor expert_of = routing.indices.reshape({-1});

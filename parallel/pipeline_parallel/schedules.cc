@@ -44,9 +44,7 @@ struct Received {
 class StageLink {
  public:
   explicit StageLink(c10d::ProcessGroup* group)
-      : group_(group),
-        rank_(group == nullptr ? 0 : group->getRank()),
-        size_(group == nullptr ? 1 : group->getSize()) {}
+      : group_(group), rank_(base::GroupRank(group)), size_(base::GroupSize(group)) {}
 
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -91,9 +91,11 @@ struct PipelineOptions {
 // backward, per micro-batch). Collective: every stage of the group calls it with the same m
 // and shapes. An input the loss does not depend on sends back a zero gradient. Errors:
 // kInternal when a forward or backward throws; kUnavailable when a peer fails or the group's
-// timeout passes (a stage killed mid-step); kInvalidArgument when pp_group does not carry the
-// activations' device (base::CheckGroupCarries), or, before it is sent, when an activation is
-// not of activation_shape and the options' dtype (naming both).
+// timeout passes (a stage killed mid-step) over Gloo; over NCCL no error reaches this call: the
+// device waits until the group's timeout, when PyTorch's NCCL watchdog ends the process;
+// kInvalidArgument when pp_group does not carry the activations' device
+// (base::CheckGroupCarries), or, before it is sent, when an activation is not of
+// activation_shape and the options' dtype (naming both).
 [[nodiscard]] absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
                                        c10d::ProcessGroup* pp_group,
                                        const PipelineOptions& options = {});

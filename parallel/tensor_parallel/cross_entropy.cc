@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "ATen/ATen.h"
+#include "base/collectives.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -18,7 +19,7 @@ struct VocabParallel : torch::autograd::Function<VocabParallel> {
                             const at::Tensor& target, int64_t encoded_group) {
     auto* group = reinterpret_cast<c10d::ProcessGroup*>(encoded_group);
     const int64_t vocab = logits.size(-1);
-    const int64_t rank = group == nullptr ? 0 : group->getRank();
+    const int64_t rank = base::GroupRank(group);
     const at::Tensor rows = logits.reshape({-1, vocab});
     const at::Tensor flat_target = target.reshape({-1});
 

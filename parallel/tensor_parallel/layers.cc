@@ -5,6 +5,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/collectives.h"
 #include "base/torch_compat.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -12,8 +13,7 @@
 namespace keel::parallel {
 namespace {
 
-int Size(c10d::ProcessGroup* tp) { return tp == nullptr ? 1 : tp->getSize(); }
-bool Parallel(c10d::ProcessGroup* tp) { return Size(tp) > 1; }
+bool Parallel(c10d::ProcessGroup* tp) { return base::GroupSize(tp) > 1; }
 
 // The layout of a tensor of `global_shape` split evenly along `dim` over `tp`.
 TensorLayout ShardedOver(c10d::ProcessGroup* tp, std::vector<int64_t> global_shape, int64_t dim) {
@@ -71,8 +71,9 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t input_size, int64_t o
                                                    c10d::ProcessGroup* tp, bool bias,
                                                    bool gather_output)
     : input_size_(input_size), output_size_(output_size), tp_(tp), gather_output_(gather_output) {
-  weight_ = register_parameter("weight", at::zeros({output_size / Size(tp), input_size}));
-  if (bias) bias_ = register_parameter("bias", at::zeros({output_size / Size(tp)}));
+  weight_ =
+      register_parameter("weight", at::zeros({output_size / base::GroupSize(tp), input_size}));
+  if (bias) bias_ = register_parameter("bias", at::zeros({output_size / base::GroupSize(tp)}));
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
@@ -95,7 +96,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t input_size, int64_t output_
       output_size_(output_size),
       tp_(tp),
       input_is_parallel_(input_is_parallel) {
-  weight_ = register_parameter("weight", at::zeros({output_size, input_size / Size(tp)}));
+  weight_ =
+      register_parameter("weight", at::zeros({output_size, input_size / base::GroupSize(tp)}));
   if (bias) bias_ = register_parameter("bias", at::zeros({output_size}));
 }
 
@@ -116,7 +118,8 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
                                                        int64_t embedding_dim,
                                                        c10d::ProcessGroup* tp)
     : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim), tp_(tp) {
-  weight_ = register_parameter("weight", at::zeros({num_embeddings / Size(tp), embedding_dim}));
+  weight_ = register_parameter("weight",
+                               at::zeros({num_embeddings / base::GroupSize(tp), embedding_dim}));
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
@@ -136,7 +139,7 @@ std::map<std::string, TensorLayout> VocabParallelEmbeddingImpl::LocalLayouts() c
 
 ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads,
                                                      c10d::ProcessGroup* tp)
-    : local_heads_(num_heads / Size(tp)), head_dim_(hidden_size / num_heads) {
+    : local_heads_(num_heads / base::GroupSize(tp)), head_dim_(hidden_size / num_heads) {
   qkv_ = register_module("qkv", ColumnParallelLinear(hidden_size, 3 * hidden_size, tp));
   proj_ = register_module("proj", RowParallelLinear(hidden_size, hidden_size, tp));
 }

@@ -6,6 +6,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
+#include "base/collectives.h"
 #include "c10/util/Exception.h"
 #include "parallel/moe/router.h"
 #include "parallel/moe/token_dispatcher.h"
@@ -16,14 +17,11 @@
 namespace keel::tools::recipe {
 namespace {
 
-int64_t SizeOf(c10d::ProcessGroup* group) { return group == nullptr ? 1 : group->getSize(); }
-int64_t RankOf(c10d::ProcessGroup* group) { return group == nullptr ? 0 : group->getRank(); }
-
 // This rank's layers in the even split over `pp` (the caller's config validation made it
 // possible).
 parallel::StageLayers LayersOf(const GptOptions& options, c10d::ProcessGroup* pp) {
   absl::StatusOr<parallel::StageLayers> layers =
-      parallel::LayersOfStage(options.num_layers, SizeOf(pp), RankOf(pp));
+      parallel::LayersOfStage(options.num_layers, base::GroupSize(pp), base::GroupRank(pp));
   TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
   return *layers;
 }
@@ -182,8 +180,9 @@ std::pair<at::Tensor, at::Tensor> MoeStats::Take(int64_t num_experts) {
 
 GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp,
                  c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp)
-    : GptImpl(options, {tp, ep, expert_tp}, PaddedVocabSize(options, SizeOf(tp)),
-              LayersOf(options, pp), RankOf(pp) == 0, RankOf(pp) == SizeOf(pp) - 1) {}
+    : GptImpl(options, {tp, ep, expert_tp}, PaddedVocabSize(options, base::GroupSize(tp)),
+              LayersOf(options, pp), base::GroupRank(pp) == 0,
+              base::GroupRank(pp) == base::GroupSize(pp) - 1) {}
 
 GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_size,
                  parallel::StageLayers layers, bool first, bool last)
@@ -209,7 +208,8 @@ GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_
   }
   if (last) ln_f_ = register_module("ln_f", Norm(options.hidden_size));
   const bool whole = first && last;
-  if (whole && SizeOf(tp) == 1 && SizeOf(groups.ep) == 1 && SizeOf(groups.expert_tp) == 1) {
+  if (whole && base::GroupSize(tp) == 1 && base::GroupSize(groups.ep) == 1 &&
+      base::GroupSize(groups.expert_tp) == 1) {
     InitialiseLikeGpt2(*this);
   } else {
     // Megatron's master-weight path: the whole model's weights on one rank (with this model's
