@@ -128,7 +128,7 @@ std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
     shape[0] = num_experts_;
     shape[ffn_dim] *= base::GroupSize(expert_tp_);
     std::vector<LayoutDim> dims;
-    if (base::GroupSize(ep_) > 1) dims.push_back({"ep", ep_, Placement::Shard(0)});
+    if (base::GroupSize(ep_) > 1) dims.push_back({kExpertDim, ep_, Placement::Shard(0)});
     if (base::GroupSize(expert_tp_) > 1)
       dims.push_back({"expert_tp", expert_tp_, Placement::Shard(ffn_dim)});
     if (dims.empty()) return {};

@@ -27,11 +27,15 @@ class ProcessGroup;
 
 namespace keel::parallel {
 
+// The layout dimension GroupedMlp shards its experts over: what marks a parameter as an
+// expert's (gradients::HasLayoutDim) for the optimizer and the gradient scaling.
+inline constexpr char kExpertDim[] = "ep";
+
 // This rank's num_experts / ep experts (experts [rank x that, ...)), each an MLP
 // x -> gelu(x fc1_e) fc2_e without biases, their weights stacked: fc1 [local, hidden, ffn],
 // fc2 [local, ffn, hidden], laid out as blocks of the whole [num_experts, ...] tensors
-// sharded over "ep". Over `expert_tp` (Megatron's expert tensor-parallel group) each expert is
-// split as a column- then row-parallel MLP: this rank holds ffn / its size of the ffn columns
+// sharded over kExpertDim. Over `expert_tp` (Megatron's expert tensor-parallel group) each expert
+// is split as a column- then row-parallel MLP: this rank holds ffn / its size of the ffn columns
 // (dimension "expert_tp"), and the ranks of the group, which hold the same tokens, sum their
 // partial outputs. The weights start at zeros (a model copies its weights in). Throws
 // c10::Error naming the numbers unless num_experts is a positive multiple of ep's size and

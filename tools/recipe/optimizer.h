@@ -5,7 +5,7 @@
 // main parameters and main gradients (distributed.grad_reduce_in_fp32).
 //
 //   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<optim::DataParallelOptimizer> optimizer,
-//                         BuildOptimizer(parameters, options, runtime, /*expert_dim=*/"ep"));
+//                         BuildOptimizer(parameters, options, runtime, parallel::kExpertDim));
 #ifndef KEEL_TOOLS_RECIPE_OPTIMIZER_H_
 #define KEEL_TOOLS_RECIPE_OPTIMIZER_H_
 

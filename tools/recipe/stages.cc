@@ -7,6 +7,8 @@
 #include "absl/strings/str_split.h"
 #include "base/collectives.h"
 #include "base/status.h"
+#include "parallel/device_mesh.h"
+#include "parallel/moe/token_dispatcher.h"
 #include "parallel/pipeline_parallel/schedules.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -30,6 +32,23 @@ void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter
   for (gradients::NamedParameter& p : parameters) {
     p.shared = p.name == kWordEmbedding && !model->first_stage();
   }
+}
+
+StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRuntime& runtime) {
+  const int averaged_over = base::GroupSize(runtime.group);
+  const bool pipelined = runtime.pp_group != nullptr;
+  const double tokens = static_cast<double>(label_tokens);
+  StepScaling scaling;
+  scaling.loss_scale = pipelined ? 1.0 : averaged_over / tokens;
+  const double pp_scaling = pipelined ? tokens / averaged_over : 1.0;
+  scaling.aux_loss_scale = pp_scaling / static_cast<double>(micro_batches);
+  scaling.gradients.pp_enabled = pipelined;
+  scaling.gradients.num_label_tokens = label_tokens;
+  scaling.gradients.dp_group_size = averaged_over;
+  scaling.gradients.ep_shard_size =
+      runtime.mesh == nullptr ? 1 : runtime.mesh->GroupSize(parallel::GroupKind::kExpertDp);
+  scaling.gradients.ep_axis_name = parallel::kExpertDim;
+  return scaling;
 }
 
 absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,

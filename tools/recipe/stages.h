@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/model_state.h"
+#include "gradients/clip_grad_norm.h"
 #include "gradients/parameters.h"
 #include "tools/recipe/data.h"
 #include "tools/recipe/gpt.h"
@@ -44,6 +45,28 @@ struct StageRunOptions {
   // none: the sync's SkipBackward). Default: none.
   std::function<void()> without_backward;
 };
+
+// How one step's losses and gradients are scaled (NeMo's and Megatron's arithmetic): the
+// gradients are averaged over the ranks that reduce them (data x context parallel:
+// runtime.group), so each rank's summed token loss is scaled to make them sum to d(mean loss
+// over the global batch's label tokens); over pipeline stages the loss is summed instead and
+// NeMo's PP scaling divides the gradients after the backward passes.
+struct StepScaling {
+  // StageRunOptions::loss_scale.
+  double loss_scale = 1.0;
+  // The weight of each micro-batch's load-balancing loss in the gradients (the model's
+  // moe_stats().aux_loss_scale): 1 / micro-batches, once PP scaling has divided them.
+  double aux_loss_scale = 1.0;
+  // What ClipGradNorm divides the gradients by first: PP scaling, and NeMo's EP scaling (an
+  // expert's gradient gathers every expert-parallel rank's tokens, then averages over the
+  // expert data-parallel ranks only).
+  gradients::GradScalingOptions gradients;
+};
+
+// The scaling of a step over `label_tokens` (the global batch's) in `micro_batches` on this
+// rank. 0 label tokens (every label masked) give infinite scales, which the non-finite check
+// then stops or skips. Requires: micro_batches > 0.
+StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRuntime& runtime);
 
 // The defined micro-batches of `batches` through this rank's stage over runtime.pp_group, in
 // the 1F1B order (parallel::RunPipeline); every stage of a pipeline reads the same batches.
