@@ -4,6 +4,7 @@
 //      differences
 //   2  bad usage: an unknown flag, a bad value or configuration (kInvalidArgument); nothing
 //      was done
+//   3  train: the hang watchdog ended the rank (recipe::kHangExitCode)
 // launch also passes on the code of the first rank that failed (128 + N for signal N), and
 // returns 127 when a rank cannot be started.
 //

@@ -94,6 +94,11 @@ absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions
   KEEL_RETURN_IF_ERROR(CopyFields(config, options, {"backend"}));
   KEEL_RETURN_IF_ERROR(Require(options.timeout_seconds > 0, "distributed.timeout_seconds",
                                options.timeout_seconds, "must be > 0"));
+  if (options.hang_timeout_seconds.has_value()) {
+    KEEL_RETURN_IF_ERROR(Require(*options.hang_timeout_seconds >= 0,
+                                 "distributed.hang_timeout_seconds",
+                                 *options.hang_timeout_seconds, "must be >= 0 (0: off)"));
+  }
   return RefuseModelParallelism(options.parallel);
 }
 

@@ -109,6 +109,10 @@ struct DistributedOptions {
   // Megatron's grad_reduce_in_fp32 (model.bf16 runs only): float32 main gradients, else bf16.
   // Default: unset, true under model.bf16.
   std::optional<bool> grad_reduce_in_fp32;
+  // The hang watchdog's timeout (WatchdogOptions::timeout_seconds): no progress in a step,
+  // validation or checkpoint phase for this long ends the rank with every rank's phase
+  // reported; 0: off. Default: unset, max(300, 10 x the longest phase so far).
+  std::optional<int64_t> hang_timeout_seconds;
   // The model-parallel layout, fields by Megatron's names (initialize_model_parallel); the
   // data-parallel size is the world size divided by tp x pp x cp. Default: all sizes 1.
   parallel::ModelParallelOptions parallel;
@@ -121,6 +125,7 @@ void VisitFields(O& o, V&& v) {
   v("timeout_seconds", o.timeout_seconds);
   v("use_distributed_optimizer", o.use_distributed_optimizer);
   v("grad_reduce_in_fp32", o.grad_reduce_in_fp32);
+  v("hang_timeout_seconds", o.hang_timeout_seconds);
   VisitFields(o.parallel, v);
 }
 

@@ -48,6 +48,7 @@ absl::Status Run::AfterStep(StepMetrics& metrics) {
   if (validate && s.data.splits.val_size() > 0) {
     KEEL_ASSIGN_OR_RETURN(metrics.val_loss, Validate());
   }
+  s.Enter(Phase::kReporting);
   if (metrics.step % options_.logging.log_every_steps == 0 || validate) {
     const double seconds = Seconds(Clock::now() - s.interval_start);
     metrics.tokens_per_second = seconds > 0 ? s.interval_tokens / seconds : 0.0;
@@ -62,6 +63,7 @@ absl::Status Run::AfterStep(StepMetrics& metrics) {
   if (runtime_.rank == 0) KEEL_RETURN_IF_ERROR(Record(metrics));
   if (!s.Bookkept([&] { return s.scheduler->IsCkptStep(); })) return absl::OkStatus();
   const scheduling::StepSchedulerState at = s.scheduler->StateDict();
+  s.Enter(Phase::kCheckpoint);
   return s.checkpointer->Save(s.statefuls, at.step, at.epoch);
 }
 
@@ -71,6 +73,12 @@ absl::Status Run::Loop() {
   KEEL_RETURN_IF_ERROR(OpenOutputs());
   s.profiler.emplace(runtime_.rank == 0 ? options_.logging : LoggingOptions(), options_.run_dir,
                      runtime_.device);
+  WatchdogOptions watchdog;
+  if (options_.distributed.hang_timeout_seconds.has_value()) {
+    watchdog.timeout_seconds = static_cast<double>(*options_.distributed.hang_timeout_seconds);
+  }
+  s.watchdog = std::make_unique<HangWatchdog>(runtime_.rank, runtime_.world_size, runtime_.store,
+                                              std::move(watchdog));
   s.loop_start = s.interval_start = Clock::now();
   s.tensor_parallel_start = parallel::TensorParallelCollectiveSeconds();
   s.pipeline_wait_start = parallel::PipelineWaitSeconds();

@@ -75,7 +75,9 @@ absl::Status Run::Record(const StepMetrics& metrics) {
 
 absl::StatusOr<TrainResult> Run::Finish() {
   State& s = *state_;
+  s.Enter(Phase::kFinishing);
   KEEL_RETURN_IF_ERROR(s.checkpointer->Wait());
+  s.watchdog.reset();
   KEEL_RETURN_IF_ERROR(s.scheduler->preemption_status());
   result_.preempted = s.scheduler->SigtermReceived();
   result_.final_step = s.scheduler->step();

@@ -27,6 +27,7 @@ int64_t LabelTokens(const TokenBatch& batch) {
 
 absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& micro_batches) {
   State& s = *state_;
+  s.Enter(Phase::kBatches);
   // Label tokens of the global batch: the loss is their mean, however the batch is split.
   std::vector<TokenBatch> batches;
   int64_t local_tokens = 0;
@@ -53,9 +54,12 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   (*s.model)->moe_stats().aux_loss_scale = scaling.aux_loss_scale;
   stages.before_last_backward = [&s] { s.optimizer->PrepareForFinalBackward(); };
   stages.without_backward = [&s] { s.optimizer->SkipBackward(); };
+  s.Enter(Phase::kForwardBackward);
   KEEL_ASSIGN_OR_RETURN(const at::Tensor device_loss_sum,
                         RunStages(*s.model, batches, runtime_, stages));
+  s.Enter(Phase::kGradientSync);
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
+  s.Enter(Phase::kStepEnd);
   KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(s.optimizer->StepParameters(), runtime_));
   KEEL_ASSIGN_OR_RETURN(const at::Tensor grad_norm,
                         s.optimizer->ClipGradNorm(options_.max_norm, scaling.gradients));
@@ -134,6 +138,7 @@ absl::StatusOr<std::optional<double>> Run::Validate() {
   at::Tensor loss_sum;  // on the device, read once at the end
   int64_t tokens = 0;
   for (int64_t round = 0; round < rounds; ++round) {
+    s.Enter(Phase::kValidation);
     const int64_t start = round * per_round + runtime_.dp_rank * batch_size;
     std::vector<int64_t> indices;
     for (int64_t k = start; k < std::min(start + batch_size, splits.val_size()); ++k) {

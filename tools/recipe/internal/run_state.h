@@ -27,6 +27,7 @@
 #include "tools/recipe/profile.h"
 #include "tools/recipe/run.h"
 #include "tools/recipe/tensorboard.h"
+#include "tools/recipe/watchdog.h"
 
 namespace keel::tools::recipe {
 
@@ -66,6 +67,8 @@ class Run::State {
   std::optional<JsonlWriter> jsonl;
   std::optional<StepProfiler> profiler;
   std::optional<TensorBoardWriter> tensorboard;
+  // The hang watchdog, from the loop's start to the end of Finish.
+  std::unique_ptr<HangWatchdog> watchdog;
   // Time spent in the scheduler, the sampler and the LR schedule.
   Clock::duration bookkeeping{};
   // Time spent after the backward passes waiting for the data-parallel gradient reduction.
@@ -89,6 +92,11 @@ class Run::State {
       ~Timer() { total += Clock::now() - start; }
     } timer{Clock::now(), total};
     return fn();
+  }
+
+  // The step being run (or just run, until the scheduler moves on) is now in `phase`.
+  void Enter(Phase phase) {
+    if (watchdog != nullptr) watchdog->Enter(scheduler->step() + 1, phase);
   }
 
   // Runs `fn`, counting its time as bookkeeping.
