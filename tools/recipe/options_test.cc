@@ -93,6 +93,8 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"optimizer.name=SGD"}, "optimizer.name \"SGD\" is not supported"},
       {{"distributed.backend=mpi"}, "distributed.backend \"mpi\" is not one of \"gloo\", \"nccl\""},
       {{"distributed.timeout_seconds=0"}, "distributed.timeout_seconds (0) must be > 0"},
+      {{"distributed.hang_timeout_seconds=-1"},
+       "distributed.hang_timeout_seconds (-1) must be >= 0 (0: off)"},
       {{"logging.log_every_steps=0"}, "logging.log_every_steps (0) must be > 0"},
       {{"distributed.pipeline_model_parallel_size=3"},
        "distributed.pipeline_model_parallel_size (3) must divide model.num_layers (4): each "
