@@ -35,6 +35,8 @@ absl::StatusOr<WorkerEnv> ReadWorkerEnv(const Getenv& getenv_or_null) {
   const char* agent_store = getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.agent_store = agent_store != nullptr && std::string(agent_store) == "True";
   KEEL_ASSIGN_OR_RETURN(env.restart_count, EnvInt(getenv, "TORCHELASTIC_RESTART_COUNT", 0));
+  KEEL_ASSIGN_OR_RETURN(env.max_restarts, EnvInt(getenv, "TORCHELASTIC_MAX_RESTARTS", 0));
+  if (const char* cause = getenv("KEEL_RESTART_CAUSE")) env.restart_cause = cause;
   if (env.world_size < 1 || env.rank >= env.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("RANK (", env.rank, ") must be < WORLD_SIZE (",
                                                    env.world_size, "), which must be >= 1"));
@@ -57,8 +59,9 @@ std::vector<std::pair<std::string, std::string>> WorkerVariables(const WorkerEnv
       {"MASTER_ADDR", env.master_addr},
       {"MASTER_PORT", absl::StrCat(env.master_port)},
       {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(env.restart_count)},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {"TORCHELASTIC_MAX_RESTARTS", absl::StrCat(env.max_restarts)},
       {"TORCHELASTIC_RUN_ID", "none"},
+      {"KEEL_RESTART_CAUSE", env.restart_cause},
   };
 }
 

@@ -33,8 +33,13 @@ struct WorkerEnv {
   // client under the prefix /worker/attempt_<restart_count>, as PyTorch's env:// rendezvous
   // does (torch/distributed/rendezvous.py).
   bool agent_store = false;
-  // TORCHELASTIC_RESTART_COUNT.
+  // TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS: how many times the launcher
+  // has restarted the workers, and may.
   int restart_count = 0;
+  int max_restarts = 0;
+  // KEEL_RESTART_CAUSE, Keel's own: why //tools:launch restarted the workers ("rank 1 was
+  // killed by signal 9"); empty on a first start and under torchrun, which does not say.
+  std::string restart_cause;
 };
 
 // Looks up one environment variable (nullptr when unset); std::getenv by default.

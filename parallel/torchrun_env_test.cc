@@ -41,6 +41,8 @@ TEST(ReadWorkerEnvTest, ReadsWhatWorkerVariablesWrite) {
   written.master_addr = "10.0.0.7";
   written.master_port = 1234;
   written.restart_count = 4;
+  written.max_restarts = 5;
+  written.restart_cause = "rank 1 killed by signal 9";
   std::map<std::string, std::string> variables;
   for (const auto& [name, value] : WorkerVariables(written)) variables[name] = value;
   EXPECT_EQ(variables.at("GROUP_WORLD_SIZE"), "1");
@@ -52,6 +54,8 @@ TEST(ReadWorkerEnvTest, ReadsWhatWorkerVariablesWrite) {
   EXPECT_EQ(read.master_addr, "10.0.0.7");
   EXPECT_EQ(read.master_port, 1234);
   EXPECT_EQ(read.restart_count, 4);
+  EXPECT_EQ(read.max_restarts, 5);
+  EXPECT_EQ(read.restart_cause, "rank 1 killed by signal 9");
   EXPECT_FALSE(read.agent_store);
 }
 

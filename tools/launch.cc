@@ -58,6 +58,9 @@ Flags (also --name value, and - for _ as in --nproc-per-node):
   --master_port=PORT     its port, 0 to pick a free one on 127.0.0.1. Default: 29500.
   --grace_seconds=S      after a rank fails, how long the others get between SIGTERM and
                          SIGKILL. Default: 10.
+  --max_restarts=N       when a rank fails, stop every rank and start them all again, up to
+                         N times (torchrun's flag); each start gets TORCHELASTIC_RESTART_COUNT
+                         and KEEL_RESTART_CAUSE (which rank failed, how). Default: 0.
   --help                 this text.
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR,
@@ -65,13 +68,15 @@ MASTER_PORT and the other variables torchrun sets, plus OMP_NUM_THREADS=1 when N
 unset. A PROGRAM without a / is looked up in PATH; a relative path, and the processes' working
 directory, are taken from the directory Bazel was run in. The launcher forwards SIGINT and
 SIGTERM to every process; when one fails, it sends SIGTERM to the others, SIGKILL after
---grace_seconds, and exits with its code.)";
+--grace_seconds, and exits with its code, or starts them again (--max_restarts; not after
+the launcher got SIGINT or SIGTERM).)";
 
 struct LaunchOptions {
   int64_t nproc_per_node = 1;
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 29500;
   double grace_seconds = 10;
+  int64_t max_restarts = 0;
   // PROGRAM and its ARGS.
   std::vector<std::string> program;
   bool help = false;
@@ -99,11 +104,16 @@ struct LaunchOptions {
       return absl::InvalidArgumentError(
           absl::StrCat("--grace_seconds=", value, " must be a number of seconds >= 0"));
     }
+  } else if (name == "max_restarts") {
+    if (!absl::SimpleAtoi(value, &options.max_restarts) || options.max_restarts < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--max_restarts=", value, " must be an integer >= 0"));
+    }
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown flag --", name,
                      "; the flags are --nproc_per_node, --master_addr, --master_port, "
-                     "--grace_seconds and --help"));
+                     "--grace_seconds, --max_restarts and --help"));
   }
   return absl::OkStatus();
 }
@@ -163,10 +173,19 @@ struct LaunchOptions {
   return ntohs(address.sin_port);
 }
 
+// Which start of the workers this is: how many restarts came before, and why the last one.
+struct Attempt {
+  int64_t restarts = 0;
+  std::string cause;
+};
+
 // The launcher's environment with torchrun's worker variables for `rank` set.
 std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, int64_t master_port,
-                                           int64_t rank) {
+                                           int64_t rank, const Attempt& attempt) {
   parallel::WorkerEnv worker;
+  worker.restart_count = static_cast<int>(attempt.restarts);
+  worker.max_restarts = static_cast<int>(options.max_restarts);
+  worker.restart_cause = attempt.cause;
   worker.rank = static_cast<int>(rank);
   worker.local_rank = static_cast<int>(rank);
   worker.world_size = static_cast<int>(options.nproc_per_node);
@@ -247,6 +266,19 @@ class Launcher {
     return absl::OkStatus();
   }
 
+  // Forgets the last start's workers and outcome, for a restart.
+  void Reset() {
+    workers_.clear();
+    exit_code_.reset();
+    cause_.clear();
+    deadline_.reset();
+  }
+
+  // Why the last start failed ("rank 1 killed by signal 9"), and whether the launcher was
+  // told to stop (SIGINT or SIGTERM), when no restart may follow.
+  const std::string& cause() const { return cause_; }
+  bool signalled() const { return signalled_; }
+
   // Records a failure that is not a worker's (`code`) and stops the workers.
   void Fail(int code) {
     if (!exit_code_.has_value()) exit_code_ = code;
@@ -270,6 +302,7 @@ class Launcher {
         signal = sigwaitinfo(&waited_, &info);
       }
       if (signal == SIGINT || signal == SIGTERM) {
+        signalled_ = true;
         std::cerr << "launch: got signal " << signal << ", forwarding it to " << Running()
                   << " running ranks\n";
         Signal(signal);
@@ -295,16 +328,18 @@ class Launcher {
       if (pid != worker.pid) continue;
       worker.running = false;
       int code = 0;
+      std::string what;
       if (WIFSIGNALED(status)) {
         code = 128 + WTERMSIG(status);
-        std::cerr << "launch: rank " << worker.rank << " killed by signal " << WTERMSIG(status)
-                  << "\n";
+        what = absl::StrCat("rank ", worker.rank, " killed by signal ", WTERMSIG(status));
       } else if (WEXITSTATUS(status) != 0) {
         code = WEXITSTATUS(status);
-        std::cerr << "launch: rank " << worker.rank << " exited with code " << code << "\n";
+        what = absl::StrCat("rank ", worker.rank, " exited with code ", code);
       }
+      if (!what.empty()) std::cerr << "launch: " << what << "\n";
       if (code != 0 && !exit_code_.has_value()) {
         exit_code_ = code;
+        cause_ = what;
         Terminate();
       }
     }
@@ -337,6 +372,8 @@ class Launcher {
   sigset_t original_mask_;
   std::vector<Worker> workers_;
   std::optional<int> exit_code_;
+  std::string cause_;
+  bool signalled_ = false;
   std::optional<Clock::time_point> deadline_;
 };
 
@@ -353,16 +390,30 @@ class Launcher {
   }
   Launcher launcher(options.grace_seconds);
   KEEL_RETURN_IF_ERROR(launcher.BlockSignals());
-  for (int64_t rank = 0; rank < options.nproc_per_node; ++rank) {
-    if (absl::Status started =
-            launcher.Start(rank, argv, WorkerEnvironment(options, master_port, rank));
-        !started.ok()) {
-      std::cerr << "launch: " << started.message() << "\n";
-      launcher.Fail(127);
-      break;
+  for (Attempt attempt;; ++attempt.restarts) {
+    for (int64_t rank = 0; rank < options.nproc_per_node; ++rank) {
+      if (absl::Status started =
+              launcher.Start(rank, argv, WorkerEnvironment(options, master_port, rank, attempt));
+          !started.ok()) {
+        std::cerr << "launch: " << started.message() << "\n";
+        launcher.Fail(127);
+        break;
+      }
+    }
+    const int code = launcher.Wait();
+    if (code == 0 || code == 127 || launcher.signalled() ||
+        attempt.restarts == options.max_restarts) {
+      return code;
+    }
+    attempt.cause = launcher.cause();
+    std::cerr << "launch: restarting every rank (restart " << attempt.restarts + 1 << " of at most "
+              << options.max_restarts << "): " << attempt.cause << "\n";
+    launcher.Reset();
+    // Rank 0 serves the store again; a port picked for this launch may be taken by now.
+    if (options.master_port == 0) {
+      KEEL_ASSIGN_OR_RETURN(master_port, PickFreePort());
     }
   }
-  return launcher.Wait();
 }
 
 }  // namespace

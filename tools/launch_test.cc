@@ -159,6 +159,38 @@ TEST(LaunchTest, ExitsWithTheFailingRanksCode) {
   EXPECT_THAT(launch.Stderr(), HasSubstr("launch: rank 1 exited with code 7\n"));
 }
 
+// --max_restarts=N: a failing rank restarts every rank, N times at most, each start told its
+// restart count and the last cause; the last failure's code ends the launch. 0 fails at once.
+TEST(LaunchTest, MaxRestartsStartsEveryRankAgainUpToNTimes) {
+  const std::string out = NewTempDir("restarts");
+  Subprocess launch =
+      StartLauncher({"--nproc_per_node=2", "--max_restarts=2", "--", absl::GetFlag(FLAGS_child),
+                     "--out_dir=" + out, "sleep", "exit:5"},
+                    out + "/stderr");
+  EXPECT_EQ(launch.Wait(), 5);
+  EXPECT_THAT(launch.Stderr(),
+              HasSubstr("launch: restarting every rank (restart 1 of at most 2): rank 1 exited "
+                        "with code 5\n"));
+  EXPECT_THAT(launch.Stderr(), HasSubstr("(restart 2 of at most 2)"));
+  EXPECT_THAT(launch.Stderr(), Not(HasSubstr("(restart 3")));
+  // Rank 1 writes its environment before it fails: the last start's. (Rank 0 may be stopped
+  // before it writes its own.)
+  auto env = ReadEnvironment(out + "/rank1.env");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
+  EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "2");
+  EXPECT_EQ(env["KEEL_RESTART_CAUSE"], "rank 1 exited with code 5");
+
+  const std::string once = NewTempDir("no_restarts");
+  Subprocess failing =
+      StartLauncher({"--nproc_per_node=2", "--max_restarts=0", "--", absl::GetFlag(FLAGS_child),
+                     "--out_dir=" + once, "sleep", "exit:5"},
+                    once + "/stderr");
+  EXPECT_EQ(failing.Wait(), 5);
+  EXPECT_THAT(failing.Stderr(), Not(HasSubstr("restarting")));
+  EXPECT_EQ(ReadEnvironment(once + "/rank1.env")["TORCHELASTIC_RESTART_COUNT"], "0");
+  EXPECT_EQ(ReadEnvironment(once + "/rank1.env")["KEEL_RESTART_CAUSE"], "");
+}
+
 TEST(LaunchTest, ExitsWith128PlusTheSignalThatKilledARank) {
   const std::string out = NewTempDir("signal_code");
   Subprocess launch =

@@ -84,6 +84,8 @@ absl::Status Main(int argc, char** argv) {
   recipe::TrainRuntime runtime;
   groups.Attach(runtime);
   runtime.log = &std::cout;
+  runtime.restart_count = env.restart_count;
+  runtime.restart_cause = env.restart_cause;
   return recipe::Train(options, std::move(runtime)).status();
 }
 

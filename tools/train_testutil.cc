@@ -168,10 +168,13 @@ void ExpectKillNineResumesBitIdentically(
 }
 
 Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,
-                       const std::string& stderr_path) {
+                       const std::string& stderr_path,
+                       const std::vector<std::string>& launch_flags) {
   std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_launch)),
-                                   absl::StrCat("--nproc_per_node=", ranks), "--master_port=0",
-                                   "--", Absolute(absl::GetFlag(FLAGS_train))};
+                                   absl::StrCat("--nproc_per_node=", ranks), "--master_port=0"};
+  argv.insert(argv.end(), launch_flags.begin(), launch_flags.end());
+  argv.push_back("--");
+  argv.push_back(Absolute(absl::GetFlag(FLAGS_train)));
   argv.insert(argv.end(), args.begin(), args.end());
   SubprocessOptions options = ChildOptions(stderr_path);
   options.new_process_group = true;

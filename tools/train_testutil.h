@@ -57,10 +57,12 @@ cli::SubprocessOptions ChildOptions(const std::string& stderr_path,
 cli::Subprocess StartTrain(const std::vector<std::string>& args, const std::string& stderr_path,
                            std::vector<std::string> environment = {});
 
-// //tools:train with `args` on `ranks` ranks under //tools:launch (a free port), as a new
-// process group: Subprocess::KillGroup kills the launcher and every rank at once.
+// //tools:train with `args` on `ranks` ranks under //tools:launch (a free port, and
+// `launch_flags`), as a new process group: Subprocess::KillGroup kills the launcher and every
+// rank at once.
 cli::Subprocess LaunchTrain(int ranks, const std::vector<std::string>& args,
-                            const std::string& stderr_path);
+                            const std::string& stderr_path,
+                            const std::vector<std::string>& launch_flags = {});
 
 // Why --torchrun cannot run (no Python installation goes with this LibTorch), or nullopt:
 // `if (auto why = WhyNoTorchrun()) GTEST_SKIP() << *why;`

@@ -50,6 +50,10 @@ struct StepMetrics {
   // (summed over the blocks, micro-batches and data-parallel ranks).
   std::optional<double> moe_aux_loss;
   std::optional<std::vector<int64_t>> tokens_per_expert;
+  // The first step after the launcher restarted the workers (tools:launch --max_restarts):
+  // how many times it has, and why it did the last time.
+  std::optional<int64_t> restart_count;
+  std::optional<std::string> restart_cause;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, StepMetrics> = 0>
@@ -65,6 +69,8 @@ void VisitFields(O& o, V&& v) {
   v("skipped_steps", o.skipped_steps);
   v("moe_aux_loss", o.moe_aux_loss);
   v("tokens_per_expert", o.tokens_per_expert);
+  v("restart_count", o.restart_count);
+  v("restart_cause", o.restart_cause);
 }
 
 // Appends StepMetrics to a JSONL file, one JSON object per line in VisitFields order. Doubles

@@ -71,14 +71,18 @@ TEST(JsonlWriterTest, WritesOneObjectPerLineInFieldOrder) {
   m.skipped_steps = 1;
   m.moe_aux_loss = 0.125;
   m.tokens_per_expert = std::vector<int64_t>{3, 5};
+  m.restart_count = 2;
+  m.restart_cause = "rank 1 killed by signal 9";
   KEEL_ASSERT_OK(writer.Write(m));
   EXPECT_EQ(ReadFileOrFail(path),
             "{\"step\":3,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
             "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":null,"
-            "\"skipped_steps\":null,\"moe_aux_loss\":null,\"tokens_per_expert\":null}\n"
+            "\"skipped_steps\":null,\"moe_aux_loss\":null,\"tokens_per_expert\":null,"
+            "\"restart_count\":null,\"restart_cause\":null}\n"
             "{\"step\":4,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
             "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":2.0,"
-            "\"skipped_steps\":1,\"moe_aux_loss\":0.125,\"tokens_per_expert\":[3,5]}\n");
+            "\"skipped_steps\":1,\"moe_aux_loss\":0.125,\"tokens_per_expert\":[3,5],"
+            "\"restart_count\":2,\"restart_cause\":\"rank 1 killed by signal 9\"}\n");
 }
 
 // Lines written before a field that may be absent existed (skipped_steps) still read.

@@ -99,6 +99,11 @@ absl::Status Run::Loop() {
       metrics.grad_norm = output.grad_norm;
       metrics.moe_aux_loss = output.moe_aux_loss;
       metrics.tokens_per_expert = output.tokens_per_expert;
+      if (runtime_.restart_count > 0 && metrics.step == result_.start_step + 1) {
+        metrics.restart_count = runtime_.restart_count;
+        metrics.restart_cause =
+            runtime_.restart_cause.empty() ? "not given by the launcher" : runtime_.restart_cause;
+      }
       if (options_.numerics.on_nonfinite == NonFinitePolicy::kSkip) {
         metrics.skipped_steps = s.numerics->state().skipped_steps;
       }

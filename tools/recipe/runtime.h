@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <string>
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
@@ -80,6 +81,11 @@ struct TrainRuntime {
   c10d::Store* store = nullptr;
   // Progress lines and notices (rank 0 writes them).
   std::ostream* log = nullptr;
+  // How many times the launcher restarted the workers before this start
+  // (parallel::WorkerEnv::restart_count) and why (restart_cause; empty when it did not say):
+  // the first step's metrics record them.
+  int restart_count = 0;
+  std::string restart_cause;
   // This rank's preemption flag; nullptr installs handlers for
   // step_scheduler.preemption_signal.
   std::unique_ptr<scheduling::PreemptionFlag> preemption;
