@@ -1,5 +1,6 @@
 // Sharded data-parallel gradient synchronisation: the communication of Megatron-Core's
-// distributed optimizer (megatron/core/optimizer/distrib_optimizer.py, DeepSpeed ZeRO stage 1-2).
+// distributed optimizer (megatron/core/optimizer/distrib_optimizer.py; DeepSpeed ZeRO stage 2's
+// reduce-scatter, with every rank's buckets whole as in stage 1).
 // As DataParallelGradSync, gradients go into DDP's buckets from autograd hooks while backward
 // runs, with accumulation micro-batches kept local; but each rank owns a contiguous part of
 // every bucket and receives only the group average of that part (a reduce-scatter), steps only

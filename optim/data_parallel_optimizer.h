@@ -53,7 +53,8 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 
 struct DataParallelOptimizerOptions {
   // Megatron's use_distributed_optimizer: each rank keeps the state of its shard only (ZeRO
-  // 1-2); nothing to shard without a group. Default: false.
+  // stage 1 in memory, a whole gradient buffer and no .grad beside it); nothing to shard
+  // without a group. Default: false.
   bool use_distributed_optimizer = false;
   // The gradient buckets (bucket_cap_mb, init_sync, main_grad_dtype). Default:
   // DataParallelGradSync's.

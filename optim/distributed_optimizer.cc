@@ -9,9 +9,38 @@
 
 namespace keel::optim {
 
+namespace {
+
+// The distributed optimizer owns its gradients: with float32 parameters only, each backward's
+// gradients go straight into the buckets (main gradients of their own dtype) and .grad is
+// freed, so that no rank keeps a whole .grad beside its bucket. Other dtypes keep .grad unless
+// options.main_grad_dtype is set (Megatron's mixed precision).
+gradients::DataParallelGradSyncOptions OwningTheGradients(
+    gradients::DataParallelGradSyncOptions options, const std::vector<at::Tensor>& params) {
+  if (options.main_grad_dtype.has_value()) return options;
+  for (const at::Tensor& param : params) {
+    if (param.defined() && param.scalar_type() != at::kFloat) return options;
+  }
+  options.main_grad_dtype = at::kFloat;
+  return options;
+}
+
+std::vector<at::Tensor> TensorsOf(const std::vector<gradients::NamedParameter>& parameters) {
+  std::vector<at::Tensor> tensors;
+  for (const gradients::NamedParameter& p : parameters) tensors.push_back(p.param);
+  return tensors;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     std::vector<ShardingGroup> groups, const ShardOptimizerFactory& factory,
     const gradients::DataParallelGradSyncOptions& options) {
+  std::vector<at::Tensor> all;
+  for (const ShardingGroup& g : groups) {
+    for (const at::Tensor& param : TensorsOf(g.parameters)) all.push_back(param);
+  }
+  const gradients::DataParallelGradSyncOptions owning = OwningTheGradients(options, all);
   std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs;
   for (ShardingGroup& g : groups) {
     if (g.parameters.empty()) continue;
@@ -21,7 +50,7 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
                                                      " other(s)) to shard without a group"));
     }
     KEEL_ASSIGN_OR_RETURN(syncs.emplace_back(), gradients::ShardedGradSync::Create(
-                                                    std::move(g.parameters), *g.group, options));
+                                                    std::move(g.parameters), *g.group, owning));
   }
   return Make(std::move(syncs), factory);
 }
@@ -29,9 +58,11 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     std::vector<gradients::NamedParameter> parameters, c10d::ProcessGroup& group,
     const ShardOptimizerFactory& factory, const gradients::DataParallelGradSyncOptions& options) {
+  const gradients::DataParallelGradSyncOptions owning =
+      OwningTheGradients(options, TensorsOf(parameters));
   std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs;
   KEEL_ASSIGN_OR_RETURN(syncs.emplace_back(),
-                        gradients::ShardedGradSync::Create(std::move(parameters), group, options));
+                        gradients::ShardedGradSync::Create(std::move(parameters), group, owning));
   return Make(std::move(syncs), factory);
 }
 
@@ -39,8 +70,10 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
     torch::nn::Module& module, c10d::ProcessGroup& group, const ShardOptimizerFactory& factory,
     const gradients::DataParallelGradSyncOptions& options) {
   std::vector<std::unique_ptr<gradients::ShardedGradSync>> syncs;
-  KEEL_ASSIGN_OR_RETURN(syncs.emplace_back(),
-                        gradients::ShardedGradSync::Create(module, group, options));
+  KEEL_ASSIGN_OR_RETURN(
+      syncs.emplace_back(),
+      gradients::ShardedGradSync::Create(
+          module, group, OwningTheGradients(options, module.parameters(/*recurse=*/true))));
   return Make(std::move(syncs), factory);
 }
 

@@ -1,8 +1,12 @@
 // Megatron-Core's distributed optimizer (megatron/core/optimizer/distrib_optimizer.py, after
-// DeepSpeed's ZeRO stages 1-2) for LibTorch: each data-parallel rank keeps the optimizer
-// state of its shard of the parameters only, about 1/N of it; receives only its shard of the
-// averaged gradients (gradients::ShardedGradSync), steps it with a LibTorch optimizer built over
-// the shards, and all-gathers the updated parameters. With main gradients
+// DeepSpeed's ZeRO stage 1 with stage 2's communication) for LibTorch: each data-parallel rank
+// keeps the optimizer state of its shard of the parameters only, about 1/N of it; receives
+// only its shard of the averaged gradients (gradients::ShardedGradSync), steps it with a
+// LibTorch optimizer built over the shards, and all-gathers the updated parameters. As
+// Megatron's, every rank keeps a whole gradient buffer (the buckets), and nothing beside it:
+// float32 parameters' gradients go into the buckets as backward makes them and each .grad is
+// freed (main gradients of their own dtype; other dtypes keep .grad unless main_grad_dtype is
+// set). With main gradients
 // (DataParallelGradSyncOptions::main_grad_dtype), the optimizer steps float32 main copies of the
 // shards of narrower (bf16, fp16) parameters, Megatron's main parameters, whose values are then
 // copied, rounded, into the parameters' rows before the all-gather.

@@ -3,7 +3,9 @@
 // and 4 Gloo ranks as processes (one intra-op thread each). The model: 8 float32 parameters
 // of 2048 x 2048 (33.6M parameters: 128 MiB of weights, 256 MiB of AdamW state), loss
 // sum_i sum(tanh(p_i) * x) (elementwise, as dp_sync_benchmark: the reference BLAS would hide
-// the rest). Per configuration: the optimizer-state bytes per rank, each rank's peak resident
+// the rest). Per configuration: the optimizer-state bytes per rank, the bytes of .grad tensors
+// a rank holds after backward beside the gradient buckets (which both keep whole; the
+// distributed optimizer frees each .grad into them), each rank's peak resident
 // memory (VmHWM; tensors unmapped when freed, see RunRank) and its growth since the rank
 // started, and rank 0's median step time (backward, gradient reduction, optimizer step,
 // all-gather) over 5 steps after 2.
@@ -81,8 +83,17 @@ int64_t AdamWStateBytes(torch::optim::Optimizer& optimizer) {
 }
 
 struct RankResult {
-  double state_mib = 0, peak_mib = 0, growth_mib = 0, step_ms = 0;
+  double state_mib = 0, grad_mib = 0, peak_mib = 0, growth_mib = 0, step_ms = 0;
 };
+
+// The bytes of the parameters' .grad tensors, as MiB.
+double GradMiB(torch::nn::Module& model) {
+  int64_t bytes = 0;
+  for (const at::Tensor& p : model.parameters()) {
+    if (p.grad().defined()) bytes += p.grad().nbytes();
+  }
+  return bytes / kMiB;
+}
 
 // One rank of one configuration; its result goes to `path`.
 absl::Status RunRank(testing::Rank& r, bool sharded, const std::string& path) {
@@ -111,9 +122,11 @@ absl::Status RunRank(testing::Rank& r, bool sharded, const std::string& path) {
     KEEL_ASSIGN_OR_RETURN(sync, gradients::DataParallelGradSync::Create(model, *r.group));
   }
   std::vector<double> times;
+  double grad_mib = 0;
   for (int step = 0; step < kUntimedSteps + kTimedSteps; ++step) {
     const auto begin = std::chrono::steady_clock::now();
     model.Loss(x).backward();
+    grad_mib = GradMiB(model);  // beside the buckets, which every path keeps whole
     if (sharded) {
       KEEL_RETURN_IF_ERROR(distributed->Wait());
       KEEL_RETURN_IF_ERROR(distributed->Step());
@@ -131,8 +144,8 @@ absl::Status RunRank(testing::Rank& r, bool sharded, const std::string& path) {
   std::sort(times.begin(), times.end());
   const int64_t state = AdamWStateBytes(sharded ? distributed->optimizer() : *adamw);
   const double peak = StatusMiB("VmHWM");
-  std::ofstream(path) << state / kMiB << " " << peak << " " << peak - start_mib << " "
-                      << times[times.size() / 2];
+  std::ofstream(path) << state / kMiB << " " << grad_mib << " " << peak << " " << peak - start_mib
+                      << " " << times[times.size() / 2];
   return absl::OkStatus();
 }
 
@@ -150,27 +163,30 @@ std::vector<RankResult> Measure(int world, bool sharded, const std::string& dir)
     }
     std::ifstream in(absl::StrCat(prefix, rank));
     RankResult& result = results[rank];
-    in >> result.state_mib >> result.peak_mib >> result.growth_mib >> result.step_ms;
+    in >> result.state_mib >> result.grad_mib >> result.peak_mib >> result.growth_mib >>
+        result.step_ms;
   }
   return results;
 }
 
 void Print(int world, const char* optimizer, const std::vector<RankResult>& results) {
-  double state = 0, peak = 0, growth = 0;
+  double state = 0, grad = 0, peak = 0, growth = 0;
   for (const RankResult& r : results) {
     state = std::max(state, r.state_mib);
+    grad = std::max(grad, r.grad_mib);
     peak = std::max(peak, r.peak_mib);
     growth = std::max(growth, r.growth_mib);
   }
-  std::cout << absl::StrFormat("| %d | %s | %.1f | %.0f | %.0f | %.0f |\n", world, optimizer, state,
-                               peak, growth, results[0].step_ms);
+  std::cout << absl::StrFormat("| %d | %s | %.1f | %.0f | %.0f | %.0f | %.0f |\n", world, optimizer,
+                               state, grad, peak, growth, results[0].step_ms);
 }
 
 int Main() {
   at::set_num_threads(1);
   const std::string dir = testing::NewTempDir("distributed_optimizer_benchmark", "/tmp");
-  std::cout << "| ranks | optimizer | AdamW state per rank (MiB) | peak RSS per rank (MiB) "
-               "| peak - start (MiB) | step (ms, median) |\n|---:|---|---:|---:|---:|---:|\n";
+  std::cout << "| ranks | optimizer | AdamW state per rank (MiB) | .grad after backward (MiB) "
+               "| peak RSS per rank (MiB) | peak - start (MiB) | step (ms, median) |\n"
+               "|---:|---|---:|---:|---:|---:|---:|\n";
   for (int world : {2, 4}) {
     const std::vector<RankResult> whole = Measure(world, /*sharded=*/false, dir);
     Print(world, "AdamW + DataParallelGradSync", whole);
@@ -181,7 +197,8 @@ int Main() {
       saved = std::min(saved, whole[rank].peak_mib - sharded[rank].peak_mib);
     }
     std::cout << absl::StrFormat(
-        "|  | saving per rank: %.0f MiB of peak; (N-1)/N of the state: %.0f MiB |  |  |  |  |\n",
+        "|  | saving per rank: %.0f MiB of peak; (N-1)/N of the state: %.0f MiB |  |  |  |  |  "
+        "|\n",
         saved, whole[0].state_mib * (world - 1) / world);
   }
   return 0;

@@ -115,11 +115,11 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, DistributedOptimizerTest,
                          });
 
 // Four steps of the sharded optimizer against DataParallelGradSync with the same optimizer
-// over the whole parameters. Each rank holds about 1/N of the optimizer state, and the
-// replicas end equal. Without clipping, 1 and 2 ranks give the same bits (the updates are
-// elementwise and a + b is b + a); 3 and 4 ranks add the gradients in another order (see
-// ShardedGradSync's test), and clipping scales by a norm summed in another grouping, so
-// those agree within 1e-6 (a few float32 roundings of values of order 1).
+// over the whole parameters. Each rank holds about 1/N of the optimizer state and no whole
+// gradient, and the replicas end equal. Without clipping, 1 and 2 ranks give the same bits (the
+// updates are elementwise and a + b is b + a); 3 and 4 ranks add the gradients in another order
+// (see ShardedGradSync's test), and clipping scales by a norm summed in another grouping, so those
+// agree within 1e-6 (a few float32 roundings of values of order 1).
 TEST_P(DistributedOptimizerTest, MatchesTheSameOptimizerOverWholeParameters) {
   const Case& c = GetParam();
   for (int world : {1, 2, 3, 4}) {
@@ -150,6 +150,9 @@ TEST_P(DistributedOptimizerTest, MatchesTheSameOptimizerOverWholeParameters) {
         whole->step();
         whole->zero_grad();
         KEEL_RETURN_IF_ERROR(Backward(net, *sharded, step, r.rank, world));
+        // The optimizer owns the float32 gradients: they went into its buckets, and no whole
+        // .grad stays beside them.
+        for (const at::Tensor& p : net.parameters()) EXPECT_FALSE(p.grad().defined());
         KEEL_RETURN_IF_ERROR(
             gradients::ClipGradNorm(c.max_norm, sharded->ShardParameters()).status());
         KEEL_RETURN_IF_ERROR(sharded->Step());
