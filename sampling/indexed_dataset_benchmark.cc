@@ -4,7 +4,7 @@
 //
 //   bazel run -c opt //sampling:indexed_dataset_benchmark
 //
-// BM_GptSample: GptDataset::Sample (a window of L + 1 tokens widened to int64, Megatron's
+// BM_GptSample: FixedWindowDataset::Sample (a window of L + 1 tokens widened to int64, Megatron's
 //   type) at random sample indices.
 // BM_RawWindow: memcpy of the same byte windows out of the mapping: the baseline.
 // BM_GetSequence: IndexedDataset::Get of random whole sequences: a zero-copy view of int32
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "sampling/gpt_dataset.h"
+#include "sampling/fixed_window_dataset.h"
 #include "sampling/indexed_dataset.h"
 
 namespace keel::sampling {
@@ -71,10 +71,10 @@ std::vector<int64_t> RandomIndices(int64_t size, int64_t count) {
 }
 
 void BM_GptSample(benchmark::State& state) {
-  GptDatasetOptions options;
+  FixedWindowDatasetOptions options;
   options.sequence_length = state.range(0);
-  auto gpt = GptDataset::Create(Dataset(TokenDtype::kUint16), options);
-  if (!gpt.ok()) return state.SkipWithError("GptDataset::Create failed");
+  auto gpt = FixedWindowDataset::Create(Dataset(TokenDtype::kUint16), options);
+  if (!gpt.ok()) return state.SkipWithError("FixedWindowDataset::Create failed");
   const std::vector<int64_t> indices = RandomIndices(gpt->size(), kReadsPerIteration);
   for (auto _ : state) {
     for (const int64_t index : indices) {

@@ -115,7 +115,7 @@ TEST(TopKRouterTest, NoTokensHaveNoLoadToBalance) {
 
 // The layer on one rank, whose weights every split copies its blocks of.
 struct Whole {
-  GroupedMlp experts{kExperts, kHidden, kFfn, nullptr};
+  SequentialMlp experts{kExperts, kHidden, kFfn, nullptr};
   Whole() {
     at::NoGradGuard no_grad;
     experts->named_parameters()["fc1"].copy_(Draw({kExperts, kHidden, kFfn}, 4) / 3);
@@ -150,7 +150,7 @@ Expected OneRank(Whole& whole, const at::Tensor& tokens, const Routing& routing)
 // A split of the layer (`experts`, over `ep`) given the blocks of `whole`'s weights, run on
 // `tokens`: what differs from `expected` ("output", "token gradients") and, for each weight,
 // from its block of `whole`'s gradients (by name).
-std::vector<std::string> DifferencesFromOneRank(GroupedMlpImpl& experts, const Whole& whole,
+std::vector<std::string> DifferencesFromOneRank(SequentialMlpImpl& experts, const Whole& whole,
                                                 const at::Tensor& tokens, const Routing& routing,
                                                 c10d::ProcessGroup* ep, const Expected& expected) {
   const auto whole_params = whole.experts->named_parameters();
@@ -189,7 +189,7 @@ TEST(DispatchToExpertsTest, TwoExpertParallelRanksComputeTheOneRankLayer) {
     }
     std::vector<std::vector<std::string>> differing(2);
     KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-      GroupedMlp experts(kExperts, kHidden, kFfn, r.group.get());
+      SequentialMlp experts(kExperts, kHidden, kFfn, r.group.get());
       EXPECT_EQ(experts->num_local_experts(), 2);
       differing[r.rank] = DifferencesFromOneRank(*experts, whole, tokens[r.rank],
                                                  RouteOf(tokens[r.rank], onto_first_half),
@@ -211,7 +211,7 @@ TEST(DispatchToExpertsTest, TwoExpertTensorParallelRanksComputeTheOneRankLayer) 
     const Expected expected = OneRank(whole, tokens, RouteOf(tokens, onto_first_half));
     std::vector<std::vector<std::string>> differing(2);
     KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-      GroupedMlp experts(kExperts, kHidden, kFfn, nullptr, r.group.get());
+      SequentialMlp experts(kExperts, kHidden, kFfn, nullptr, r.group.get());
       EXPECT_EQ(experts->named_parameters()["fc1"].sizes(),
                 (std::vector<int64_t>{kExperts, kHidden, kFfn / 2}));
       EXPECT_EQ(experts->LocalLayouts().at("fc2").dims.at(0).name, "expert_tp");
@@ -234,7 +234,7 @@ TEST(DispatchToExpertsTest, OverADeviceGroupNoHostTensorIsExchanged) {
   const Whole whole;
   const auto layer = [&](std::vector<std::map<std::string, at::Tensor>>& results) {
     return [&](Rank& r) -> absl::Status {
-      GroupedMlp experts(kExperts, kHidden, kFfn, r.group.get());
+      SequentialMlp experts(kExperts, kHidden, kFfn, r.group.get());
       {
         at::NoGradGuard no_grad;
         const auto whole_params = whole.experts->named_parameters();
@@ -269,9 +269,9 @@ TEST(DispatchToExpertsTest, OverADeviceGroupNoHostTensorIsExchanged) {
   }
 }
 
-TEST(GroupedMlpTest, ExpertsAreShardedOverEpByIndex) {
+TEST(SequentialMlpTest, ExpertsAreShardedOverEpByIndex) {
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-    GroupedMlp experts(kExperts, kHidden, kFfn, r.group.get());
+    SequentialMlp experts(kExperts, kHidden, kFfn, r.group.get());
     const auto layouts = experts->LocalLayouts();
     EXPECT_EQ(layouts.at("fc1").global_shape, (std::vector<int64_t>{kExperts, kHidden, kFfn}));
     EXPECT_EQ(layouts.at("fc1").offsets, (std::vector<int64_t>{2 * r.rank, 0, 0}));
@@ -279,7 +279,7 @@ TEST(GroupedMlpTest, ExpertsAreShardedOverEpByIndex) {
     EXPECT_EQ(layouts.at("fc2").dims.at(0).name, "ep");
     return absl::OkStatus();
   }));
-  EXPECT_TRUE(GroupedMlp(kExperts, kHidden, kFfn, nullptr)->LocalLayouts().empty());
+  EXPECT_TRUE(SequentialMlp(kExperts, kHidden, kFfn, nullptr)->LocalLayouts().empty());
 }
 
 TEST(MoeGeometryTest, BadSizesThrowNamingTheNumbers) {
@@ -294,7 +294,7 @@ TEST(MoeGeometryTest, BadSizesThrowNamingTheNumbers) {
               ::testing::ThrowsMessage<c10::Error>(::testing::HasSubstr("moe_router_topk (0)")));
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
     EXPECT_THAT(
-        [&] { GroupedMlp experts(3, kHidden, kFfn, r.group.get()); },
+        [&] { SequentialMlp experts(3, kHidden, kFfn, r.group.get()); },
         ::testing::ThrowsMessage<c10::Error>(::testing::HasSubstr(
             "num_experts (3) must be a positive multiple of the expert-parallel size (2)")));
     return absl::OkStatus();

@@ -85,7 +85,7 @@ HostCounts ReadCounts(const at::Tensor& counts, const at::Tensor& received_count
 // each rank's part, as where each rank's tokens are a micro-batch of one rank (float sums in the
 // same order), rather than one product over all of them.
 at::Tensor RunLocalExperts(const at::Tensor& received, const std::vector<int64_t>& counts,
-                           GroupedMlpImpl& experts) {
+                           SequentialMlpImpl& experts) {
   const int64_t local = experts.num_local_experts();
   std::vector<at::Tensor> outputs;
   int64_t start = 0;
@@ -100,8 +100,9 @@ at::Tensor RunLocalExperts(const at::Tensor& received, const std::vector<int64_t
 
 }  // namespace
 
-GroupedMlpImpl::GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
-                               c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp)
+SequentialMlpImpl::SequentialMlpImpl(int64_t num_experts, int64_t hidden_size,
+                                     int64_t ffn_hidden_size, c10d::ProcessGroup* ep,
+                                     c10d::ProcessGroup* expert_tp)
     : num_experts_(num_experts), ep_(ep), expert_tp_(expert_tp) {
   TORCH_CHECK(num_experts > 0 && num_experts % base::GroupSize(ep) == 0, "num_experts (",
               num_experts, ") must be a positive multiple of the expert-parallel size (",
@@ -116,11 +117,11 @@ GroupedMlpImpl::GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t
   fc2_ = register_parameter("fc2", at::zeros({local, ffn, hidden_size}));
 }
 
-at::Tensor GroupedMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {
+at::Tensor SequentialMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {
   return at::matmul(at::gelu(at::matmul(tokens, fc1_[expert])), fc2_[expert]);
 }
 
-std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
+std::map<std::string, TensorLayout> SequentialMlpImpl::LocalLayouts() const {
   std::map<std::string, TensorLayout> layouts;
   // fc1's columns and fc2's rows are the ffn dimension split over expert_tp.
   for (const auto& [name, local, ffn_dim] : {std::tuple{"fc1", fc1_, 2}, {"fc2", fc2_, 1}}) {
@@ -140,7 +141,7 @@ std::map<std::string, TensorLayout> GroupedMlpImpl::LocalLayouts() const {
 }
 
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
-                             GroupedMlpImpl& experts, c10d::ProcessGroup* ep) {
+                             SequentialMlpImpl& experts, c10d::ProcessGroup* ep) {
   base::CheckGroupCarriesOrThrow(ep, tokens.device(), "the experts' token all-to-all");
   const int64_t k = routing.indices.size(1);
   const int64_t ranks = base::GroupSize(ep);

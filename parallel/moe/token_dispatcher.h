@@ -5,7 +5,7 @@
 // all-to-all, and the experts' outputs come back the same way, weighted by the routing
 // probabilities and summed per token.
 //
-//   keel::parallel::GroupedMlp experts(num_experts, hidden, ffn, ep);  // this rank's experts
+//   keel::parallel::SequentialMlp experts(num_experts, hidden, ffn, ep);  // this rank's experts
 //   at::Tensor out = keel::parallel::DispatchToExperts(tokens, routing, *experts, ep);
 #ifndef KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_
 #define KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_
@@ -27,11 +27,12 @@ class ProcessGroup;
 
 namespace keel::parallel {
 
-// The layout dimension GroupedMlp shards its experts over: what marks a parameter as an
+// The layout dimension SequentialMlp shards its experts over: what marks a parameter as an
 // expert's (gradients::HasLayoutDim) for the optimizer and the gradient scaling.
 inline constexpr char kExpertDim[] = "ep";
 
-// This rank's num_experts / ep experts (experts [rank x that, ...)), each an MLP
+// This rank's num_experts / ep experts (experts [rank x that, ...)), run one after another
+// (Megatron-Core's SequentialMLP, not its grouped-GEMM GroupedMLP), each an MLP
 // x -> gelu(x fc1_e) fc2_e without biases, their weights stacked: fc1 [local, hidden, ffn],
 // fc2 [local, ffn, hidden], laid out as blocks of the whole [num_experts, ...] tensors
 // sharded over kExpertDim. Over `expert_tp` (Megatron's expert tensor-parallel group) each expert
@@ -41,10 +42,10 @@ inline constexpr char kExpertDim[] = "ep";
 // c10::Error naming the numbers unless num_experts is a positive multiple of ep's size and
 // ffn_hidden_size one of expert_tp's. Requires: `ep` and `expert_tp` (nullptr: one rank)
 // outlive the module.
-class GroupedMlpImpl : public torch::nn::Module, public LaidOut {
+class SequentialMlpImpl : public torch::nn::Module, public LaidOut {
  public:
-  GroupedMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
-                 c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp = nullptr);
+  SequentialMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
+                    c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp = nullptr);
 
   // Local expert `expert`'s output for `tokens` ([n, hidden]): over expert_tp, this rank's
   // part, which the ranks' parts add up to (DispatchToExperts sums them).
@@ -63,7 +64,7 @@ class GroupedMlpImpl : public torch::nn::Module, public LaidOut {
   at::Tensor fc2_;
 };
 
-TORCH_MODULE(GroupedMlp);
+TORCH_MODULE(SequentialMlp);
 
 // Each token of `tokens` ([T, hidden]) through its experts (`routing`, over all of the
 // layer's experts), the outputs summed with the routing probabilities as weights: [T, hidden].
@@ -77,7 +78,7 @@ TORCH_MODULE(GroupedMlp);
 // Collective: over `ep` and expert_tp, forward and backward; nothing on one rank. Throws c10::Error
 // when a collective fails, as LibTorch does (callers wrap forward and backward in base::CallTorch).
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
-                             GroupedMlpImpl& experts, c10d::ProcessGroup* ep);
+                             SequentialMlpImpl& experts, c10d::ProcessGroup* ep);
 
 // Wall-clock seconds this process has spent in DispatchToExperts' all-to-alls (the counts and
 // the tokens, both ways, forward and backward) since it started. Thread-safe.

@@ -62,7 +62,7 @@ Pass RunPasses(int rank, c10d::ProcessGroup* ep) {
   options.num_moe_experts = kExperts;
   options.moe_router_topk = kTopK;
   TopKRouter router(kHidden, options);
-  GroupedMlp experts(kExperts, kHidden, kFfn, ep);
+  SequentialMlp experts(kExperts, kHidden, kFfn, ep);
   {
     // Every rank draws the whole layer and keeps its experts, as the one-rank layer is.
     at::NoGradGuard no_grad;

@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "optim/param_scheduler.h"
-#include "sampling/gpt_dataset.h"
+#include "sampling/fixed_window_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
 #include "testing/files.h"
@@ -39,7 +39,7 @@ TEST(TrainConfigTest, DefaultConfigFillsEveryOptionsStruct) {
   EXPECT_THAT(CopyFields(config.step_scheduler(), step), IsOk());
   EXPECT_EQ(step.global_batch_size, 16);  // values as written in default.textproto
   EXPECT_EQ(step.max_steps, 200);
-  sampling::GptDatasetOptions data;
+  sampling::FixedWindowDatasetOptions data;
   EXPECT_THAT(CopyFields(config.data(), data), IsOk());
   EXPECT_EQ(data.sequence_length, 128);
   sampling::MegatronSamplerOptions sampler;
@@ -68,7 +68,7 @@ TEST(TrainConfigTest, SchemaHasEveryOptionsFieldAndUnsetFieldsKeepDefaults) {
   EXPECT_EQ(step.global_batch_size, scheduling::StepSchedulerOptions().global_batch_size);
   EXPECT_EQ(step.num_epochs, scheduling::StepSchedulerOptions().num_epochs);
   EXPECT_EQ(step.preemption_signal, scheduling::StepSchedulerOptions().preemption_signal);
-  sampling::GptDatasetOptions data;
+  sampling::FixedWindowDatasetOptions data;
   EXPECT_THAT(CopyFields(empty.data(), data), IsOk());
   MegatronDataOptions megatron;
   EXPECT_THAT(CopyFields(empty.data(), megatron), IsOk());

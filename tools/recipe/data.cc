@@ -139,8 +139,9 @@ absl::StatusOr<TrainData> OpenOnRank(const TrainOptions& options, const TrainRun
   KEEL_ASSIGN_OR_RETURN(std::string prefix, DataPrefix(options, runtime));
   KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, sampling::IndexedDataset::Open(prefix));
   KEEL_RETURN_IF_ERROR(CheckModelCoversVocabulary(options.model.vocab_size, prefix));
-  KEEL_ASSIGN_OR_RETURN(sampling::GptDataset windows,
-                        sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
+  KEEL_ASSIGN_OR_RETURN(
+      sampling::FixedWindowDataset windows,
+      sampling::FixedWindowDataset::Create(std::move(tokens), options.data.dataset));
   Splits splits(std::move(windows), options.data.validation_every_n_samples);
   absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
       sampling::CreateMegatronSampler(options.sampler, SampledWindows(options, splits),

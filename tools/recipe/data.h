@@ -16,7 +16,7 @@
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
-#include "sampling/gpt_dataset.h"
+#include "sampling/fixed_window_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "tools/recipe/megatron_data.h"
 #include "tools/recipe/options.h"
@@ -41,7 +41,7 @@ struct TokenBatch {
 // or Megatron's GPT datasets of data.paths (MegatronData).
 class Splits {
  public:
-  Splits(sampling::GptDataset dataset, int64_t every_n)
+  Splits(sampling::FixedWindowDataset dataset, int64_t every_n)
       : windows_(std::move(dataset)), every_n_(every_n) {}
   explicit Splits(std::unique_ptr<MegatronData> megatron);
   Splits(Splits&&) noexcept;
@@ -53,7 +53,7 @@ class Splits {
 
   // The samples of the given split indices (negative ones, padding, are skipped); an
   // undefined batch when none is left. Windows have all labels counted; Megatron's samples
-  // carry their loss masks. Not thread-safe. Errors: as GptDataset::Sample and
+  // carry their loss masks. Not thread-safe. Errors: as FixedWindowDataset::Sample and
   // MegatronData::Fill.
   [[nodiscard]] absl::StatusOr<TokenBatch> Batch(const std::vector<int64_t>& indices,
                                                  bool validation) const;
@@ -67,7 +67,7 @@ class Splits {
   absl::StatusOr<TokenBatch> WindowBatch(const std::vector<int64_t>& indices,
                                          bool validation) const;
 
-  std::optional<sampling::GptDataset> windows_;
+  std::optional<sampling::FixedWindowDataset> windows_;
   int64_t every_n_ = 0;
   std::unique_ptr<MegatronData> megatron_;
 };
@@ -89,10 +89,10 @@ struct TrainData {
 // <run_dir>/data holds none, while the other ranks wait for its status (RunOnRankZero); with
 // data.paths, Megatron's datasets (MegatronData::Open; `plan_only` builds no index, for dry
 // runs). A rank that fails to open what rank 0 prepared fails every rank with its error
-// ("rank <r>: ..."). Collective: over runtime.control_group and the store. Errors: kNotFound for a missing dataset or default
-// corpus; kDataLoss for a corrupt one (or its .tokenizer.json); kInvalidArgument when
-// model.vocab_size is smaller than the vocabulary recorded beside the dataset (TokenizerInfo),
-// MegatronData::Open's, and the sampler's (too few windows).
+// ("rank <r>: ..."). Collective: over runtime.control_group and the store. Errors: kNotFound for a
+// missing dataset or default corpus; kDataLoss for a corrupt one (or its .tokenizer.json);
+// kInvalidArgument when model.vocab_size is smaller than the vocabulary recorded beside the dataset
+// (TokenizerInfo), MegatronData::Open's, and the sampler's (too few windows).
 [[nodiscard]] absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options,
                                                       const TrainRuntime& runtime,
                                                       bool plan_only = false);

@@ -8,7 +8,7 @@
 #include "base/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "sampling/gpt_dataset.h"
+#include "sampling/fixed_window_dataset.h"
 #include "sampling/indexed_dataset.h"
 #include "testing/files.h"
 #include "testing/status_matchers.h"
@@ -87,8 +87,8 @@ TEST(DryRunTest, PrintsTheScheduleTheStepSchedulerGives) {
   // One epoch of the training windows (every 10th validates) cut to whole global batches:
   // NeMo checkpoints after steps 5, 10, ... and the last, validates after 3, 6, ...
   KEEL_ASSERT_OK_AND_ASSIGN(auto tokens, sampling::IndexedDataset::Open(options.data.prefix));
-  KEEL_ASSERT_OK_AND_ASSIGN(auto windows,
-                            sampling::GptDataset::Create(std::move(tokens), options.data.dataset));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto windows, sampling::FixedWindowDataset::Create(std::move(tokens), options.data.dataset));
   const int64_t train = windows.size() - windows.size() / 10;
   const int64_t steps = train / 4;
   std::ostringstream out;

@@ -58,8 +58,8 @@ class BlockImpl : public torch::nn::Module {
     router.moe_router_pre_softmax = options.moe_router_pre_softmax;
     router_ = register_module("router", parallel::TopKRouter(options.hidden_size, router));
     experts_ = register_module(
-        "experts", parallel::GroupedMlp(options.num_moe_experts, options.hidden_size,
-                                        options.ffn_hidden_size, groups.ep, groups.expert_tp));
+        "experts", parallel::SequentialMlp(options.num_moe_experts, options.hidden_size,
+                                           options.ffn_hidden_size, groups.ep, groups.expert_tp));
   }
 
   at::Tensor forward(const at::Tensor& x) {
@@ -88,7 +88,7 @@ class BlockImpl : public torch::nn::Module {
   parallel::ColumnParallelLinear fc_{nullptr};
   parallel::RowParallelLinear mlp_proj_{nullptr};
   parallel::TopKRouter router_{nullptr};
-  parallel::GroupedMlp experts_{nullptr};
+  parallel::SequentialMlp experts_{nullptr};
   c10d::ProcessGroup* ep_;
   MoeStats* moe_stats_;
 };

@@ -124,7 +124,7 @@ class GptImpl : public torch::nn::Module {
   // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size; pp's size
   // divides num_layers (checked by the caller's config validation). The experts of
   // mixture-of-experts blocks are split over `ep` by index and each over `expert_tp`
-  // (parallel::GroupedMlp). The groups (nullptr: one rank, one stage) outlive the model.
+  // (parallel::SequentialMlp). The groups (nullptr: one rank, one stage) outlive the model.
   GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp = nullptr,
           c10d::ProcessGroup* ep = nullptr, c10d::ProcessGroup* expert_tp = nullptr);
 

@@ -24,7 +24,7 @@
 #include "optim/param_scheduler.h"
 #include "parallel/mesh_layout.h"
 #include "parallel/process_group.h"
-#include "sampling/gpt_dataset.h"
+#include "sampling/fixed_window_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/config.pb.h"
@@ -66,7 +66,7 @@ struct DataOptions {
   // into <run_dir>/data. Default: "".
   std::string prefix;
   // GPT windows over the dataset.
-  sampling::GptDatasetOptions dataset;
+  sampling::FixedWindowDatasetOptions dataset;
   // Every N-th window validates; 0: no validation set. Default: 0 (the configuration's,
   // unset: kValidationEveryNSamples, or 0 with data.paths).
   int64_t validation_every_n_samples = 0;

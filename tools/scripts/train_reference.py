@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The training loop of //tools:train in plain PyTorch, as the throughput baseline.
 
-Mirrors tools/recipe/run.cc step for step on the same data and hyper-parameters: the GPT of
-tools/recipe/gpt.cc (same module names, construction order and initialisation), GPT windows of a
-Megatron indexed dataset cut as sampling/gpt_dataset.h cuts them, every n-th window held out
-for validation (never run here), MegatronPretrainingRandomSampler's per-epoch
+Mirrors tools/recipe/run_step.cc step for step on the same data and hyper-parameters: the GPT
+of tools/recipe/gpt.cc (same module names, construction order and initialisation), GPT windows
+of a Megatron indexed dataset cut as sampling/fixed_window_dataset.h cuts them, every n-th
+window held out for validation (never run here), MegatronPretrainingRandomSampler's per-epoch
 torch.randperm(seed = epoch), micro-batches grouped into steps of global / local batch size
 (a shorter group at an epoch's tail), the summed cross-entropy divided by the label tokens of
 the step, torch.nn.utils.clip_grad_norm_, AdamW, and Megatron-Core's OptimizerParamScheduler
@@ -105,7 +105,7 @@ def read_indexed_tokens(prefix):
 
 
 class GptWindows:
-    """sampling/gpt_dataset.h's GptDataset split as tools/recipe/data.cc's Splits splits it.
+    """sampling/fixed_window_dataset.h's FixedWindowDataset split as tools/recipe/data.cc's Splits splits it.
 
     Window i is tokens [i*L, i*L + L + 1) of the concatenated sequences (L = sequence_length,
     add_extra_token_to_sequence = true); with n = validation_every_n_samples, windows

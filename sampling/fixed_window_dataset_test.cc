@@ -1,4 +1,4 @@
-#include "sampling/gpt_dataset.h"
+#include "sampling/fixed_window_dataset.h"
 
 #include <cstdint>
 #include <cstdlib>
@@ -99,9 +99,9 @@ std::vector<std::vector<int64_t>> MegatronSamples(const std::vector<std::vector<
 TEST(GptDatasetTest, CutsWindowsAcrossDocuments) {
   // Stream 0..11 over documents of 5, 3 and 4 tokens; L = 4: (12 - 1) / 4 = 2 samples of 5.
   IndexedDataset tokens = Write("windows", TokenDtype::kUint16, {5, 3, 4});
-  GptDatasetOptions options;
+  FixedWindowDatasetOptions options;
   options.sequence_length = 4;
-  KEEL_ASSERT_OK_AND_ASSIGN(GptDataset gpt, GptDataset::Create(tokens, options));
+  KEEL_ASSERT_OK_AND_ASSIGN(FixedWindowDataset gpt, FixedWindowDataset::Create(tokens, options));
   EXPECT_EQ(gpt.size(), 2);
   KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor first, gpt.Sample(0));
   EXPECT_THAT(ToVector(first), ElementsAre(0, 1, 2, 3, 4));
@@ -113,10 +113,10 @@ TEST(GptDatasetTest, CutsWindowsAcrossDocuments) {
 
 TEST(GptDatasetTest, WithoutTheExtraTokenWindowsDoNotOverlap) {
   IndexedDataset tokens = Write("no_extra", TokenDtype::kInt32, {5, 3, 4});
-  GptDatasetOptions options;
+  FixedWindowDatasetOptions options;
   options.sequence_length = 4;
   options.add_extra_token_to_sequence = false;
-  KEEL_ASSERT_OK_AND_ASSIGN(GptDataset gpt, GptDataset::Create(tokens, options));
+  KEEL_ASSERT_OK_AND_ASSIGN(FixedWindowDataset gpt, FixedWindowDataset::Create(tokens, options));
   EXPECT_EQ(gpt.size(), 3);
   KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor last, gpt.Sample(2));
   EXPECT_THAT(ToVector(last), ElementsAre(8, 9, 10, 11));
@@ -139,11 +139,12 @@ TEST(GptDatasetTest, MatchesMegatronsSampleIndex) {
     const TokenDtype dtype = trial % 2 == 0 ? TokenDtype::kUint16 : TokenDtype::kInt64;
     IndexedDataset tokens = Write(absl::StrCat("oracle_", trial), dtype, lengths, 1000);
     for (int64_t extra : {0, 1}) {
-      GptDatasetOptions options;
+      FixedWindowDatasetOptions options;
       options.sequence_length = 2 + random() % 9;
       options.add_extra_token_to_sequence = extra == 1;
       SCOPED_TRACE(absl::StrCat("trial ", trial, " L=", options.sequence_length, " extra=", extra));
-      KEEL_ASSERT_OK_AND_ASSIGN(GptDataset gpt, GptDataset::Create(tokens, options));
+      KEEL_ASSERT_OK_AND_ASSIGN(FixedWindowDataset gpt,
+                                FixedWindowDataset::Create(tokens, options));
       const auto expected = MegatronSamples(docs, options.sequence_length, extra);
       ASSERT_EQ(gpt.size(), static_cast<int64_t>(expected.size()));
       for (int64_t i = 0; i < gpt.size(); ++i) {
@@ -182,9 +183,9 @@ TEST(GptDatasetTest, ReadsDatasetsWithGapsBetweenSequences) {
   }
   KEEL_ASSERT_OK_AND_ASSIGN(IndexedDataset tokens, IndexedDataset::Open(prefix));
   ASSERT_FALSE(tokens.contiguous());
-  GptDatasetOptions options;
+  FixedWindowDatasetOptions options;
   options.sequence_length = 2;
-  KEEL_ASSERT_OK_AND_ASSIGN(GptDataset gpt, GptDataset::Create(tokens, options));
+  KEEL_ASSERT_OK_AND_ASSIGN(FixedWindowDataset gpt, FixedWindowDataset::Create(tokens, options));
   EXPECT_EQ(gpt.size(), 2);  // (5 - 1) / 2
   KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor first, gpt.Sample(0));
   EXPECT_THAT(ToVector(first), ElementsAre(0, 1, 2));
@@ -195,22 +196,23 @@ TEST(GptDatasetTest, ReadsDatasetsWithGapsBetweenSequences) {
 TEST(GptDatasetTest, RejectsWhatMegatronAsserts) {
   const auto kInvalidArgument = absl::StatusCode::kInvalidArgument;
   IndexedDataset tokens = Write("asserts", TokenDtype::kInt32, {5});
-  GptDatasetOptions options;
+  FixedWindowDatasetOptions options;
   options.sequence_length = 1;
-  EXPECT_THAT(GptDataset::Create(tokens, options),
+  EXPECT_THAT(FixedWindowDataset::Create(tokens, options),
               StatusIs(kInvalidArgument, HasSubstr("sequence_length (1) must be > 1")));
   options.sequence_length = 4;
-  EXPECT_THAT(GptDataset::Create(Write("one_token", TokenDtype::kInt32, {1}), options),
+  EXPECT_THAT(FixedWindowDataset::Create(Write("one_token", TokenDtype::kInt32, {1}), options),
               StatusIs(kInvalidArgument, HasSubstr("the dataset has 1 tokens")));
-  EXPECT_THAT(GptDataset::Create(Write("floats", TokenDtype::kFloat32, {5}), options),
+  EXPECT_THAT(FixedWindowDataset::Create(Write("floats", TokenDtype::kFloat32, {5}), options),
               StatusIs(kInvalidArgument, HasSubstr("float32: GPT needs integers")));
 }
 
 TEST(GptDatasetTest, TooFewTokensForOneSampleIsEmpty) {
-  GptDatasetOptions options;
+  FixedWindowDatasetOptions options;
   options.sequence_length = 8;
-  KEEL_ASSERT_OK_AND_ASSIGN(GptDataset gpt,
-                            GptDataset::Create(Write("short", TokenDtype::kInt32, {8}), options));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      FixedWindowDataset gpt,
+      FixedWindowDataset::Create(Write("short", TokenDtype::kInt32, {8}), options));
   EXPECT_EQ(gpt.size(), 0);  // (8 - 1) / 8
 }
 

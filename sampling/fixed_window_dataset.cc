@@ -1,4 +1,4 @@
-#include "sampling/gpt_dataset.h"
+#include "sampling/fixed_window_dataset.h"
 
 #include <algorithm>
 #include <utility>
@@ -12,7 +12,8 @@ namespace keel::sampling {
 
 using internal::WidenTokens;
 
-GptDataset::GptDataset(IndexedDataset dataset, const GptDatasetOptions& options)
+FixedWindowDataset::FixedWindowDataset(IndexedDataset dataset,
+                                       const FixedWindowDatasetOptions& options)
     : dataset_(std::move(dataset)), options_(options) {
   const int64_t extra = options_.add_extra_token_to_sequence ? 1 : 0;
   size_ = (dataset_.num_tokens() - extra) / options_.sequence_length;
@@ -27,8 +28,8 @@ GptDataset::GptDataset(IndexedDataset dataset, const GptDatasetOptions& options)
   }
 }
 
-absl::StatusOr<GptDataset> GptDataset::Create(IndexedDataset dataset,
-                                              const GptDatasetOptions& options) {
+absl::StatusOr<FixedWindowDataset> FixedWindowDataset::Create(
+    IndexedDataset dataset, const FixedWindowDatasetOptions& options) {
   if (options.sequence_length <= 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("sequence_length (", options.sequence_length, ") must be > 1"));
@@ -41,10 +42,10 @@ absl::StatusOr<GptDataset> GptDataset::Create(IndexedDataset dataset,
     return absl::InvalidArgumentError(absl::StrCat(
         "the dataset's tokens are ", AbslUnparseFlag(dataset.dtype()), ": GPT needs integers"));
   }
-  return GptDataset(std::move(dataset), options);
+  return FixedWindowDataset(std::move(dataset), options);
 }
 
-void GptDataset::CopyTokens(int64_t start, int64_t count, int64_t* out) const {
+void FixedWindowDataset::CopyTokens(int64_t start, int64_t count, int64_t* out) const {
   const int64_t item_size = TokenDtypeSize(dataset_.dtype());
   const uint8_t* bin = dataset_.bin_bytes().data();
   if (sequence_starts_.empty()) {  // contiguous: token k is at byte k·item_size
@@ -66,7 +67,7 @@ void GptDataset::CopyTokens(int64_t start, int64_t count, int64_t* out) const {
   }
 }
 
-absl::StatusOr<at::Tensor> GptDataset::Sample(int64_t index) const {
+absl::StatusOr<at::Tensor> FixedWindowDataset::Sample(int64_t index) const {
   if (index < 0 || index >= size_) {
     return absl::OutOfRangeError(
         absl::StrCat("sample index ", index, " is outside [0, ", size_, ")"));

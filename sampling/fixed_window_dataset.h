@@ -4,13 +4,13 @@
 // build_sample_idx) cuts them.
 //
 //   KEEL_ASSIGN_OR_RETURN(auto tokens, keel::sampling::IndexedDataset::Open(prefix));
-//   keel::sampling::GptDatasetOptions options;
+//   keel::sampling::FixedWindowDatasetOptions options;
 //   options.sequence_length = 4096;
-//   KEEL_ASSIGN_OR_RETURN(auto gpt, keel::sampling::GptDataset::Create(tokens, options));
+//   KEEL_ASSIGN_OR_RETURN(auto gpt, keel::sampling::FixedWindowDataset::Create(tokens, options));
 //   KEEL_ASSIGN_OR_RETURN(at::Tensor sample, gpt.Sample(i));  // int64, 4097 tokens
 //   // inputs = sample.slice(0, 0, -1), labels = sample.slice(0, 1)
-#ifndef KEEL_SAMPLING_GPT_DATASET_H_
-#define KEEL_SAMPLING_GPT_DATASET_H_
+#ifndef KEEL_SAMPLING_FIXED_WINDOW_DATASET_H_
+#define KEEL_SAMPLING_FIXED_WINDOW_DATASET_H_
 
 #include <cstdint>
 #include <vector>
@@ -23,7 +23,7 @@
 namespace keel::sampling {
 
 // The fields of GPTDatasetConfig that this subset uses, same names and defaults.
-struct GptDatasetOptions {
+struct FixedWindowDatasetOptions {
   // Tokens per training sequence; Megatron requires more than 1. Default: 0 (must be set).
   int64_t sequence_length = 0;
   // Each sample carries one token more than sequence_length, shared with the next sample, so
@@ -31,7 +31,7 @@ struct GptDatasetOptions {
   bool add_extra_token_to_sequence = true;
 };
 
-template <typename O, typename V, base::IsFieldsOf<O, GptDatasetOptions> = 0>
+template <typename O, typename V, base::IsFieldsOf<O, FixedWindowDatasetOptions> = 0>
 void VisitFields(O& o, V&& v) {
   v("sequence_length", o.sequence_length);
   v("add_extra_token_to_sequence", o.add_extra_token_to_sequence);
@@ -48,12 +48,12 @@ void VisitFields(O& o, V&& v) {
 // (numpy RandomState(random_seed)), several epochs, train/valid/test splits, blending,
 // padding, or the masks and position ids: megatron_gpt_dataset.h and gpt_dataset_builder.h
 // are Megatron's GPTDataset whole. This subset serves the trainer's default corpus.
-class GptDataset {
+class FixedWindowDataset {
  public:
   // Errors: kInvalidArgument for sequence_length <= 1, a dataset of fewer than 2 tokens (both
   // Megatron assertions), or floating-point tokens.
-  [[nodiscard]] static absl::StatusOr<GptDataset> Create(IndexedDataset dataset,
-                                                         const GptDatasetOptions& options);
+  [[nodiscard]] static absl::StatusOr<FixedWindowDataset> Create(
+      IndexedDataset dataset, const FixedWindowDatasetOptions& options);
 
   // Samples in the epoch.
   int64_t size() const { return size_; }
@@ -63,16 +63,16 @@ class GptDataset {
   [[nodiscard]] absl::StatusOr<at::Tensor> Sample(int64_t index) const;
 
   const IndexedDataset& dataset() const { return dataset_; }
-  const GptDatasetOptions& options() const { return options_; }
+  const FixedWindowDatasetOptions& options() const { return options_; }
 
  private:
-  GptDataset(IndexedDataset dataset, const GptDatasetOptions& options);
+  FixedWindowDataset(IndexedDataset dataset, const FixedWindowDatasetOptions& options);
 
   // Copies `count` tokens of the concatenated sequences from token `start` into `out`.
   void CopyTokens(int64_t start, int64_t count, int64_t* out) const;
 
   IndexedDataset dataset_;
-  GptDatasetOptions options_;
+  FixedWindowDatasetOptions options_;
   int64_t size_ = 0;
   // Token position of each sequence's start, then num_tokens; only for a dataset that is not
   // contiguous (a contiguous one maps token positions to bytes directly).
@@ -81,4 +81,4 @@ class GptDataset {
 
 }  // namespace keel::sampling
 
-#endif  // KEEL_SAMPLING_GPT_DATASET_H_
+#endif  // KEEL_SAMPLING_FIXED_WINDOW_DATASET_H_
