@@ -8,24 +8,13 @@
 #include "ATen/ATen.h"
 #include "base/collectives.h"
 #include "c10/util/Exception.h"
+#include "parallel/comm_timers.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::parallel {
 namespace {
-
-std::atomic<int64_t> dispatch_nanoseconds{0};
-
-// Runs `fn`, counting its time as dispatch.
-template <typename Fn>
-void Timed(Fn&& fn) {
-  const auto start = std::chrono::steady_clock::now();
-  fn();
-  dispatch_nanoseconds +=
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count();
-}
 
 // `input`'s rows split by `send` (rows for each rank, in rank order) to the ranks of `group`;
 // returns the rows each rank sent here, `receive` of them from each, in rank order.
@@ -37,7 +26,8 @@ at::Tensor AllToAllRows(const at::Tensor& input, std::vector<int64_t> send,
   shape[0] = rows;
   at::Tensor output = at::empty(shape, input.options());
   at::Tensor contiguous = input.contiguous();
-  Timed([&] { group.alltoall_base(output, contiguous, receive, send)->wait(); });
+  CommTimers::Time(CommKind::kExpertDispatch,
+                   [&] { group.alltoall_base(output, contiguous, receive, send)->wait(); });
   return output;
 }
 
@@ -160,7 +150,8 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
     received_counts = at::empty_like(counts);
     std::vector<int64_t> send(ranks, 1);  // one row of counts for each rank
     std::vector<int64_t> receive(ranks, 1);
-    Timed([&] { ep->alltoall_base(received_counts, counts, receive, send)->wait(); });
+    CommTimers::Time(CommKind::kExpertDispatch,
+                     [&] { ep->alltoall_base(received_counts, counts, receive, send)->wait(); });
   }
   const HostCounts host = ReadCounts(counts, received_counts);
   at::Tensor received = permuted;
@@ -176,7 +167,5 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
   const at::Tensor weights = routing.probs.reshape({-1}).index_select(0, order).unsqueeze(1);
   return at::zeros_like(tokens).index_add(0, token_of, expert_out * weights.to(expert_out.dtype()));
 }
-
-double ExpertDispatchSeconds() { return 1e-9 * static_cast<double>(dispatch_nanoseconds.load()); }
 
 }  // namespace keel::parallel

@@ -74,15 +74,12 @@ TORCH_MODULE(SequentialMlp);
 // all-reduce sums the parts of the experts' outputs (and one the parts of the tokens'
 // gradients). Differentiable (the backward pass runs the all-to-alls in reverse). The counts
 // are read to the host once a call (the one wait for the device: the token exchange and the
-// experts' slices need their sizes).
+// experts' slices need their sizes). The all-to-alls (the counts and the tokens, both ways,
+// forward and backward) count as CommKind::kExpertDispatch (comm_timers.h).
 // Collective: over `ep` and expert_tp, forward and backward; nothing on one rank. Throws c10::Error
 // when a collective fails, as LibTorch does (callers wrap forward and backward in base::CallTorch).
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
                              SequentialMlpImpl& experts, c10d::ProcessGroup* ep);
-
-// Wall-clock seconds this process has spent in DispatchToExperts' all-to-alls (the counts and
-// the tokens, both ways, forward and backward) since it started. Thread-safe.
-double ExpertDispatchSeconds();
 
 }  // namespace keel::parallel
 

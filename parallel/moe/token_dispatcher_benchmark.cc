@@ -4,7 +4,7 @@
 // hidden 256 and ffn 1024, 2 per token, Megatron's router; 1024 tokens a rank (8 x 128), the
 // loss sum(out^2). Three rounds, the layouts in turn in each; per layout, rank 0's median over
 // 20 passes (forward and backward, after 2): the whole pass, its all-to-alls (counts and
-// tokens, both ways, forward and backward: ExpertDispatchSeconds) and the rest (router,
+// tokens, both ways, forward and backward: CommKind::kExpertDispatch) and the rest (router,
 // permutation, expert MLPs, loss); then the median of the rounds.
 //
 //   bazel run -c opt //parallel/moe:token_dispatcher_benchmark
@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "parallel/comm_timers.h"
 #include "parallel/moe/router.h"
 #include "parallel/moe/token_dispatcher.h"
 #include "testing/files.h"
@@ -76,15 +77,17 @@ Pass RunPasses(int rank, c10d::ProcessGroup* ep) {
   }
   const at::Tensor tokens = Draw({kTokens, kHidden}, 10 + rank, 1.0).requires_grad_(true);
   std::vector<double> totals, all_to_alls;
+  CommTimers timers;
+  CommTimers::Scope counting(timers);
   for (int pass = 0; pass < kUntimedPasses + kTimedPasses; ++pass) {
-    const double dispatch_before = ExpertDispatchSeconds();
+    const double dispatch_before = timers.Seconds(CommKind::kExpertDispatch);
     const auto begin = std::chrono::steady_clock::now();
     const at::Tensor out = DispatchToExperts(tokens, router->forward(tokens), *experts, ep);
     out.pow(2).sum().backward();
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - begin;
     if (pass < kUntimedPasses) continue;
     totals.push_back(took.count());
-    all_to_alls.push_back(1e3 * (ExpertDispatchSeconds() - dispatch_before));
+    all_to_alls.push_back(1e3 * (timers.Seconds(CommKind::kExpertDispatch) - dispatch_before));
   }
   return {Median(totals), Median(all_to_alls)};
 }

@@ -1,8 +1,6 @@
 #include "parallel/pipeline_parallel/schedules.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <map>
 #include <string>
 #include <utility>
@@ -13,13 +11,12 @@
 #include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "parallel/comm_timers.h"
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace keel::parallel {
 namespace {
-
-std::atomic<int64_t> wait_nanoseconds{0};
 
 // Activations go to the next stage, gradients to the previous one: between two stages each
 // direction carries one kind, in order; the tags only make that explicit.
@@ -54,7 +51,8 @@ class StageLink {
   // Megatron's _p2p_ops: even stages post their sends first, odd stages their receives, so
   // that two neighbours post matching operations in the same order (NCCL's point-to-point
   // completes only once the peer has posted the match); every operation is waited for, and
-  // the wait counted. Operations towards a stage that does not exist are dropped.
+  // the wait counted as CommKind::kPipeline. Operations towards a stage that does not exist are
+  // dropped.
   Received Run(const Exchange& e, const at::TensorOptions& options) {
     Received got;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -82,11 +80,9 @@ class StageLink {
       send(e.send_prev, rank_ - 1, kGradientTag);
     }
     if (works.empty()) return got;
-    const auto start = std::chrono::steady_clock::now();
-    for (const auto& work : works) work->wait();
-    wait_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - start)
-                            .count();
+    CommTimers::Time(CommKind::kPipeline, [&] {
+      for (const auto& work : works) work->wait();
+    });
     return got;
   }
 
@@ -266,7 +262,5 @@ absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
   }
   return pass.Finish();
 }
-
-double PipelineWaitSeconds() { return 1e-9 * static_cast<double>(wait_nanoseconds.load()); }
 
 }  // namespace keel::parallel

@@ -86,7 +86,8 @@ struct PipelineOptions {
 // passes it exchanges with the neighbouring ranks of `pp_group` as Megatron's schedule does
 // (c10d point-to-point: Gloo on the CPU, NCCL on GPUs): an activation forward and an output
 // gradient back in one exchange where a forward meets a backward, else the send and then the
-// receive; even stages post sends first, odd ones receives, and every exchange completes
+// receive (their waits, the bubble included, count as CommKind::kPipeline: comm_timers.h);
+// even stages post sends first, odd ones receives, and every exchange completes
 // before the next pass. nullptr or a group of one: a single stage (a forward, then its
 // backward, per micro-batch). Collective: every stage of the group calls it with the same m
 // and shapes. An input the loss does not depend on sends back a zero gradient. Errors:
@@ -99,11 +100,6 @@ struct PipelineOptions {
 [[nodiscard]] absl::Status RunPipeline(int64_t num_micro_batches, const StageCallbacks& stage,
                                        c10d::ProcessGroup* pp_group,
                                        const PipelineOptions& options = {});
-
-// Wall-clock seconds this process's stages have spent in exchanges with their neighbours since
-// it started: waiting for an activation or a gradient (the pipeline bubble), plus the
-// transfers. Thread-safe.
-double PipelineWaitSeconds();
 
 }  // namespace keel::parallel
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/comm_timers.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 #include "torch/nn/modules/linear.h"
@@ -132,7 +133,8 @@ TEST(RunPipelineTest, StagesGiveTheOneRankGradientsBitForBit) {
   const std::map<int, at::Tensor> expected = TrainOnStages(nullptr, &one_rank);
   KEEL_ASSERT_OK(one_rank);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kLayers));
-  const double waited = PipelineWaitSeconds();
+  CommTimers timers;
+  CommTimers::Scope counting(timers);
   for (int stages : {2, 4}) {
     std::vector<std::map<int, at::Tensor>> grads(stages);
     KEEL_ASSERT_OK(RunOnRanks(stages, [&](Rank& r) -> absl::Status {
@@ -149,7 +151,9 @@ TEST(RunPipelineTest, StagesGiveTheOneRankGradientsBitForBit) {
     }
     EXPECT_EQ(seen, kLayers);
   }
-  EXPECT_GT(PipelineWaitSeconds(), waited);  // the later stages waited for activations
+  // The later stages waited for activations.
+  EXPECT_GT(timers.Seconds(CommKind::kPipeline), 0.0);
+  EXPECT_EQ(timers.Seconds(CommKind::kTensorParallel), 0.0);
 }
 
 TEST(RunPipelineTest, ForwardOnlyPassesActivationsAndKeepsNoGraph) {

@@ -7,6 +7,7 @@
 
 #include "ATen/ATen.h"
 #include "base/collectives.h"
+#include "parallel/comm_timers.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -23,22 +24,10 @@ c10d::ProcessGroup* Decode(AutogradContext* ctx) {
   return reinterpret_cast<c10d::ProcessGroup*>(ctx->saved_data["group"].toInt());
 }
 
-std::atomic<int64_t> collective_nanoseconds{0};
-
-// Runs the collective `fn`, counting its time.
-template <typename Fn>
-void Counted(Fn&& fn) {
-  const auto start = std::chrono::steady_clock::now();
-  fn();
-  collective_nanoseconds +=
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count();
-}
-
 at::Tensor AllReduced(const at::Tensor& input, c10d::ProcessGroup* group) {
   base::CheckGroupCarriesOrThrow(group, input.device(), "the tensor-parallel all-reduce");
   std::vector<at::Tensor> tensors = {input.contiguous().clone()};
-  Counted([&] { group->allreduce(tensors)->wait(); });
+  CommTimers::Time(CommKind::kTensorParallel, [&] { group->allreduce(tensors)->wait(); });
   return tensors[0];
 }
 
@@ -54,7 +43,7 @@ at::Tensor Gathered(const at::Tensor& input, c10d::ProcessGroup* group) {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < group->getSize(); ++r) outputs[0].push_back(at::empty_like(mine));
   std::vector<at::Tensor> inputs = {mine};
-  Counted([&] { group->allgather(outputs, inputs)->wait(); });
+  CommTimers::Time(CommKind::kTensorParallel, [&] { group->allgather(outputs, inputs)->wait(); });
   return at::cat(outputs[0], -1);
 }
 
@@ -125,11 +114,7 @@ void AllReduceInPlace(at::Tensor& tensor, c10d::ProcessGroup* group, bool max) {
   std::vector<at::Tensor> tensors = {tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-  Counted([&] { group->allreduce(tensors, options)->wait(); });
-}
-
-double TensorParallelCollectiveSeconds() {
-  return 1e-9 * static_cast<double>(collective_nanoseconds);
+  CommTimers::Time(CommKind::kTensorParallel, [&] { group->allreduce(tensors, options)->wait(); });
 }
 
 }  // namespace keel::parallel

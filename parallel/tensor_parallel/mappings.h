@@ -11,7 +11,9 @@
 //   at::Tensor x = CopyToTensorParallelRegion(input, tp);  // before a column-parallel matmul
 //   at::Tensor y = ReduceFromTensorParallelRegion(at::matmul(x_parallel, w.t()), tp);
 //
-// Collective: every rank of the group runs them in the same order, in forward and in backward.
+// Their time, from the call until the result is in place, counts as CommKind::kTensorParallel
+// (comm_timers.h). Collective: every rank of the group runs them in the same order, in forward
+// and in backward.
 // Errors: they run inside autograd, where nothing returns a status: a failed collective throws
 // c10::Error (Keel's callers turn it into a status with base::CallTorch around forward and
 // backward). Requires: the group outlives the graph; split dimensions divide by its size.
@@ -34,11 +36,6 @@ at::Tensor GatherFromTensorParallelRegion(const at::Tensor& input, c10d::Process
 // Without autograd, for code that computes its own backward (the vocabulary-parallel
 // cross-entropy): `tensor` summed (or maximised) over the group in place.
 void AllReduceInPlace(at::Tensor& tensor, c10d::ProcessGroup* group, bool max = false);
-
-// Wall-clock seconds this process has spent in the collectives above (from the call until the
-// result is in place; forward and backward, every group), since it started: the share of a
-// step that tensor parallelism spends communicating. Thread-safe.
-double TensorParallelCollectiveSeconds();
 
 }  // namespace keel::parallel
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/comm_timers.h"
 #include "parallel/layout.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/layers.h"
@@ -31,7 +32,8 @@ using ::testing::ElementsAre;
 using ::testing::Pair;
 
 TEST(MappingsTest, EachCollectiveAndItsGradient) {
-  const double seconds_before = TensorParallelCollectiveSeconds();
+  CommTimers timers;
+  CommTimers::Scope counting(timers);
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
     c10d::ProcessGroup* tp = r.group.get();
     const double k = r.rank + 1;  // rank 0 holds 1s, rank 1 holds 2s
@@ -56,7 +58,9 @@ TEST(MappingsTest, EachCollectiveAndItsGradient) {
     EXPECT_TRUE(at::equal(whole.grad().narrow(1, 2 * r.rank, 2), at::full({2, 2}, k)));
     return absl::OkStatus();
   }));
-  EXPECT_GT(TensorParallelCollectiveSeconds(), seconds_before);  // the time they took counts
+  // The time they took counts, as tensor parallelism's.
+  EXPECT_GT(timers.Seconds(CommKind::kTensorParallel), 0.0);
+  EXPECT_EQ(timers.Seconds(CommKind::kPipeline), 0.0);
 }
 
 // On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL

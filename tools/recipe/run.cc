@@ -7,9 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/status.h"
-#include "parallel/moe/token_dispatcher.h"
-#include "parallel/pipeline_parallel/schedules.h"
-#include "parallel/tensor_parallel/mappings.h"
 #include "tools/recipe/internal/run_state.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/runtime.h"
@@ -80,9 +77,7 @@ absl::Status Run::Loop() {
   s.watchdog = std::make_unique<HangWatchdog>(runtime_.rank, runtime_.world_size, runtime_.store,
                                               std::move(watchdog));
   s.loop_start = s.interval_start = Clock::now();
-  s.tensor_parallel_start = parallel::TensorParallelCollectiveSeconds();
-  s.pipeline_wait_start = parallel::PipelineWaitSeconds();
-  s.expert_dispatch_start = parallel::ExpertDispatchSeconds();
+  s.counting.emplace(s.comm_timers);
   result_.final_loss = std::numeric_limits<double>::quiet_NaN();
   for (int64_t epoch : scheduler.Epochs()) {
     scheduler.SetEpoch(epoch);

@@ -8,9 +8,6 @@
 #include "base/status.h"
 #include "c10/util/accumulate.h"
 #include "parallel/device_mesh.h"
-#include "parallel/moe/token_dispatcher.h"
-#include "parallel/pipeline_parallel/schedules.h"
-#include "parallel/tensor_parallel/mappings.h"
 #include "tools/recipe/internal/run_state.h"
 #include "tools/recipe/optimizer.h"
 #include "tools/recipe/plot.h"
@@ -84,10 +81,10 @@ absl::StatusOr<TrainResult> Run::Finish() {
   result_.loop_seconds = Seconds(Clock::now() - s.loop_start);
   result_.bookkeeping_seconds = Seconds(s.bookkeeping);
   result_.gradient_wait_seconds = Seconds(s.gradient_wait);
-  result_.tensor_parallel_seconds =
-      parallel::TensorParallelCollectiveSeconds() - s.tensor_parallel_start;
-  result_.pipeline_wait_seconds = parallel::PipelineWaitSeconds() - s.pipeline_wait_start;
-  result_.expert_dispatch_seconds = parallel::ExpertDispatchSeconds() - s.expert_dispatch_start;
+  s.counting.reset();
+  result_.tensor_parallel_seconds = s.comm_timers.Seconds(parallel::CommKind::kTensorParallel);
+  result_.pipeline_wait_seconds = s.comm_timers.Seconds(parallel::CommKind::kPipeline);
+  result_.expert_dispatch_seconds = s.comm_timers.Seconds(parallel::CommKind::kExpertDispatch);
   if (runtime_.rank != 0) return result_;
   std::ostream& log = *runtime_.log;
   if (s.checkpointer->last_saved()) log << "checkpoint: " << *s.checkpointer->last_saved() << "\n";

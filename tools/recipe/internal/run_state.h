@@ -16,6 +16,7 @@
 #include "checkpoint/training_state.h"
 #include "optim/data_parallel_optimizer.h"
 #include "optim/param_scheduler.h"
+#include "parallel/comm_timers.h"
 #include "sampling/megatron_sampler.h"
 #include "sampling/resumable_blend.h"
 #include "scheduling/step_scheduler.h"
@@ -73,13 +74,12 @@ class Run::State {
   Clock::duration bookkeeping{};
   // Time spent after the backward passes waiting for the data-parallel gradient reduction.
   Clock::duration gradient_wait{};
-  // Label tokens since the last progress line, and when it was.
+  // When the loop started.
   Clock::time_point loop_start;
-  // parallel::TensorParallelCollectiveSeconds() and PipelineWaitSeconds() when the loop
-  // started.
-  double tensor_parallel_start = 0.0;
-  double pipeline_wait_start = 0.0;
-  double expert_dispatch_start = 0.0;
+  // The parallel blocks' communication, counted from the loop's start to Finish.
+  parallel::CommTimers comm_timers;
+  std::optional<parallel::CommTimers::Scope> counting;
+  // Label tokens since the last progress line, and when it was.
   Clock::time_point interval_start;
   int64_t interval_tokens = 0;
 
