@@ -89,8 +89,8 @@ struct TrainData {
 // <run_dir>/data holds none, while the other ranks wait for its status (RunOnRankZero); with
 // data.paths, Megatron's datasets (MegatronData::Open; `plan_only` builds no index, for dry
 // runs). A rank that fails to open what rank 0 prepared fails every rank with its error
-// ("rank <r>: ..."). Collective: over runtime.control_group and the store. Errors: kNotFound for a
-// missing dataset or default corpus; kDataLoss for a corrupt one (or its .tokenizer.json);
+// ("rank <r>: ..."). Collective: over runtime.control_group() and the store. Errors: kNotFound for
+// a missing dataset or default corpus; kDataLoss for a corrupt one (or its .tokenizer.json);
 // kInvalidArgument when model.vocab_size is smaller than the vocabulary recorded beside the dataset
 // (TokenizerInfo), MegatronData::Open's, and the sampler's (too few windows).
 [[nodiscard]] absl::StatusOr<TrainData> OpenTrainData(const TrainOptions& options,

@@ -57,7 +57,7 @@ class MegatronData {
   // Builds the splits: rank 0 loads or writes the index caches while the others wait for it
   // (RunOnRankZero), then they load them; with plan_only nothing is read or written and only
   // sizes are known. Rank 0 checks first that every token is below model.vocab_size (a scan
-  // once per dataset, CheckTokenRange). Collective: over runtime.control_group and the store
+  // once per dataset, CheckTokenRange). Collective: over runtime.control_group() and the store
   // (not with plan_only). Errors (all kInvalidArgument, before anything trains): a prefix without
   // its files, a split that gets no documents but is asked for samples, one whose documents
   // hold fewer tokens than a sample, a token at or above model.vocab_size, a training split
@@ -83,7 +83,7 @@ class MegatronData {
   }
   // Continues the training split from a checkpoint's state: when the blend changed, each
   // dataset where it stopped, with a warning on `log` (rank 0) naming the change. Collective:
-  // over runtime.control_group. Errors: kFailedPrecondition for a changed blend under the
+  // over runtime.control_group(). Errors: kFailedPrecondition for a changed blend under the
   // "cyclic" sampler (whose samples are not consumed in order); as ResumableBlend::Continue.
   [[nodiscard]] absl::Status Resume(const sampling::BlendState& saved, const TrainOptions& options,
                                     const TrainRuntime& runtime);

@@ -59,7 +59,7 @@ class NonFiniteGuard : public checkpoint::Stateful {
   // (reduced over the ranks): kStep when both are finite or the check is off; kSkip under the
   // "skip" policy. A non-finite value is seen by every rank at once, which then exchange what
   // each contributed to name the rank(s) where the loss or the gradients went bad.
-  // Collective: over runtime.control_group, only when a value is non-finite. Errors: kAborted
+  // Collective: over runtime.control_group(), only when a value is non-finite. Errors: kAborted
   // naming the step, the ranks and the values when the run must stop (the "stop" policy, or
   // max_consecutive_skipped_steps reached); kUnavailable from peers.
   [[nodiscard]] absl::StatusOr<Verdict> Check(int64_t step, double loss, double grad_norm,
@@ -75,7 +75,7 @@ class NonFiniteGuard : public checkpoint::Stateful {
 
  private:
   // What went wrong at `step`: the ranks whose loss or gradients are non-finite, with their
-  // values, and the gradient norm. Collective: over runtime.control_group.
+  // values, and the gradient norm. Collective: over runtime.control_group().
   absl::StatusOr<std::string> Describe(int64_t step, double grad_norm, const Local& local,
                                        const TrainRuntime& runtime) const;
 

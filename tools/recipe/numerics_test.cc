@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
+#include "tools/recipe/runtime_testutil.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -98,10 +99,9 @@ TEST(NonFiniteGuardTest, EveryRankNamesTheRanksWhoseLossOrGradientsWentBad) {
   std::vector<absl::Status> statuses(3);
   KEEL_ASSERT_OK(keel::testing::RunOnRanks(3, [&](keel::testing::Rank& r) -> absl::Status {
     std::ostringstream log;
+    KEEL_ASSIGN_OR_RETURN(const parallel::DeviceMesh mesh, GlooMesh(r));
     TrainRuntime runtime;
-    runtime.rank = r.rank;
-    runtime.world_size = 3;
-    runtime.control_group = r.group.get();
+    AttachMesh(mesh, at::kCPU, runtime);
     runtime.log = &log;
     NonFiniteGuard guard{NumericsOptions{}};
     NonFiniteGuard::Local local;

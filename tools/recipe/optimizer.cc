@@ -42,17 +42,17 @@ absl::StatusOr<std::unique_ptr<optim::DataParallelOptimizer>> BuildOptimizer(
     const TrainRuntime& runtime, const std::string& expert_dim) {
   optim::DataParallelOptimizerOptions optimizer_options;
   optimizer_options.use_distributed_optimizer = options.distributed.use_distributed_optimizer;
-  optimizer_options.clip.pp_group = runtime.pp_group;
+  optimizer_options.clip.pp_group = runtime.pipeline_group();
   optimizer_options.clip.device = runtime.device;
   optimizer_options.expert_dim_name = expert_dim;
-  optimizer_options.expert_data_parallel_group = runtime.expert_data_group;
+  optimizer_options.expert_data_parallel_group = runtime.expert_data_group();
   if (options.bf16) {
     // Megatron's bf16: float32 main parameters, main gradients in float32 unless told.
     optimizer_options.sync.main_grad_dtype =
         options.distributed.grad_reduce_in_fp32.value_or(true) ? at::kFloat : at::kBFloat16;
   }
   return optim::DataParallelOptimizer::Create(
-      std::move(parameters), runtime.group,
+      std::move(parameters), runtime.gradient_group(),
       AdamW(options.optimizer, UsesFusedAdamW(options.optimizer, runtime.device)),
       optimizer_options);
 }

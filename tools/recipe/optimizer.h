@@ -26,9 +26,9 @@ namespace keel::tools::recipe {
 bool UsesFusedAdamW(const OptimizerOptions& options, const at::Device& device);
 
 // The optimizer over `parameters` (with their layouts; expert parameters are those whose layout
-// has a dimension named `expert_dim`), averaging over runtime.group (none on one data-parallel
-// rank), clipping over runtime.pp_group too. Collective: over runtime.group.
-// Errors: those of optim::DataParallelOptimizer::Create.
+// has a dimension named `expert_dim`), averaging over runtime.gradient_group() (none on one
+// data-parallel rank), clipping over runtime.pipeline_group() too. Collective: over
+// runtime.gradient_group(). Errors: those of optim::DataParallelOptimizer::Create.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<optim::DataParallelOptimizer>> BuildOptimizer(
     std::vector<gradients::NamedParameter> parameters, const TrainOptions& options,
     const TrainRuntime& runtime, const std::string& expert_dim);

@@ -96,8 +96,8 @@ absl::Status ReadDistributed(const DistributedConfig& config, DistributedOptions
                                options.timeout_seconds, "must be > 0"));
   if (options.hang_timeout_seconds.has_value()) {
     KEEL_RETURN_IF_ERROR(Require(*options.hang_timeout_seconds >= 0,
-                                 "distributed.hang_timeout_seconds",
-                                 *options.hang_timeout_seconds, "must be >= 0 (0: off)"));
+                                 "distributed.hang_timeout_seconds", *options.hang_timeout_seconds,
+                                 "must be >= 0 (0: off)"));
   }
   return RefuseModelParallelism(options.parallel);
 }

@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
   State& s = *run->state_;
   absl::StatusOr<Scheduler> scheduler = scheduling::BuildStepScheduler(
       options.step_scheduler, *s.data.sampler, run->runtime_.dp_size, options.local_batch_size,
-      run->runtime_.control_group, std::move(run->runtime_.preemption));
+      run->runtime_.control_group(), std::move(run->runtime_.preemption));
   KEEL_RETURN_IF_ERROR(base::Annotate(
       scheduler.status(), absl::StrCat("step_scheduler over the ", s.data.splits.train_size(),
                                        " training windows of ", s.data.prefix)));
@@ -74,7 +74,7 @@ absl::Status Run::Loop() {
   if (options_.distributed.hang_timeout_seconds.has_value()) {
     watchdog.timeout_seconds = static_cast<double>(*options_.distributed.hang_timeout_seconds);
   }
-  s.watchdog = std::make_unique<HangWatchdog>(runtime_.rank, runtime_.world_size, runtime_.store,
+  s.watchdog = std::make_unique<HangWatchdog>(runtime_.rank, runtime_.world_size, runtime_.store(),
                                               std::move(watchdog));
   s.loop_start = s.interval_start = Clock::now();
   s.counting.emplace(s.comm_timers);

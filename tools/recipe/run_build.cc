@@ -24,8 +24,8 @@ absl::Status Run::BuildModel() {
   State& s = *state_;
   if (options_.tf32) base::SetCudaMatmulTf32(true);
   torch::manual_seed(options_.seed);
-  s.model.emplace(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group,
-                  runtime_.expert_tp_group);
+  s.model.emplace(options_.model, runtime_.tensor_group(), runtime_.pipeline_group(),
+                  runtime_.expert_group(), runtime_.expert_tensor_group());
   (*s.model)->to(runtime_.device);
   if (options_.bf16) (*s.model)->to(at::kBFloat16);
   std::vector<gradients::NamedParameter> parameters =
@@ -87,7 +87,7 @@ absl::Status Run::BuildCheckpointing() {
     s.statefuls["data"] = s.data_state.get();
   }
   KEEL_ASSIGN_OR_RETURN(s.checkpointer, checkpoint::Checkpointer::Create(
-                                            options_.checkpoint, runtime_.checkpoint_group));
+                                            options_.checkpoint, runtime_.checkpoint_group()));
   return base::MakeDirectories(options_.checkpoint.checkpoint_dir);
 }
 

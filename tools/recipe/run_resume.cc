@@ -143,8 +143,8 @@ absl::Status Run::ResetState() {
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
-  Gpt fresh(options_.model, runtime_.tp_group, runtime_.pp_group, runtime_.ep_group,
-            runtime_.expert_tp_group);
+  Gpt fresh(options_.model, runtime_.tensor_group(), runtime_.pipeline_group(),
+            runtime_.expert_group(), runtime_.expert_tensor_group());
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
     at::NoGradGuard no_grad;
     auto live = (*s.model)->named_parameters();

@@ -115,7 +115,7 @@ absl::Status Run::CheckNorm(double norm) {
   if (every == 0 || step % every != 0 || !std::isfinite(norm)) return absl::OkStatus();
   KEEL_ASSIGN_OR_RETURN(
       gradients::NormCheck check,
-      gradients::CheckGradNorm(state_->optimizer->StepParameters(), runtime_.control_group));
+      gradients::CheckGradNorm(state_->optimizer->StepParameters(), runtime_.control_group()));
   // The gradients are clipped by then: their norm is the norm times the clip coefficient.
   const double clipped = norm * std::min(1.0, options_.max_norm / (norm + 1e-6));
   if (check.Agrees(clipped)) return absl::OkStatus();

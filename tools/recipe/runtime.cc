@@ -16,26 +16,78 @@
 
 namespace keel::tools::recipe {
 
+namespace {
+
+using parallel::GroupKind;
+
+// The mesh's group of `kind` (nullptr for a single process); `host`: its Gloo twin.
+c10d::ProcessGroup* MeshGroup(const TrainRuntime& runtime, GroupKind kind, bool host = false) {
+  if (runtime.mesh == nullptr) return nullptr;
+  return host ? runtime.mesh->GlooGroup(kind) : runtime.mesh->Group(kind);
+}
+
+// As MeshGroup, but nullptr where the group is this rank alone.
+c10d::ProcessGroup* ParallelGroup(const TrainRuntime& runtime, GroupKind kind, bool host = false) {
+  if (runtime.mesh == nullptr || runtime.mesh->GroupSize(kind) <= 1) return nullptr;
+  return MeshGroup(runtime, kind, host);
+}
+
+}  // namespace
+
+c10d::ProcessGroup* TrainRuntime::gradient_group() const {
+  return ParallelGroup(*this, GroupKind::kDpCp);
+}
+c10d::ProcessGroup* TrainRuntime::tensor_group() const { return MeshGroup(*this, GroupKind::kTp); }
+c10d::ProcessGroup* TrainRuntime::expert_group() const { return MeshGroup(*this, GroupKind::kEp); }
+c10d::ProcessGroup* TrainRuntime::expert_tensor_group() const {
+  return MeshGroup(*this, GroupKind::kExpertTp);
+}
+c10d::ProcessGroup* TrainRuntime::expert_data_group() const {
+  return MeshGroup(*this, GroupKind::kExpertDp);
+}
+c10d::ProcessGroup* TrainRuntime::pipeline_group() const {
+  return ParallelGroup(*this, GroupKind::kPp);
+}
+c10d::ProcessGroup* TrainRuntime::embedding_group() const {
+  return pipeline_group() == nullptr ? nullptr : MeshGroup(*this, GroupKind::kEmbedding);
+}
+c10d::ProcessGroup* TrainRuntime::control_group() const {
+  return mesh == nullptr ? nullptr : mesh->control_group();
+}
+c10d::ProcessGroup* TrainRuntime::data_host_group() const {
+  return MeshGroup(*this, GroupKind::kDp, /*host=*/true);
+}
+c10d::ProcessGroup* TrainRuntime::pipeline_host_group() const {
+  return ParallelGroup(*this, GroupKind::kPp, /*host=*/true);
+}
+c10d::ProcessGroup* TrainRuntime::checkpoint_group() const {
+  return mesh == nullptr ? nullptr : mesh->checkpoint_group();
+}
+c10d::Store* TrainRuntime::store() const { return mesh == nullptr ? nullptr : mesh->store(); }
+
 absl::Status ReduceOverRanks(at::Tensor& tensor, base::Reduce op, const TrainRuntime& runtime,
                              absl::string_view what) {
-  if (runtime.control_group == nullptr) return absl::OkStatus();
-  return base::AllReduce(tensor, op, *runtime.control_group, what);
+  c10d::ProcessGroup* group = runtime.control_group();
+  if (group == nullptr) return absl::OkStatus();
+  return base::AllReduce(tensor, op, *group, what);
 }
 
 absl::Status SumOverData(at::Tensor& tensor, const TrainRuntime& runtime, absl::string_view what) {
-  if (runtime.data_group == nullptr) return absl::OkStatus();
-  return base::AllReduce(tensor, base::Reduce::kSum, *runtime.data_group, what);
+  c10d::ProcessGroup* group = runtime.data_host_group();
+  if (group == nullptr) return absl::OkStatus();
+  return base::AllReduce(tensor, base::Reduce::kSum, *group, what);
 }
 
 absl::Status SumOverStages(at::Tensor& tensor, const TrainRuntime& runtime,
                            absl::string_view what) {
-  if (runtime.pipeline_group == nullptr) return absl::OkStatus();
-  return base::AllReduce(tensor, base::Reduce::kSum, *runtime.pipeline_group, what);
+  c10d::ProcessGroup* group = runtime.pipeline_host_group();
+  if (group == nullptr) return absl::OkStatus();
+  return base::AllReduce(tensor, base::Reduce::kSum, *group, what);
 }
 
 absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                             absl::string_view what) {
-  return base::AgreeOnStatus(status, runtime.control_group, what);
+  return base::AgreeOnStatus(status, runtime.control_group(), what);
 }
 
 namespace {
@@ -61,10 +113,8 @@ absl::Status DecodeStatus(const std::vector<uint8_t>& bytes) {
 
 absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
                            const std::function<absl::Status()>& phase, const RankZeroWait& wait) {
-  c10d::Store* store = runtime.world_size > 1 ? runtime.store : nullptr;
-  if (store == nullptr) {
-    return AgreeOverRanks(runtime.rank == 0 ? phase() : absl::OkStatus(), runtime, what);
-  }
+  c10d::Store* store = runtime.world_size > 1 ? runtime.store() : nullptr;
+  if (store == nullptr) return phase();
   const std::string key = absl::StrCat("keel/rank_zero/", what);
   if (runtime.rank == 0) {
     const absl::Status status = phase();
@@ -130,25 +180,6 @@ void AttachMesh(const parallel::DeviceMesh& mesh, const at::Device& device, Trai
   runtime.dp_size = mesh.GroupSize(parallel::GroupKind::kDp);
   runtime.mesh = &mesh;
   runtime.device = device;
-  // Megatron's DDP reduces dense gradients over dp with cp (get_data_parallel_group(
-  // with_context_parallel=True)); over one rank there is nothing to reduce (and on a GPU the
-  // reduction's buckets, kernels and failure check would cost every step).
-  runtime.group = mesh.GroupSize(parallel::GroupKind::kDpCp) > 1
-                      ? mesh.Group(parallel::GroupKind::kDpCp)
-                      : nullptr;
-  runtime.tp_group = mesh.Group(parallel::GroupKind::kTp);
-  runtime.ep_group = mesh.Group(parallel::GroupKind::kEp);
-  runtime.expert_tp_group = mesh.Group(parallel::GroupKind::kExpertTp);
-  runtime.expert_data_group = mesh.Group(parallel::GroupKind::kExpertDp);
-  if (mesh.GroupSize(parallel::GroupKind::kPp) > 1) {
-    runtime.pp_group = mesh.Group(parallel::GroupKind::kPp);
-    runtime.pipeline_group = mesh.GlooGroup(parallel::GroupKind::kPp);
-    runtime.embedding_group = mesh.Group(parallel::GroupKind::kEmbedding);
-  }
-  runtime.control_group = mesh.control_group();
-  runtime.data_group = mesh.GlooGroup(parallel::GroupKind::kDp);
-  runtime.checkpoint_group = mesh.checkpoint_group();
-  runtime.store = mesh.store();
 }
 
 }  // namespace keel::tools::recipe

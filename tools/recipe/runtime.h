@@ -40,45 +40,11 @@ struct TrainRuntime {
   // the sampler slices the data by and the gradients are averaged over.
   int dp_rank = 0;
   int dp_size = 1;
-  // The mesh the groups come from (its layout, every kind's group); nullptr for a runtime that
-  // was not connected (a single process in tests, the dry run).
+  // The mesh the groups come from (its layout, every kind's group, the store); nullptr for a
+  // single process (tests, the dry run), where every group below is nullptr.
   const parallel::DeviceMesh* mesh = nullptr;
   // Where the model trains: the CPU, or this rank's GPU with the NCCL backend.
   at::Device device = at::kCPU;
-  // The data-parallel group for tensors on `device` (gradient sync); nullptr for one
-  // data-parallel rank.
-  c10d::ProcessGroup* group = nullptr;
-  // The tensor-parallel group for tensors on `device` (the model's layers); nullptr for a
-  // single process.
-  c10d::ProcessGroup* tp_group = nullptr;
-  // The pipeline stages of this rank's pipeline, for activations and their gradients on
-  // `device`; nullptr for one stage.
-  c10d::ProcessGroup* pp_group = nullptr;
-  // A CPU (Gloo) group of the same stages, for the losses the last stage computes; nullptr for
-  // one stage.
-  c10d::ProcessGroup* pipeline_group = nullptr;
-  // The first and last stage of this rank's pipeline (Megatron's embedding group), which both
-  // hold the tied word embedding, on `device`; nullptr on the other stages and for one stage.
-  c10d::ProcessGroup* embedding_group = nullptr;
-  // The expert-parallel group (the ranks that split the experts) and the expert data-parallel
-  // group (the ranks holding the same experts) on `device`; nullptr for a single process.
-  c10d::ProcessGroup* ep_group = nullptr;
-  c10d::ProcessGroup* expert_data_group = nullptr;
-  // The ranks one expert's weights are split across (Megatron's expert tensor-parallel group).
-  c10d::ProcessGroup* expert_tp_group = nullptr;
-  // A CPU (Gloo) group of all ranks for host scalars: the preemption flag, agreement on
-  // errors. nullptr for a single process.
-  c10d::ProcessGroup* control_group = nullptr;
-  // A CPU (Gloo) group of the data-parallel ranks, for sums over the data (label tokens,
-  // losses), which every tensor-parallel rank computes alike. nullptr for a single process.
-  c10d::ProcessGroup* data_group = nullptr;
-  // A third group over the same ranks for checkpoint exchanges (async saves run them on a
-  // background thread); nullptr for a single process.
-  c10d::ProcessGroup* checkpoint_group = nullptr;
-  // The rendezvous store of the mesh, for RunOnRankZero's waits; nullptr for a single process
-  // (and for a runtime a test assembles from groups alone: RunOnRankZero agrees over the
-  // control group then).
-  c10d::Store* store = nullptr;
   // Progress lines and notices (rank 0 writes them).
   std::ostream* log = nullptr;
   // How many times the launcher restarted the workers before this start
@@ -89,27 +55,51 @@ struct TrainRuntime {
   // This rank's preemption flag; nullptr installs handlers for
   // step_scheduler.preemption_signal.
   std::unique_ptr<scheduling::PreemptionFlag> preemption;
+
+  // The mesh's groups by what the trainer does with them (not owned). On `device` (NCCL on
+  // GPUs): the gradients' average over data x context parallelism (nullptr for one such
+  // rank: on a GPU its buckets, kernels and failure check would cost every step); the model's
+  // tensor-, expert- and expert tensor-parallel layers, and the expert data-parallel average;
+  // the pipeline's activations and the tied embedding of its first and last stage (nullptr
+  // for one stage).
+  c10d::ProcessGroup* gradient_group() const;
+  c10d::ProcessGroup* tensor_group() const;
+  c10d::ProcessGroup* expert_group() const;
+  c10d::ProcessGroup* expert_tensor_group() const;
+  c10d::ProcessGroup* expert_data_group() const;
+  c10d::ProcessGroup* pipeline_group() const;
+  c10d::ProcessGroup* embedding_group() const;
+  // Gloo twins, for host values: all ranks (the preemption flag, agreement on errors); the
+  // data-parallel ranks (sums over the data: label tokens, losses); the pipeline's stages
+  // (what the last stage computes; nullptr for one stage); all ranks again for checkpoint
+  // exchanges (async saves run them on a thread of their own).
+  c10d::ProcessGroup* control_group() const;
+  c10d::ProcessGroup* data_host_group() const;
+  c10d::ProcessGroup* pipeline_host_group() const;
+  c10d::ProcessGroup* checkpoint_group() const;
+  // The rendezvous store of the mesh (RunOnRankZero's waits, the hang watchdog).
+  c10d::Store* store() const;
 };
 
 // Reduces `tensor` in place over the control group (nothing for a single process).
-// Collective: over runtime.control_group. Errors: kUnavailable naming `what`.
+// Collective: over runtime.control_group(). Errors: kUnavailable naming `what`.
 [[nodiscard]] absl::Status ReduceOverRanks(at::Tensor& tensor, base::Reduce op,
                                            const TrainRuntime& runtime, absl::string_view what);
 
 // Sums `tensor` in place over the data-parallel ranks (nothing for a single process): each
 // batch counted once, however many tensor-parallel ranks compute it.
-// Collective: over runtime.data_group. Errors: kUnavailable naming `what`.
+// Collective: over runtime.data_host_group(). Errors: kUnavailable naming `what`.
 [[nodiscard]] absl::Status SumOverData(at::Tensor& tensor, const TrainRuntime& runtime,
                                        absl::string_view what);
 
 // Sums `tensor` in place over the stages of this rank's pipeline (nothing for a single
 // process): what only the last stage computes reaches every stage.
-// Collective: over runtime.pipeline_group. Errors: kUnavailable naming `what`.
+// Collective: over runtime.pipeline_host_group(). Errors: kUnavailable naming `what`.
 [[nodiscard]] absl::Status SumOverStages(at::Tensor& tensor, const TrainRuntime& runtime,
                                          absl::string_view what);
 
 // Every rank learns whether any rank failed: all ranks return the lowest failing rank's status
-// ("rank <r>: ..."), or OK (base::AgreeOnStatus). Collective: over runtime.control_group.
+// ("rank <r>: ..."), or OK (base::AgreeOnStatus). Collective: over runtime.control_group().
 [[nodiscard]] absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runtime,
                                           absl::string_view what);
 
@@ -125,10 +115,9 @@ struct RankZeroWait {
 // index caches), which may take far longer than distributed.timeout_seconds: rank 0 runs
 // `phase` and publishes its status in the store; the other ranks wait for it there, outside
 // any collective (polling; a progress line, as `wait` says). Every rank returns rank 0's
-// status (prefixed "rank 0: " on the others). Without a store, the ranks agree over the
-// control group instead, bounded by its timeout. Collective: every rank calls it with the same
-// `what`, once per launch. Errors: rank 0's; kUnavailable when the store fails (rank 0 gone);
-// kDeadlineExceeded after wait.limit.
+// status (prefixed "rank 0: " on the others). A single process runs `phase`. Collective: every
+// rank calls it with the same `what`, once per launch. Errors: rank 0's; kUnavailable when the
+// store fails (rank 0 gone); kDeadlineExceeded after wait.limit.
 [[nodiscard]] absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
                                          const std::function<absl::Status()>& phase,
                                          const RankZeroWait& wait = {});
@@ -146,7 +135,7 @@ class ProcessGroups {
   [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const parallel::WorkerEnv& env,
                                                              const DistributedOptions& options);
 
-  // Fills rank, world size, coordinates, device and the groups of `runtime` (AttachMesh).
+  // Fills rank, world size, coordinates, device and the mesh of `runtime` (AttachMesh).
   // Requires: these groups outlive `runtime`.
   void Attach(TrainRuntime& runtime) const;
 
@@ -161,7 +150,7 @@ class ProcessGroups {
   at::Device device_;
 };
 
-// Fills rank, world size, coordinates, device and the groups of `runtime` from `mesh`, whose
+// Fills rank, world size, coordinates, device and the mesh of `runtime` from `mesh`, whose
 // device groups carry tensors on `device`. Requires: `mesh` outlives `runtime`.
 void AttachMesh(const parallel::DeviceMesh& mesh, const at::Device& device, TrainRuntime& runtime);
 

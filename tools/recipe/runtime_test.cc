@@ -17,6 +17,7 @@
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 #include "tools/recipe/data.h"
+#include "tools/recipe/runtime_testutil.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -29,15 +30,9 @@ using ::testing::IsEmpty;
 
 constexpr int kRanks = 3;
 
-TrainRuntime RuntimeOf(Rank& r, std::ostream& log, bool with_store = true) {
+TrainRuntime RuntimeOf(const parallel::DeviceMesh& mesh, std::ostream& log) {
   TrainRuntime runtime;
-  runtime.rank = r.rank;
-  runtime.world_size = r.world_size;
-  runtime.dp_rank = r.rank;
-  runtime.dp_size = r.world_size;
-  runtime.control_group = r.group.get();
-  runtime.data_group = r.group.get();
-  runtime.store = with_store ? r.store.get() : nullptr;
+  AttachMesh(mesh, at::kCPU, runtime);
   runtime.log = &log;
   return runtime;
 }
@@ -50,7 +45,9 @@ TEST(RunOnRankZeroTest, APhaseLongerThanTheCollectiveTimeoutPasses) {
   KEEL_ASSERT_OK(RunOnRanks(
       kRanks,
       [&](Rank& r) -> absl::Status {
-        const TrainRuntime runtime = RuntimeOf(r, logs[r.rank]);
+        KEEL_ASSIGN_OR_RETURN(const parallel::DeviceMesh mesh,
+                              GlooMesh(r, {}, std::chrono::seconds(1)));
+        const TrainRuntime runtime = RuntimeOf(mesh, logs[r.rank]);
         KEEL_RETURN_IF_ERROR(RunOnRankZero(
             runtime, "a slow phase",
             [] {
@@ -66,27 +63,33 @@ TEST(RunOnRankZeroTest, APhaseLongerThanTheCollectiveTimeoutPasses) {
   EXPECT_THAT(logs[2].str(), IsEmpty());  // one line for all waiting ranks
 }
 
-TEST(RunOnRankZeroTest, RankZerosErrorReachesEveryRankWithOrWithoutAStore) {
-  for (const bool with_store : {true, false}) {
-    std::vector<absl::Status> statuses(kRanks);
-    int runs = 0;
-    KEEL_ASSERT_OK(RunOnRanks(kRanks, [&](Rank& r) -> absl::Status {
-      std::ostringstream log;
-      statuses[r.rank] = RunOnRankZero(RuntimeOf(r, log, with_store), "preparing the corpus", [&] {
-        ++runs;  // rank 0 alone
-        return absl::NotFoundError("the corpus is missing");
-      });
-      return absl::OkStatus();
-    }));
-    EXPECT_EQ(runs, 1);
-    EXPECT_THAT(statuses[0],
-                StatusIs(absl::StatusCode::kNotFound, HasSubstr("the corpus is missing")));
-    for (int rank = 1; rank < kRanks; ++rank) {
-      EXPECT_THAT(statuses[rank],
-                  StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 0: the corpus is missing")))
-          << "rank " << rank << (with_store ? " with" : " without") << " a store";
-    }
+TEST(RunOnRankZeroTest, RankZerosErrorReachesEveryRank) {
+  std::vector<absl::Status> statuses(kRanks);
+  int runs = 0;
+  KEEL_ASSERT_OK(RunOnRanks(kRanks, [&](Rank& r) -> absl::Status {
+    std::ostringstream log;
+    KEEL_ASSIGN_OR_RETURN(const parallel::DeviceMesh mesh, GlooMesh(r));
+    statuses[r.rank] = RunOnRankZero(RuntimeOf(mesh, log), "preparing the corpus", [&] {
+      ++runs;  // rank 0 alone
+      return absl::NotFoundError("the corpus is missing");
+    });
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(runs, 1);
+  EXPECT_THAT(statuses[0],
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("the corpus is missing")));
+  for (int rank = 1; rank < kRanks; ++rank) {
+    EXPECT_THAT(statuses[rank],
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 0: the corpus is missing")))
+        << "rank " << rank;
   }
+  // A single process runs the phase.
+  std::ostringstream log;
+  TrainRuntime alone;
+  alone.log = &log;
+  EXPECT_THAT(RunOnRankZero(alone, "preparing the corpus",
+                            [] { return absl::NotFoundError("no corpus here"); }),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no corpus here")));
 }
 
 // A dataset rank 2 cannot see (a network file system that does not show it yet): every rank
@@ -114,7 +117,8 @@ TEST(OpenTrainDataTest, ARankThatCannotOpenTheDataFailsEveryRankAtOnce) {
         options.local_batch_size = 2;
         options.sampler.micro_batch_size = 2;
         options.sampler.global_batch_size = 6;
-        statuses[r.rank] = OpenTrainData(options, RuntimeOf(r, log)).status();
+        KEEL_ASSIGN_OR_RETURN(const parallel::DeviceMesh mesh, GlooMesh(r));
+        statuses[r.rank] = OpenTrainData(options, RuntimeOf(mesh, log)).status();
         return absl::OkStatus();
       },
       std::chrono::seconds(30)));

@@ -35,8 +35,8 @@ void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter
 }
 
 StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRuntime& runtime) {
-  const int averaged_over = base::GroupSize(runtime.group);
-  const bool pipelined = runtime.pp_group != nullptr;
+  const int averaged_over = base::GroupSize(runtime.gradient_group());
+  const bool pipelined = runtime.pipeline_group() != nullptr;
   const double tokens = static_cast<double>(label_tokens);
   StepScaling scaling;
   scaling.loss_scale = pipelined ? 1.0 : averaged_over / tokens;
@@ -55,7 +55,7 @@ absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& 
                                      const TrainRuntime& runtime, const StageRunOptions& options) {
   // Expert-parallel ranks exchange tokens in every MoE block: a rank without a batch runs an
   // empty one, so that it joins its peers' all-to-alls.
-  const bool expert_parallel = runtime.ep_group != nullptr && runtime.ep_group->getSize() > 1;
+  const bool expert_parallel = base::GroupSize(runtime.expert_group()) > 1;
   TokenBatch empty;
   empty.inputs = at::zeros({0, 1}, at::TensorOptions().dtype(at::kLong).device(runtime.device));
   empty.labels = empty.inputs;
@@ -89,7 +89,8 @@ absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& 
   pipeline.activation_options =
       at::TensorOptions().dtype(options.activation_dtype).device(runtime.device);
   pipeline.forward_only = options.forward_only;
-  KEEL_RETURN_IF_ERROR(parallel::RunPipeline(num_micro_batches, stage, runtime.pp_group, pipeline));
+  KEEL_RETURN_IF_ERROR(
+      parallel::RunPipeline(num_micro_batches, stage, runtime.pipeline_group(), pipeline));
   if (num_micro_batches == 0 && !options.forward_only && options.without_backward) {
     options.without_backward();
   }
@@ -98,13 +99,13 @@ absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& 
 
 absl::Status ReduceEmbeddingGrads(const std::vector<gradients::NamedParameter>& parameters,
                                   const TrainRuntime& runtime) {
-  if (runtime.embedding_group == nullptr) return absl::OkStatus();
+  if (runtime.embedding_group() == nullptr) return absl::OkStatus();
   for (const gradients::NamedParameter& p : parameters) {
     if (p.name != kWordEmbedding) continue;
     at::Tensor param = p.param;
     if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
     at::Tensor grad = param.grad();
-    return base::AllReduce(grad, base::Reduce::kSum, *runtime.embedding_group,
+    return base::AllReduce(grad, base::Reduce::kSum, *runtime.embedding_group(),
                            "the tied word embedding's gradients");
   }
   return absl::OkStatus();
@@ -114,15 +115,16 @@ absl::StatusOr<std::set<std::string>> KeysOfOtherStages(
     torch::nn::Module& model, const checkpoint::ModelStateOptions& options,
     const TrainRuntime& runtime) {
   std::set<std::string> others;
-  if (runtime.pipeline_group == nullptr) return others;
+  if (runtime.pipeline_host_group() == nullptr) return others;
   const checkpoint::ModelState state(model, options);
   KEEL_ASSIGN_OR_RETURN(checkpoint::State mine, state.StateDict());
   std::set<std::string> own;
   for (const auto& [key, ref] : mine.tensors) own.insert(key);
   for (const auto& [key, tied_to] : state.TiedKeys()) own.insert(key);
-  KEEL_ASSIGN_OR_RETURN(std::vector<std::string> stages,
-                        base::AllGatherBytes(absl::StrJoin(own, std::string(1, '\0')),
-                                             *runtime.pipeline_group, "the stages' tensor names"));
+  KEEL_ASSIGN_OR_RETURN(
+      std::vector<std::string> stages,
+      base::AllGatherBytes(absl::StrJoin(own, std::string(1, '\0')), *runtime.pipeline_host_group(),
+                           "the stages' tensor names"));
   for (const std::string& stage : stages) {
     for (absl::string_view key : absl::StrSplit(stage, '\0', absl::SkipEmpty())) {
       if (own.count(std::string(key)) == 0) others.emplace(key);

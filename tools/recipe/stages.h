@@ -48,8 +48,8 @@ struct StageRunOptions {
 
 // How one step's losses and gradients are scaled (NeMo's and Megatron's arithmetic): the
 // gradients are averaged over the ranks that reduce them (data x context parallel:
-// runtime.group), so each rank's summed token loss is scaled to make them sum to d(mean loss
-// over the global batch's label tokens); over pipeline stages the loss is summed instead and
+// runtime.gradient_group()), so each rank's summed token loss is scaled to make them sum to d(mean
+// loss over the global batch's label tokens); over pipeline stages the loss is summed instead and
 // NeMo's PP scaling divides the gradients after the backward passes.
 struct StepScaling {
   // StageRunOptions::loss_scale.
@@ -68,8 +68,8 @@ struct StepScaling {
 // then stops or skips. Requires: micro_batches > 0.
 StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRuntime& runtime);
 
-// The defined micro-batches of `batches` through this rank's stage over runtime.pp_group, in
-// the 1F1B order (parallel::RunPipeline); every stage of a pipeline reads the same batches.
+// The defined micro-batches of `batches` through this rank's stage over runtime.pipeline_group(),
+// in the 1F1B order (parallel::RunPipeline); every stage of a pipeline reads the same batches.
 // Returns the summed token loss over the labels that count (the last stage's; 0 on the
 // others), each micro-batch's float32 sum added in float64 on runtime.device: a 0-d tensor
 // that nothing waits for until it is read. Collective: over the tensor-parallel and pipeline
@@ -81,7 +81,7 @@ StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRu
 
 // Megatron's embedding-group all-reduce: the first and last stage's word-embedding gradients
 // (among `parameters`, after the data-parallel sync) summed, so that both copies take the same
-// step; a missing gradient counts as zeros. Nothing without runtime.embedding_group.
+// step; a missing gradient counts as zeros. Nothing without runtime.embedding_group().
 // Collective: over the embedding group. Errors: kUnavailable from peers.
 [[nodiscard]] absl::Status ReduceEmbeddingGrads(
     const std::vector<gradients::NamedParameter>& parameters, const TrainRuntime& runtime);
@@ -89,7 +89,7 @@ StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRu
 // The keys that ModelState(model, options) gives the other stages of this rank's pipeline
 // (tied ones included): what a stage leaves to them when it reads the whole model's files
 // (checkpoint::LoadHfSafetensors' held_elsewhere). Empty on one stage.
-// Collective: over runtime.pipeline_group. Errors: kUnavailable from peers; ModelState's.
+// Collective: over runtime.pipeline_host_group(). Errors: kUnavailable from peers; ModelState's.
 [[nodiscard]] absl::StatusOr<std::set<std::string>> KeysOfOtherStages(
     torch::nn::Module& model, const checkpoint::ModelStateOptions& options,
     const TrainRuntime& runtime);
