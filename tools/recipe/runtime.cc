@@ -1,5 +1,6 @@
 #include "tools/recipe/runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -118,15 +119,20 @@ absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
   const std::string key = absl::StrCat("keel/rank_zero/", what);
   if (runtime.rank == 0) {
     const absl::Status status = phase();
-    KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kUnavailable,
-                                         absl::StrCat("publishing the outcome of ", what),
-                                         [&] { store->set(key, EncodeStatus(status)); }));
+    KEEL_RETURN_IF_ERROR(base::CallTorch(
+        absl::StatusCode::kUnavailable, absl::StrCat("publishing the outcome of ", what), [&] {
+          const std::string encoded = EncodeStatus(status);
+          store->set(key, std::vector<uint8_t>(encoded.begin(), encoded.end()));
+        }));
     return status;
   }
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   Clock::time_point next_line = start + wait.progress_every;
   const std::string context = absl::StrCat("waiting for rank 0: ", what);
+  // Polls at 10 Hz at first, then once a second: thousands of waiting ranks over a long index
+  // build ask the store a few thousand times a second, not tens of thousands.
+  std::chrono::milliseconds poll(100);
   while (true) {
     bool published = false;
     KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kUnavailable, context,
@@ -146,7 +152,8 @@ absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
       }
       next_line += wait.progress_every;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(poll);
+    poll = std::min<std::chrono::milliseconds>(2 * poll, std::chrono::seconds(1));
   }
   std::vector<uint8_t> bytes;
   KEEL_RETURN_IF_ERROR(

@@ -138,7 +138,7 @@ void HangWatchdog::Publish() {
     const std::string state = Encode(WallClock::now());
     lock.unlock();
     try {
-      store_->set(key, state);
+      store_->set(key, std::vector<uint8_t>(state.begin(), state.end()));
     } catch (const std::exception&) {
       // The store is gone (its host ended): the collectives fail on their own.
     }
