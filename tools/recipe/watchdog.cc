@@ -138,6 +138,7 @@ void HangWatchdog::Publish() {
     const std::string state = Encode(WallClock::now());
     lock.unlock();
     try {
+      std::lock_guard<std::mutex> store_lock(*store_mutex_);
       store_->set(key, std::vector<uint8_t>(state.begin(), state.end()));
     } catch (const std::exception&) {
       // The store is gone (its host ended): the collectives fail on their own.
@@ -185,17 +186,23 @@ struct Gathered {
   std::vector<std::optional<RankState>> states;
 };
 
-void Gather(c10d::Store* store, int world_size, const std::shared_ptr<Gathered>& out) {
+void Gather(c10d::Store* store, std::mutex& store_mutex, int world_size,
+            const std::shared_ptr<Gathered>& out) {
+  std::lock_guard<std::mutex> store_lock(store_mutex);
   bool reporter = true;
   std::vector<std::optional<RankState>> states(world_size);
   try {
     reporter = store->add(absl::StrCat(kKeyPrefix, "reporters"), 1) == 1;
-    for (int r = 0; reporter && r < world_size; ++r) {
+  } catch (const std::exception&) {
+    // Report: better two reports than none.
+  }
+  for (int r = 0; reporter && r < world_size; ++r) {
+    try {
       const std::string key = absl::StrCat(kKeyPrefix, r);
       if (store->check({key})) states[r] = Decode(store->get(key));
+    } catch (const std::exception&) {
+      // This rank's state stays unknown; the others are still read.
     }
-  } catch (const std::exception&) {
-    // What was read is reported.
   }
   std::lock_guard<std::mutex> lock(out->mutex);
   out->reporter = reporter;
@@ -220,8 +227,8 @@ std::string HangWatchdog::Report(double stalled_seconds) {
   std::vector<std::optional<RankState>> states(world_size_);
   if (store_ != nullptr) {
     auto gathered = std::make_shared<Gathered>();
-    std::thread([store = store_, world = world_size_, gathered] {
-      Gather(store, world, gathered);
+    std::thread([store = store_, store_mutex = store_mutex_, world = world_size_, gathered] {
+      Gather(store, *store_mutex, world, gathered);
     }).detach();
     std::unique_lock<std::mutex> lock(gathered->mutex);
     if (!gathered->done_cv.wait_for(lock, options_.store_wait, [&] { return gathered->done; })) {
