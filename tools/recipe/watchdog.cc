@@ -184,6 +184,8 @@ struct Gathered {
   // Whether this rank is the first to report, and every rank's state (nullopt: none).
   bool reporter = true;
   std::vector<std::optional<RankState>> states;
+  // Why a rank's state could not be read ("" when it was, or was never published).
+  std::vector<std::string> errors;
 };
 
 void Gather(c10d::Store* store, std::mutex& store_mutex, int world_size,
@@ -191,6 +193,7 @@ void Gather(c10d::Store* store, std::mutex& store_mutex, int world_size,
   std::lock_guard<std::mutex> store_lock(store_mutex);
   bool reporter = true;
   std::vector<std::optional<RankState>> states(world_size);
+  std::vector<std::string> errors(world_size);
   try {
     reporter = store->add(absl::StrCat(kKeyPrefix, "reporters"), 1) == 1;
   } catch (const std::exception&) {
@@ -200,13 +203,14 @@ void Gather(c10d::Store* store, std::mutex& store_mutex, int world_size,
     try {
       const std::string key = absl::StrCat(kKeyPrefix, r);
       if (store->check({key})) states[r] = Decode(store->get(key));
-    } catch (const std::exception&) {
-      // This rank's state stays unknown; the others are still read.
+    } catch (const std::exception& e) {
+      errors[r] = e.what();  // this rank's state stays unknown; the others are still read
     }
   }
   std::lock_guard<std::mutex> lock(out->mutex);
   out->reporter = reporter;
   out->states = std::move(states);
+  out->errors = std::move(errors);
   out->done = true;
   out->done_cv.notify_all();
 }
@@ -225,6 +229,7 @@ std::string HangWatchdog::Report(double stalled_seconds) {
       rank_, stalled_seconds, timeout_seconds(), mine.step, PhaseName(mine.phase));
   const std::string tail = absl::StrCat(". Ending this rank (exit ", kHangExitCode, ").");
   std::vector<std::optional<RankState>> states(world_size_);
+  std::vector<std::string> errors(world_size_);
   if (store_ != nullptr) {
     auto gathered = std::make_shared<Gathered>();
     std::thread([store = store_, store_mutex = store_mutex_, world = world_size_, gathered] {
@@ -239,6 +244,7 @@ std::string HangWatchdog::Report(double stalled_seconds) {
     }
     if (!gathered->reporter) return absl::StrCat(head, "; another rank reports every rank's state");
     states = std::move(gathered->states);
+    errors = std::move(gathered->errors);
   }
   states[rank_] = mine;
   const int64_t now_ms = Milliseconds(WallClock::now());
@@ -247,9 +253,12 @@ std::string HangWatchdog::Report(double stalled_seconds) {
   std::vector<std::string> every;
   for (int r = 0; r < world_size_; ++r) {
     if (!states[r].has_value()) {
-      missing.push_back(absl::StrCat("rank ", r,
-                                     " (no state published: it never reached the "
-                                     "training loop, or its store connection failed)"));
+      missing.push_back(absl::StrCat(
+          "rank ", r,
+          errors[r].empty() ? " (no state published: it never reached the training loop, or its "
+                              "store connection failed)"
+                            : absl::StrCat(" (its state could not be read: ",
+                                           absl::string_view(errors[r]).substr(0, 200), ")")));
       every.push_back(absl::StrCat("rank ", r, ": unknown"));
       continue;
     }
