@@ -188,14 +188,22 @@ struct Gathered {
   std::vector<std::string> errors;
 };
 
+// Every rank's state, read by the first rank to ask (the reporter); the others wait, at most
+// `wait`, until it has read them, so that the rank serving the store (rank 0 under
+// tools:launch) does not end the store under the reporter.
 void Gather(c10d::Store* store, std::mutex& store_mutex, int world_size,
-            const std::shared_ptr<Gathered>& out) {
+            std::chrono::milliseconds wait, const std::shared_ptr<Gathered>& out) {
   std::lock_guard<std::mutex> store_lock(store_mutex);
+  const std::string reported = absl::StrCat(kKeyPrefix, "reported");
   bool reporter = true;
   std::vector<std::optional<RankState>> states(world_size);
   std::vector<std::string> errors(world_size);
   try {
     reporter = store->add(absl::StrCat(kKeyPrefix, "reporters"), 1) == 1;
+    const auto deadline = SteadyClock::now() + wait;
+    while (!reporter && !store->check({reported}) && SteadyClock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   } catch (const std::exception&) {
     // Report: better two reports than none.
   }
@@ -205,6 +213,13 @@ void Gather(c10d::Store* store, std::mutex& store_mutex, int world_size,
       if (store->check({key})) states[r] = Decode(store->get(key));
     } catch (const std::exception& e) {
       errors[r] = e.what();  // this rank's state stays unknown; the others are still read
+    }
+  }
+  if (reporter) {
+    try {
+      store->set(reported, std::vector<uint8_t>{1});
+    } catch (const std::exception&) {
+      // The others stop waiting at their deadline.
     }
   }
   std::lock_guard<std::mutex> lock(out->mutex);
@@ -232,8 +247,9 @@ std::string HangWatchdog::Report(double stalled_seconds) {
   std::vector<std::string> errors(world_size_);
   if (store_ != nullptr) {
     auto gathered = std::make_shared<Gathered>();
-    std::thread([store = store_, store_mutex = store_mutex_, world = world_size_, gathered] {
-      Gather(store, *store_mutex, world, gathered);
+    std::thread([store = store_, store_mutex = store_mutex_, world = world_size_,
+                 wait = options_.store_wait / 2, gathered] {
+      Gather(store, *store_mutex, world, wait, gathered);
     }).detach();
     std::unique_lock<std::mutex> lock(gathered->mutex);
     if (!gathered->done_cv.wait_for(lock, options_.store_wait, [&] { return gathered->done; })) {

@@ -57,7 +57,9 @@ struct WatchdogOptions {
   // How often the state is published and the timeout checked. Default: 1 s.
   std::chrono::milliseconds publish_every = std::chrono::seconds(1);
   // How long a report waits for the store (whose host may be the stopped rank) before it
-  // reports without the other ranks' states. Default: 5 s.
+  // reports without the other ranks' states; a rank that is not the reporter also waits, at
+  // most half of it, until the reporter has read them (the store's host must not end the
+  // store under it). Default: 5 s.
   std::chrono::milliseconds store_wait = std::chrono::seconds(5);
   // Called with the report on a hang, on the watchdog's thread. Default: print it to stderr
   // and end the process with kHangExitCode.
