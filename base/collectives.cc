@@ -79,6 +79,15 @@ std::string Frame(const absl::Status& status, const std::string& payload) {
 
 }  // namespace
 
+std::string StatusBytes(const absl::Status& status) { return Frame(status, ""); }
+
+absl::Status StatusFromBytes(absl::string_view bytes) {
+  if (bytes.empty()) return absl::InternalError("an empty status record");
+  const auto code = static_cast<absl::StatusCode>(bytes[0]);
+  if (code == absl::StatusCode::kOk) return absl::OkStatus();
+  return absl::Status(code, bytes.substr(1));
+}
+
 absl::StatusOr<std::vector<std::string>> ExchangeWithStatus(const absl::Status& status,
                                                             const std::string& payload,
                                                             c10d::ProcessGroup* group,
@@ -91,12 +100,10 @@ absl::StatusOr<std::vector<std::string>> ExchangeWithStatus(const absl::Status& 
   }
   std::vector<std::string> payloads;
   for (size_t rank = 0; rank < frames.size(); ++rank) {
-    const auto code = frames[rank].empty() ? absl::StatusCode::kInternal
-                                           : static_cast<absl::StatusCode>(frames[rank][0]);
-    if (code != absl::StatusCode::kOk) {
-      const std::string message = frames[rank].substr(1);
-      return absl::Status(
-          code, frames.size() == 1 ? message : absl::StrCat("rank ", rank, ": ", message));
+    if (const absl::Status failed = StatusFromBytes(frames[rank]); !failed.ok()) {
+      return absl::Status(failed.code(), frames.size() == 1
+                                             ? std::string(failed.message())
+                                             : absl::StrCat("rank ", rank, ": ", failed.message()));
     }
     payloads.push_back(frames[rank].substr(1));
   }

@@ -52,6 +52,11 @@ int GroupRank(const c10d::ProcessGroup* group);
     const absl::Status& status, const std::string& payload, c10d::ProcessGroup* group,
     absl::string_view context);
 
+// A status as bytes (one byte of code, then the message) and back, for a status that travels
+// outside a collective (through a store); bytes that are not one read as kInternal.
+std::string StatusBytes(const absl::Status& status);
+absl::Status StatusFromBytes(absl::string_view bytes);
+
 // ExchangeWithStatus without payloads: every rank returns the same status.
 // Collective: over `group`.
 [[nodiscard]] absl::Status AgreeOnStatus(const absl::Status& status, c10d::ProcessGroup* group,

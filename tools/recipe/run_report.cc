@@ -4,10 +4,10 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "base/collectives.h"
 #include "base/files.h"
 #include "base/status.h"
 #include "c10/util/accumulate.h"
-#include "parallel/device_mesh.h"
 #include "tools/recipe/internal/run_state.h"
 #include "tools/recipe/optimizer.h"
 #include "tools/recipe/plot.h"
@@ -42,8 +42,8 @@ absl::Status Run::OpenOutputs() {
         s.tensorboard,
         TensorBoardWriter::Create(base::JoinPath(options_.run_dir, "tensorboard"), NowSeconds()));
   }
-  const int tp = runtime_.mesh == nullptr ? 1 : runtime_.mesh->GroupSize(parallel::GroupKind::kTp);
-  const int pp = runtime_.mesh == nullptr ? 1 : runtime_.mesh->GroupSize(parallel::GroupKind::kPp);
+  const int tp = base::GroupSize(runtime_.tensor_group());
+  const int pp = base::GroupSize(runtime_.pipeline_group());
   *runtime_.log << "model: " << counts[0].item<int64_t>() << " tensors, "
                 << counts[1].item<int64_t>() << " parameters"
                 << (tp > 1 ? absl::StrCat(" (1/", tp, " of most on each tensor-parallel rank)")

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -91,27 +90,6 @@ absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runt
   return base::AgreeOnStatus(status, runtime.control_group(), what);
 }
 
-namespace {
-
-// A status as the store holds it: its code's number, a newline, its message.
-std::string EncodeStatus(const absl::Status& status) {
-  return absl::StrCat(static_cast<int>(status.code()), "\n", status.message());
-}
-
-absl::Status DecodeStatus(const std::vector<uint8_t>& bytes) {
-  const std::string text(bytes.begin(), bytes.end());
-  const size_t newline = text.find('\n');
-  int code = static_cast<int>(absl::StatusCode::kUnknown);
-  if (newline == std::string::npos || !absl::SimpleAtoi(text.substr(0, newline), &code)) {
-    return absl::InternalError(absl::StrCat("rank 0 published an unreadable status: ", text));
-  }
-  if (code == 0) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::StrCat("rank 0: ", text.substr(newline + 1)));
-}
-
-}  // namespace
-
 absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
                            const std::function<absl::Status()>& phase, const RankZeroWait& wait) {
   c10d::Store* store = runtime.world_size > 1 ? runtime.store() : nullptr;
@@ -121,7 +99,7 @@ absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
     const absl::Status status = phase();
     KEEL_RETURN_IF_ERROR(base::CallTorch(
         absl::StatusCode::kUnavailable, absl::StrCat("publishing the outcome of ", what), [&] {
-          const std::string encoded = EncodeStatus(status);
+          const std::string encoded = base::StatusBytes(status);
           store->set(key, std::vector<uint8_t>(encoded.begin(), encoded.end()));
         }));
     return status;
@@ -158,7 +136,10 @@ absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
   std::vector<uint8_t> bytes;
   KEEL_RETURN_IF_ERROR(
       base::CallTorch(absl::StatusCode::kUnavailable, context, [&] { bytes = store->get(key); }));
-  return DecodeStatus(bytes);
+  const absl::Status published = base::StatusFromBytes(
+      absl::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  if (published.ok()) return published;
+  return absl::Status(published.code(), absl::StrCat("rank 0: ", published.message()));
 }
 
 ProcessGroups::ProcessGroups(parallel::DeviceMesh mesh, at::Device device)

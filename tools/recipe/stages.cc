@@ -7,7 +7,6 @@
 #include "absl/strings/str_split.h"
 #include "base/collectives.h"
 #include "base/status.h"
-#include "parallel/device_mesh.h"
 #include "parallel/moe/token_dispatcher.h"
 #include "parallel/pipeline_parallel/schedules.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -45,8 +44,7 @@ StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRu
   scaling.gradients.pp_enabled = pipelined;
   scaling.gradients.num_label_tokens = label_tokens;
   scaling.gradients.dp_group_size = averaged_over;
-  scaling.gradients.ep_shard_size =
-      runtime.mesh == nullptr ? 1 : runtime.mesh->GroupSize(parallel::GroupKind::kExpertDp);
+  scaling.gradients.ep_shard_size = base::GroupSize(runtime.expert_data_group());
   scaling.gradients.ep_axis_name = parallel::kExpertDim;
   return scaling;
 }
