@@ -263,12 +263,17 @@ TEST(TrainTest, TwoRanksMatchOneRankWithGradientAccumulation) {
 // samples ends with a step of 4, which leaves rank 1 of 2 (ranks 2 and 3 of 4) without a
 // micro-batch. They join the gradient reduction with zeros (SkipBackward), and the run trains
 // through the epoch end to its checkpoint, following the one-rank run (whose micro-batches hold
-// the same samples) as any other layout does; sharded on 4 ranks too.
+// the same samples) as any other layout does; sharded on 4 ranks too. At lr 1e-3: at the
+// default 3e-3, step 25 is a loss spike whose gradient norm (160 times its neighbours')
+// amplifies the layouts' 1e-7 differences in the weights to 1e-3 (5e-4 or 1.1e-3 depending on
+// the kernels' rounding), which says nothing of the short step; at 1e-3 every step agrees
+// within 2e-7.
 TEST(TrainTest, RanksWithoutDataInAnEpochsShortLastStepJoinWithZeros) {
   constexpr int64_t kSteps = 30;
   const auto args = [&](const std::string& run_dir, int ranks, std::vector<std::string> more) {
     more.insert(more.end(), {"sampler.dataloader_type=single", "sampler.drop_last=false",
                              "data.sequence_length=1024", "step_scheduler.ckpt_every_steps=15",
+                             "lr_scheduler.max_lr=1e-3", "lr_scheduler.min_lr=1e-4",
                              absl::StrCat("step_scheduler.local_batch_size=", 8 / ranks)});
     return SmallRun(run_dir, kSteps, more);
   };

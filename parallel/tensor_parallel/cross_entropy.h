@@ -3,7 +3,8 @@
 // holds the logits of its slice of the vocabulary ([..., vocab / tp], rank r's slice starting
 // at r x vocab / tp); the maximum, the sum of exponentials and the target's logit are reduced
 // over the group, so no rank ever holds the whole logits. Its gradient is computed directly
-// (softmax minus the target's one-hot, on each rank's slice).
+// (softmax minus the target's one-hot, on each rank's slice). On one rank, ATen's fused
+// log-softmax does the same arithmetic in fewer passes.
 //
 //   at::Tensor logits = lm_head(hidden);                       // [b, s, vocab / tp]
 //   at::Tensor losses = VocabParallelCrossEntropy(logits, labels, tp);  // [b, s]
@@ -19,9 +20,10 @@ class ProcessGroup;
 
 namespace keel::parallel {
 
-// Per-position losses (the shape of `target`): log(sum(exp(logits))) - logits[target], in the
-// logits' dtype with float32 or wider sums. Differentiable in `logits`. `group` nullptr: the
-// whole vocabulary on one rank (the same arithmetic, no collective).
+// Per-position float32 losses (the shape of `target`): log(sum(exp(logits))) - logits[target],
+// computed in float32 whatever the logits' dtype (Megatron's cross-entropy over bf16 logits);
+// the gradient comes back in the logits' dtype. Differentiable in `logits`. `group` nullptr or
+// of one rank: the whole vocabulary on one rank (no collective).
 // Collective: over `group`, forward and backward (throws c10::Error when it fails, see
 // mappings.h). Requires: `target` int64 of logits' shape without the last dimension, values in
 // [0, vocab).

@@ -147,8 +147,11 @@ ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_
 at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1);
   // [batch, seq, local heads, (q, k, v), head_dim] -> each [batch, local heads, seq, head_dim].
-  const at::Tensor qkv = qkv_->forward(x).view({batch, seq, local_heads_, 3, head_dim_});
-  auto part = [&](int64_t i) { return qkv.select(3, i).transpose(1, 2); };
+  // unbind, not three selects: its backward writes the qkv gradient once, where each select's
+  // would fill a zero tensor of qkv's size and copy its part in.
+  const std::vector<at::Tensor> parts =
+      qkv_->forward(x).view({batch, seq, local_heads_, 3, head_dim_}).unbind(3);
+  auto part = [&](int64_t i) { return parts[i].transpose(1, 2); };
   const at::Tensor attended = base::CausalAttention(part(0), part(1), part(2))
                                   .transpose(1, 2)
                                   .contiguous()

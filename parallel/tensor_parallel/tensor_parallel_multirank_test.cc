@@ -219,10 +219,27 @@ TEST(TensorParallelLayersTest, OneRankIsTheOrdinaryCrossEntropy) {
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/2);
   const at::Tensor logits = at::randn({3, 5, 16}, generator, at::kFloat);
   const at::Tensor target = at::arange(15, at::kLong).remainder(16).view({3, 5});
-  const at::Tensor ours = VocabParallelCrossEntropy(logits, target, nullptr);
-  const at::Tensor reference =
-      at::cross_entropy_loss(logits.view({-1, 16}), target.view({-1}), {}, at::Reduction::None);
-  EXPECT_TRUE(at::allclose(ours.view({-1}), reference, /*rtol=*/1e-6, /*atol=*/1e-6));
+  const at::Tensor weights = at::rand({3, 5}, generator, at::kFloat);  // the loss's gradient
+  const at::Tensor reference_logits = logits.clone().requires_grad_();
+  const at::Tensor reference = at::cross_entropy_loss(reference_logits.view({-1, 16}),
+                                                      target.view({-1}), {}, at::Reduction::None);
+  (reference * weights.view({-1})).sum().backward();
+  // float32 logits, and bf16 ones (float32 losses, a bf16 gradient).
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const at::Tensor input = logits.to(dtype);
+    const double tolerance = dtype == at::kFloat ? 1e-6 : 2e-2;
+    const at::Tensor reference_rounded = at::cross_entropy_loss(
+        input.to(at::kFloat).view({-1, 16}), target.view({-1}), {}, at::Reduction::None);
+    const at::Tensor ours_logits = input.clone().requires_grad_();
+    const at::Tensor ours = VocabParallelCrossEntropy(ours_logits, target, nullptr);
+    EXPECT_EQ(ours.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::allclose(ours.view({-1}), reference_rounded, 1e-6, 1e-6));
+    (ours * weights).sum().backward();
+    EXPECT_EQ(ours_logits.grad().scalar_type(), dtype);
+    EXPECT_TRUE(at::allclose(ours_logits.grad().to(at::kFloat), reference_logits.grad(), tolerance,
+                             tolerance));
+  }
 }
 
 TEST(TensorParallelLayersTest, LayoutsNameTheShardedParametersOnly) {

@@ -2,17 +2,19 @@
 # Checks Keel on a lent GPU machine (no Java, Bazel, apt or network) in one command: unpacks what
 # tools/device/pack.sh made, builds `--config=cuda -c opt //...`, runs the GPU tests, trains the
 # default run on the GPU over NCCL beside the same run on the CPU, runs the whole suite, then the
-# GPU benchmarks (clipping and checkpoints beside LibTorch's own, the fused attention beside the
-# explicit one, the trainer beside the Python loop on the same GPU), and writes one markdown report: what passed, what failed, the figures.
+# GPU benchmarks (clipping beside LibTorch's own, the fused attention beside the explicit one, the
+# trainer beside the Python loop on the same GPU, checkpoints beside raw copies), and writes one
+# markdown report: what passed, what failed, the figures.
 #
 #   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS] [--prebuilt=DIR]
 #
 # From the repository root, with .bazel-device carried. Phases, in order: build, gpu_tests,
-# train, profile, tests, trainer_benchmarks, benchmarks, gpt2_benchmarks (default: all). With --prebuilt=DIR (tools/device/bundle.sh's
-# .device-bundle, carried instead) nothing is built there: the bundle's binaries run against the
-# machine's LibTorch, CUDA and NCCL, the GPU tests as plain GoogleTest binaries, and the phases
-# are gpu_tests, train, profile, trainer_benchmarks, benchmarks and gpt2_benchmarks (the whole
-# suite needs Bazel). A phase that ended in an earlier call on this machine
+# train, profile, tests, trainer_benchmarks, benchmarks, gpt2_benchmarks, checkpoint_benchmarks
+# (default: all; the slowest and least asked-for last, so that --deadline drops them first).
+# With --prebuilt=DIR (tools/device/bundle.sh's .device-bundle, carried instead) nothing is built
+# there: the bundle's binaries run against the machine's LibTorch, CUDA and NCCL, the GPU tests
+# as plain GoogleTest binaries, and the phases are those less build and tests (the whole suite
+# needs Bazel). A phase that ended in an earlier call on this machine
 # is not run again, so calls that each fit a time limit continue where the last one stopped;
 # --deadline=S starts no phase after S seconds (its report says which were left). The report
 # (default: $OUT/device-report.md where $OUT is set, else /tmp/keel-device-check/report.md)
@@ -23,7 +25,8 @@ ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 WORK=/tmp/keel-device-check
 REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
-PHASES=build,gpu_tests,train,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks
+ALL_PHASES=build,gpu_tests,train,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks,checkpoint_benchmarks
+PHASES=$ALL_PHASES
 DEADLINE=0
 PREBUILT=""
 for arg in "$@"; do
@@ -44,8 +47,7 @@ OPT=(--config=cuda -c opt --curses=no --noshow_progress)
 
 # --- the machine, and the packed Bazel (or the prebuilt bundle) ----------------------------
 if [[ -n "$PREBUILT" ]]; then
-  [[ "$PHASES" != build,gpu_tests,train,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks ]] ||
-    PHASES=gpu_tests,train,profile,trainer_benchmarks,benchmarks,gpt2_benchmarks
+  [[ "$PHASES" != "$ALL_PHASES" ]] || PHASES=$(echo ",$PHASES," | sed 's/,build,/,/; s/,tests,/,/; s/^,//; s/,$//')
   TORCH=$("${PYTHON:-python3}" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   export KEEL_LIBTORCH=$TORCH CC=${CC:-$(command -v gcc || echo none)}
   # The bundle's Debian libraries, then the machine's LibTorch and the CUDA and NCCL beside it.
@@ -127,18 +129,33 @@ train() {
   python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(abs(g - c) > 1e-3)" "$gpu" "$cpu"
 }
 
-# Where the trainer's step spends its time on the GPU: LibTorch's profiler over steps 6-8 of the
-# GPT that issue 32's table measures (h1024, 8 layers, seq 512, batch 32 in micro-batches of 8).
-profile() {
-  rm -rf "$WORK/profile"
+# Where the trainer's bf16 step (model.bf16) spends its time on the GPU: LibTorch's profiler over
+# steps 6-8 of the GPT that issue 32's table measures (h1024, 8 layers, seq 512, batch 32 in
+# micro-batches of 8), then of GPT-2 124M (h768, 12 layers, seq 1024, vocabulary 50304, batch 32
+# in micro-batches of 16). Two steps follow, so that the run's one checkpoint, after its last,
+# stays out of it (the corpus's epoch ends within the profile: no checkpoint there).
+profile_run() {
+  local name=$1
+  shift
+  rm -rf "$WORK/$name"
   "$BIN/tools/train" --config=tools/recipe/default.textproto --set distributed.backend=nccl \
-    --set "run_dir=$WORK/profile" --set "data.prefix=$WORK/train_gpu/data/corpus" \
-    --set model.hidden_size=1024 --set model.num_layers=8 --set model.num_attention_heads=16 \
-    --set model.ffn_hidden_size=4096 --set data.sequence_length=512 \
-    --set step_scheduler.global_batch_size=32 --set step_scheduler.max_steps=8 \
+    --set "run_dir=$WORK/$name" --set "data.prefix=$WORK/train_gpu/data/corpus" \
+    --set model.bf16=true --set step_scheduler.max_steps=10 \
     --set step_scheduler.ckpt_every_steps=1000 --set step_scheduler.val_every_steps=1000 \
-    --set step_scheduler.validate_on_checkpoint=false --set logging.log_every_steps=1 \
-    --set logging.profile_steps=3 --set logging.profile_after_step=5
+    --set step_scheduler.validate_on_checkpoint=false \
+    --set step_scheduler.save_checkpoint_every_epoch=false --set logging.log_every_steps=1 \
+    --set logging.profile_steps=3 --set logging.profile_after_step=5 "$@"
+}
+profile() {
+  echo "## table GPT (h1024, 8 layers, seq 512), bf16"
+  profile_run profile --set model.hidden_size=1024 --set model.num_layers=8 \
+    --set model.num_attention_heads=16 --set model.ffn_hidden_size=4096 \
+    --set data.sequence_length=512 --set step_scheduler.global_batch_size=32 || return 1
+  echo "## GPT-2 124M (h768, 12 layers, seq 1024, vocabulary 50304), bf16"
+  profile_run profile_gpt2 --set model.hidden_size=768 --set model.num_layers=12 \
+    --set model.num_attention_heads=12 --set model.ffn_hidden_size=3072 \
+    --set model.vocab_size=50304 --set data.sequence_length=1024 \
+    --set step_scheduler.global_batch_size=32 --set step_scheduler.local_batch_size=16
 }
 
 tests() { "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors //...; }
@@ -146,27 +163,29 @@ tests() { "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors //...; }
 benchmarks() {
   local status=0
   "$BIN/gradients/clip_grad_norm_benchmark" --benchmark_filter=cuda || status=1
-  "$BIN/checkpoint/checkpoint_benchmark" --benchmark_filter='cuda|DeviceToHost' || status=1
   "$BIN/base/attention_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/optim/fused_adamw_benchmark" --benchmark_filter=cuda || status=1
   return $status
 }
 
-# The trainer beside the Python loop's variants (tools/scripts/gpu_benchmark.sh's pairs: fp32;
-# Keel's bf16 beside autocast bf16, and beside it compiled) on the default GPT and issue 32's
-# table GPT; gpt2_benchmarks on GPT-2 124M.
+checkpoint_benchmarks() {
+  "$BIN/checkpoint/checkpoint_benchmark" --benchmark_filter='cuda|DeviceToHost'
+}
+
+# The trainer beside the Python loop's variants (tools/scripts/gpu_benchmark.sh's pairs: Keel's
+# bf16 beside autocast bf16, and beside it compiled) on the default GPT and issue 32's table GPT;
+# gpt2_benchmarks on GPT-2 124M. (fp32 beside fp32: docs/device-reports/2026-11-27-h100.md.)
 # 12 steps, the first 4 untimed (the compiled model compiles in them).
 trainer_benchmark() {
   tools/scripts/gpu_benchmark.sh --train_bin="$BIN/tools/train" --python="${PYTHON:-python3}" \
     --prefix="$WORK/train_gpu/data/corpus" --steps=12 --untimed_steps=4 "$@"
 }
 trainer_benchmarks() {
-  trainer_benchmark --shapes=default --pairs=fp32,bf16 --work_dir="$WORK/gpu_benchmark_default"
-  trainer_benchmark --shapes=table --pairs=fp32,bf16,compiled \
-    --work_dir="$WORK/gpu_benchmark_table"
+  trainer_benchmark --shapes=default --pairs=bf16 --work_dir="$WORK/gpu_benchmark_default"
+  trainer_benchmark --shapes=table --pairs=bf16,compiled --work_dir="$WORK/gpu_benchmark_table"
 }
 gpt2_benchmarks() {
-  trainer_benchmark --shapes=gpt2 --pairs=fp32,bf16,compiled --work_dir="$WORK/gpu_benchmark_gpt2"
+  trainer_benchmark --shapes=gpt2 --pairs=bf16,compiled --work_dir="$WORK/gpu_benchmark_gpt2"
 }
 
 # The report: the machine, each phase's status, the tests' verdicts, the figures.
@@ -192,11 +211,9 @@ report() {
     done
     if [[ -f "$WORK/profile.log" ]]; then
       echo
-      echo "## where the step's time goes (GPT h1024, 8 layers, seq 512; steps 6-8)"
-      echo
-      echo '```'
-      sed -n '/^profile of steps/,$p' "$WORK/profile.log" | head -n 45
-      echo '```'
+      echo "## where the bf16 step's time goes (steps 6-8)"
+      awk '/^## /{ if (n > 0) print "```"; n = 0; print "\n" $0 "\n"; next } /^profile of steps/{ n = 45; print "```" }
+           n > 0 { print; if (--n == 0) print "```" } END { if (n > 0) print "```" }' "$WORK/profile.log"
     fi
     for name in gpu_tests tests; do
       [[ -f "$WORK/$name.log" ]] || continue
@@ -227,15 +244,16 @@ report() {
       echo
       sed -n '/^## Keel beside/,/^$/p; /^|/p' "$WORK/$name.log" | awk '!seen[$0]++'
     done
-    if [[ -f "$WORK/benchmarks.log" ]]; then
+    for name in benchmarks checkpoint_benchmarks; do
+      [[ -f "$WORK/$name.log" ]] || continue
       echo
-      echo "## benchmarks"
+      echo "## $name"
       echo
       echo '```'
       grep -vE '^(train_benchmark|\*\*\*|Run on|CPU Caches|  L[123]|Load Average|-+$)' \
-        "$WORK/benchmarks.log" | grep -v '^$' | tail -n 80
+        "$WORK/$name.log" | grep -v '^$' | tail -n 80
       echo '```'
-    fi
+    done
     if [[ -f "$WORK/left" ]]; then
       echo
       echo "Left for a later call: $(sort -u "$WORK/left" | tr '\n' ' ')"

@@ -248,8 +248,7 @@ at::Tensor GptImpl::TokenLosses(const at::Tensor& tokens, const at::Tensor& labe
 }
 
 at::Tensor GptImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
-  // In float32 whatever the model's dtype, as Megatron's cross-entropy over bf16 logits.
-  return parallel::VocabParallelCrossEntropy(Logits(hidden).to(at::kFloat), labels, tp_);
+  return parallel::VocabParallelCrossEntropy(Logits(hidden), labels, tp_);
 }
 
 std::map<std::string, parallel::TensorLayout> GptImpl::Layouts() const {
