@@ -14,7 +14,7 @@
 #include "scheduling/step_scheduler.h"
 #include "testing/files.h"
 #include "testing/status_matchers.h"
-#include "tools/recipe/gpt.h"
+#include "models/model_options.h"
 #include "tools/recipe/options.h"
 
 ABSL_FLAG(std::string, config, "", "Path of tools/recipe/default.textproto.");
@@ -46,7 +46,7 @@ TEST(TrainConfigTest, DefaultConfigFillsEveryOptionsStruct) {
   EXPECT_THAT(CopyFields(config.sampler(), sampler, {"micro_batch_size", "global_batch_size"}),
               IsOk());
   EXPECT_EQ(sampler.dataloader_type, sampling::DataloaderType::kCyclic);
-  GptOptions model;
+  models::ModelOptions model;
   EXPECT_THAT(CopyFields(config.model(), model), IsOk());
   EXPECT_EQ(model.num_layers, 4);
   optim::ParamSchedulerOptions lr;
@@ -78,7 +78,7 @@ TEST(TrainConfigTest, SchemaHasEveryOptionsFieldAndUnsetFieldsKeepDefaults) {
   EXPECT_THAT(CopyFields(empty.sampler(), sampler, {"micro_batch_size", "global_batch_size"}),
               IsOk());
   EXPECT_EQ(sampler.dataloader_type, sampling::MegatronSamplerOptions().dataloader_type);
-  GptOptions model;
+  models::ModelOptions model;
   EXPECT_THAT(CopyFields(empty.model(), model), IsOk());
   optim::ParamSchedulerOptions lr;
   EXPECT_THAT(CopyFields(empty.lr_scheduler(), lr), IsOk());

@@ -18,7 +18,7 @@ RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshL
   const parallel::ModelParallelOptions& sizes = layout.options();
   RankMemory memory;
   for (int64_t stage = 0; stage < sizes.pipeline_model_parallel_size; ++stage) {
-    const StageParameters count = CountStageParameters(options.model, sizes, stage);
+    const models::StageParameters count = models::CountStageParameters(options.model, sizes, stage);
     if (stage == 0 ||
         count.dense + count.experts > memory.parameters.dense + memory.parameters.experts) {
       memory.stage = stage;

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <ostream>
 
+#include "models/registry.h"
 #include "parallel/mesh_layout.h"
-#include "tools/recipe/gpt.h"
 #include "tools/recipe/options.h"
 
 namespace keel::tools::recipe {
@@ -20,7 +20,7 @@ namespace keel::tools::recipe {
 struct RankMemory {
   // The stage whose ranks hold the most (the first of equals), and its parameters per rank.
   int64_t stage = 0;
-  StageParameters parameters;
+  models::StageParameters parameters;
   // Bytes: the parameters in their dtype; their gradients (float32 .grad, or a bf16 run's main
   // gradients in distributed.grad_reduce_in_fp32's dtype); a bf16 run's float32 main
   // parameters (this rank's shard with the distributed optimizer); AdamW's exp_avg and

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/mesh_layout.h"
-#include "tools/recipe/gpt.h"
+#include "models/registry.h"
 #include "tools/recipe/options.h"
 
 namespace keel::tools::recipe {
@@ -38,7 +38,7 @@ double BytesPerParameter(const TrainOptions& options, int world) {
       *parallel::MeshLayout::Create(options.distributed.parallel, world);
   const RankMemory memory = EstimateRankMemory(options, layout);
   const int64_t n = memory.parameters.dense + memory.parameters.experts;
-  EXPECT_EQ(n, CountStageParameters(options.model, {}, 0).dense);
+  EXPECT_EQ(n, models::CountStageParameters(options.model, {}, 0).dense);
   return static_cast<double>(memory.total_bytes()) / static_cast<double>(n);
 }
 
@@ -70,7 +70,7 @@ TEST(MemoryTest, PrintsThePrecisionAndTheLargestStage) {
   const RankMemory memory = EstimateRankMemory(options, layout);
   EXPECT_EQ(memory.stage, 0);  // the word and position embeddings
   EXPECT_EQ(memory.parameters.dense,
-            CountStageParameters(options.model, layout.options(), 0).dense);
+            models::CountStageParameters(options.model, layout.options(), 0).dense);
   std::ostringstream out;
   PrintPrecisionAndMemory(options, layout, out);
   EXPECT_THAT(out.str(), HasSubstr("precision: bf16 parameters and activations; main gradients "

@@ -29,7 +29,7 @@ absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
   options.pretrained_path = config.model().pretrained_path();
   options.model.max_sequence_length = options.data.dataset.sequence_length;
-  const GptOptions& m = options.model;
+  const models::ModelOptions& m = options.model;
   for (auto [field, value] :
        {std::pair{"model.vocab_size", m.vocab_size},
         {"model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
@@ -241,7 +241,7 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
 // Mixture of experts: experts split evenly over ep, k of them per token (each expert split over
 // tp as the MLPs are, which CheckModelParallelModel checks).
 absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
-  const GptOptions& m = options.model;
+  const models::ModelOptions& m = options.model;
   const parallel::ModelParallelOptions& p = options.distributed.parallel;
   const int64_t ep = p.expert_model_parallel_size;
   KEEL_RETURN_IF_ERROR(Require(m.num_moe_experts >= 0, "model.num_moe_experts", m.num_moe_experts,
@@ -278,7 +278,7 @@ absl::Status CheckModelParallelModel(const TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CheckPipelineParallelModel(options));
   KEEL_RETURN_IF_ERROR(CheckMixtureOfExperts(options));
   const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
-  const GptOptions& m = options.model;
+  const models::ModelOptions& m = options.model;
   KEEL_RETURN_IF_ERROR(
       Require(tp > 0, "distributed.tensor_model_parallel_size", tp, "must be > 0"));
   for (auto [field, value] : {std::pair{"model.num_attention_heads", m.num_attention_heads},
@@ -306,7 +306,7 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json model = base::WriteJsonFields(options.model);
   model["max_sequence_length"] = options.model.max_sequence_length;
   model["padded_vocab_size"] =
-      PaddedVocabSize(options.model, options.distributed.parallel.tensor_model_parallel_size);
+      models::PaddedVocabSize(options.model, options.distributed.parallel.tensor_model_parallel_size);
   model["qkv_rows"] = "q, k, v of each head in turn";
   model["pretrained_path"] = options.pretrained_path;
   base::Json data = base::WriteJsonFields(options.data.dataset);

@@ -21,6 +21,7 @@
 #include "base/fields.h"
 #include "base/json.h"
 #include "checkpoint/checkpoint.h"
+#include "models/model_options.h"
 #include "optim/param_scheduler.h"
 #include "parallel/mesh_layout.h"
 #include "parallel/process_group.h"
@@ -28,7 +29,6 @@
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/config.pb.h"
-#include "tools/recipe/gpt.h"
 
 namespace keel::tools::recipe {
 
@@ -187,7 +187,7 @@ struct TrainOptions {
   // micro_batch_size and global_batch_size are the step scheduler's.
   sampling::MegatronSamplerOptions sampler;
   // max_sequence_length is data.dataset.sequence_length.
-  GptOptions model;
+  models::ModelOptions model;
   // model.pretrained_path: Hugging Face safetensors that a new run (no checkpoint in run_dir)
   // loads the model's weights from before step 1, strictly (checkpoint::LoadHfSafetensors).
   // Empty: none. Default: empty.

@@ -8,6 +8,7 @@
 #include "base/status.h"
 #include "base/torch_compat.h"
 #include "gradients/parameters.h"
+#include "models/registry.h"
 #include "parallel/moe/token_dispatcher.h"
 #include "tools/recipe/internal/run_state.h"
 #include "tools/recipe/optimizer.h"
@@ -24,12 +25,11 @@ absl::Status Run::BuildModel() {
   State& s = *state_;
   if (options_.tf32) base::SetCudaMatmulTf32(true);
   torch::manual_seed(options_.seed);
-  s.model.emplace(options_.model, runtime_.tensor_group(), runtime_.pipeline_group(),
-                  runtime_.expert_group(), runtime_.expert_tensor_group());
-  (*s.model)->to(runtime_.device);
-  if (options_.bf16) (*s.model)->to(at::kBFloat16);
+  s.model = models::BuildLanguageModel(options_.model, runtime_.model_groups());
+  s.model->to(runtime_.device);
+  if (options_.bf16) s.model->to(at::kBFloat16);
   std::vector<gradients::NamedParameter> parameters =
-      gradients::TrainableParameters({s.model->get()}, (*s.model)->Layouts());
+      gradients::TrainableParameters({s.model.get()}, s.model->Layouts());
   MarkSharedEmbedding(*s.model, parameters);
   KEEL_ASSIGN_OR_RETURN(
       s.optimizer, BuildOptimizer(std::move(parameters), options_, runtime_, parallel::kExpertDim));
@@ -43,7 +43,7 @@ absl::Status Run::BuildCheckpointing() {
   State& s = *state_;
   checkpoint::ModelStateOptions model_state_options;
   model_state_options.model_save_format = options_.checkpoint.model_save_format;
-  model_state_options.layouts = (*s.model)->Layouts();
+  model_state_options.layouts = s.model->Layouts();
   // With bf16 parameters the checkpoint holds their float32 main copies (each rank's shards of
   // them with the distributed optimizer): the truth, which a float32 run loads too.
   if (s.optimizer->has_main_copies()) {
@@ -51,7 +51,7 @@ absl::Status Run::BuildCheckpointing() {
       model_state_options.stand_ins[p.name] = checkpoint::TensorRef{p.param, p.layout};
     }
   }
-  s.model_state = std::make_unique<checkpoint::ModelState>(**s.model, model_state_options);
+  s.model_state = std::make_unique<checkpoint::ModelState>(*s.model, model_state_options);
   KEEL_ASSIGN_OR_RETURN(s.optim_state,
                         checkpoint::OptimizerState::Create(*s.optimizer, &*s.lr_scheduler));
   Scheduler& scheduler = *s.scheduler;

@@ -1,4 +1,5 @@
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <set>
@@ -12,6 +13,7 @@
 #include "base/torch_status.h"
 #include "checkpoint/hf_import.h"
 #include "checkpoint/reader.h"
+#include "models/registry.h"
 #include "tools/recipe/internal/run_state.h"
 #include "tools/recipe/run.h"
 #include "tools/recipe/stages.h"
@@ -117,11 +119,11 @@ absl::Status Run::LoadPretrained() {
   if (options_.pretrained_path.empty()) return absl::OkStatus();
   checkpoint::ModelStateOptions layout;
   layout.model_save_format = options_.checkpoint.model_save_format;
-  layout.layouts = (*state_->model)->Layouts();
+  layout.layouts = state_->model->Layouts();
   KEEL_ASSIGN_OR_RETURN(const std::set<std::string> other_stages,
-                        KeysOfOtherStages(**state_->model, layout, runtime_));
-  absl::StatusOr<checkpoint::HfImportResult> loaded = checkpoint::LoadHfSafetensors(
-      options_.pretrained_path, **state_->model, layout, other_stages);
+                        KeysOfOtherStages(*state_->model, layout, runtime_));
+  absl::StatusOr<checkpoint::HfImportResult> loaded =
+      checkpoint::LoadHfSafetensors(options_.pretrained_path, *state_->model, layout, other_stages);
   KEEL_RETURN_IF_ERROR(AgreeOverRanks(base::Annotate(loaded.status(), "model.pretrained_path"),
                                       runtime_, "loading model.pretrained_path"));
   if (runtime_.rank == 0) {
@@ -143,11 +145,11 @@ absl::Status Run::ResetState() {
   // The weights a new run starts from (and the generator after them), copied into the live
   // tensors, which the optimizer and the checkpoint's objects hold.
   torch::manual_seed(options_.seed);
-  Gpt fresh(options_.model, runtime_.tensor_group(), runtime_.pipeline_group(),
-            runtime_.expert_group(), runtime_.expert_tensor_group());
+  const std::shared_ptr<models::LanguageModel> fresh =
+      models::BuildLanguageModel(options_.model, runtime_.model_groups());
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
     at::NoGradGuard no_grad;
-    auto live = (*s.model)->named_parameters();
+    auto live = s.model->named_parameters();
     for (const auto& item : fresh->named_parameters()) live[item.key()].copy_(item.value());
   }));
   s.optimizer->Reset();

@@ -51,7 +51,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   StageRunOptions stages;
   stages.loss_scale = scaling.loss_scale;
   stages.activation_dtype = options_.bf16 ? at::kBFloat16 : at::kFloat;
-  (*s.model)->moe_stats().aux_loss_scale = scaling.aux_loss_scale;
+  s.model->moe_stats().aux_loss_scale = scaling.aux_loss_scale;
   stages.before_last_backward = [&s] { s.optimizer->PrepareForFinalBackward(); };
   stages.without_backward = [&s] { s.optimizer->SkipBackward(); };
   s.Enter(Phase::kForwardBackward);
@@ -60,7 +60,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   s.Enter(Phase::kGradientSync);
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   s.Enter(Phase::kStepEnd);
-  KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(s.optimizer->StepParameters(), runtime_));
+  KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(*s.model, s.optimizer->StepParameters(), runtime_));
   KEEL_ASSIGN_OR_RETURN(const at::Tensor grad_norm,
                         s.optimizer->ClipGradNorm(options_.max_norm, scaling.gradients));
   // The step's one wait for the device: its loss and gradient norm, read together.
@@ -98,7 +98,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
 }
 
 absl::Status Run::CollectMoeStats(StepOutput& output, int64_t micro_batches) {
-  auto [aux, tokens] = (*state_->model)->moe_stats().Take(options_.model.num_moe_experts);
+  auto [aux, tokens] = state_->model->moe_stats().Take(options_.model.num_moe_experts);
   for (at::Tensor* sum : {&aux, &tokens}) {
     KEEL_RETURN_IF_ERROR(SumOverData(*sum, runtime_, "the routing statistics"));
     KEEL_RETURN_IF_ERROR(SumOverStages(*sum, runtime_, "the routing statistics"));

@@ -1,5 +1,7 @@
 #include "tools/recipe/stages.h"
 
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -14,22 +16,22 @@
 namespace keel::tools::recipe {
 namespace {
 
-// The tied word embedding's name: the first and the last stage each hold it.
-constexpr char kWordEmbedding[] = "wte.weight";
-
 // The summed cross-entropy of next-token prediction over the labels of `batch` that count,
 // from the last blocks' hidden states. Collective over the tensor-parallel group (forward and
 // backward).
-at::Tensor SummedTokenLoss(Gpt& model, const at::Tensor& hidden, const TokenBatch& batch) {
-  const at::Tensor losses = model->HeadLosses(hidden, batch.labels);
+at::Tensor SummedTokenLoss(models::LanguageModel& model, const at::Tensor& hidden,
+                           const TokenBatch& batch) {
+  const at::Tensor losses = model.HeadLosses(hidden, batch.labels);
   return batch.loss_mask.defined() ? (losses * batch.loss_mask).sum() : losses.sum();
 }
 
 }  // namespace
 
-void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter>& parameters) {
+void MarkSharedEmbedding(const models::LanguageModel& model,
+                         std::vector<gradients::NamedParameter>& parameters) {
+  const std::optional<std::string> shared = model.SharedEmbedding();
   for (gradients::NamedParameter& p : parameters) {
-    p.shared = p.name == kWordEmbedding && !model->first_stage();
+    p.shared = shared && p.name == *shared && !model.first_stage();
   }
 }
 
@@ -49,7 +51,8 @@ StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRu
   return scaling;
 }
 
-absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& batches,
+absl::StatusOr<at::Tensor> RunStages(models::LanguageModel& model,
+                                     const std::vector<TokenBatch>& batches,
                                      const TrainRuntime& runtime, const StageRunOptions& options) {
   // Expert-parallel ranks exchange tokens in every MoE block: a rank without a batch runs an
   // empty one, so that it joins its peers' all-to-alls.
@@ -71,11 +74,11 @@ absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& 
   parallel::StageCallbacks stage;
   stage.activation_shape = [&](int64_t i) {
     const at::Tensor& inputs = defined[i]->inputs;
-    return std::vector<int64_t>{inputs.size(0), inputs.size(1), model->hidden_size()};
+    return std::vector<int64_t>{inputs.size(0), inputs.size(1), model.hidden_size()};
   };
   stage.forward = [&](int64_t i, const at::Tensor& input) {
-    at::Tensor hidden = model->StageForward(defined[i]->inputs, input);
-    if (!model->last_stage()) return hidden;
+    at::Tensor hidden = model.StageForward(defined[i]->inputs, input);
+    if (!model.last_stage()) return hidden;
     const at::Tensor loss = SummedTokenLoss(model, hidden, *defined[i]);
     loss_sum += loss.detach().to(at::kDouble);
     return loss * options.loss_scale;
@@ -95,11 +98,13 @@ absl::StatusOr<at::Tensor> RunStages(Gpt& model, const std::vector<TokenBatch>& 
   return loss_sum;
 }
 
-absl::Status ReduceEmbeddingGrads(const std::vector<gradients::NamedParameter>& parameters,
+absl::Status ReduceEmbeddingGrads(const models::LanguageModel& model,
+                                  const std::vector<gradients::NamedParameter>& parameters,
                                   const TrainRuntime& runtime) {
-  if (runtime.embedding_group() == nullptr) return absl::OkStatus();
+  const std::optional<std::string> shared = model.SharedEmbedding();
+  if (runtime.embedding_group() == nullptr || !shared) return absl::OkStatus();
   for (const gradients::NamedParameter& p : parameters) {
-    if (p.name != kWordEmbedding) continue;
+    if (p.name != *shared) continue;
     at::Tensor param = p.param;
     if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
     at::Tensor grad = param.grad();

@@ -21,15 +21,16 @@
 #include "checkpoint/model_state.h"
 #include "gradients/clip_grad_norm.h"
 #include "gradients/parameters.h"
+#include "models/language_model.h"
 #include "tools/recipe/data.h"
-#include "tools/recipe/gpt.h"
 #include "tools/recipe/runtime.h"
 
 namespace keel::tools::recipe {
 
-// Marks the last stage's copy of the word embedding `shared` (the first stage's counts in the
-// clipping norm); nothing on the first stage or on one stage.
-void MarkSharedEmbedding(const Gpt& model, std::vector<gradients::NamedParameter>& parameters);
+// Marks the last stage's copy of the model's shared embedding `shared` (the first stage's counts
+// in the clipping norm); nothing on the first stage, on one stage or without a tie.
+void MarkSharedEmbedding(const models::LanguageModel& model,
+                         std::vector<gradients::NamedParameter>& parameters);
 
 struct StageRunOptions {
   // Forward passes only (validation). Default: false.
@@ -74,17 +75,19 @@ StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRu
 // others), each micro-batch's float32 sum added in float64 on runtime.device: a 0-d tensor
 // that nothing waits for until it is read. Collective: over the tensor-parallel and pipeline
 // groups. Errors: RunPipeline's.
-[[nodiscard]] absl::StatusOr<at::Tensor> RunStages(Gpt& model,
+[[nodiscard]] absl::StatusOr<at::Tensor> RunStages(models::LanguageModel& model,
                                                    const std::vector<TokenBatch>& batches,
                                                    const TrainRuntime& runtime,
                                                    const StageRunOptions& options);
 
-// Megatron's embedding-group all-reduce: the first and last stage's word-embedding gradients
-// (among `parameters`, after the data-parallel sync) summed, so that both copies take the same
-// step; a missing gradient counts as zeros. Nothing without runtime.embedding_group().
+// Megatron's embedding-group all-reduce: the gradients of the first and last stage's copies of
+// the model's shared embedding (among `parameters`, after the data-parallel sync) summed, so
+// that both copies take the same step; a missing gradient counts as zeros. Nothing without
+// runtime.embedding_group() or a shared embedding.
 // Collective: over the embedding group. Errors: kUnavailable from peers.
 [[nodiscard]] absl::Status ReduceEmbeddingGrads(
-    const std::vector<gradients::NamedParameter>& parameters, const TrainRuntime& runtime);
+    const models::LanguageModel& model, const std::vector<gradients::NamedParameter>& parameters,
+    const TrainRuntime& runtime);
 
 // The keys that ModelState(model, options) gives the other stages of this rank's pipeline
 // (tied ones included): what a stage leaves to them when it reads the whole model's files

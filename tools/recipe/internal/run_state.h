@@ -14,6 +14,7 @@
 #include "checkpoint/model_state.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/training_state.h"
+#include "models/language_model.h"
 #include "optim/data_parallel_optimizer.h"
 #include "optim/param_scheduler.h"
 #include "parallel/comm_timers.h"
@@ -21,7 +22,6 @@
 #include "sampling/resumable_blend.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/data.h"
-#include "tools/recipe/gpt.h"
 #include "tools/recipe/metrics.h"
 #include "tools/recipe/numerics.h"
 #include "tools/recipe/options.h"
@@ -45,7 +45,7 @@ class Run::State {
   explicit State(TrainData data) : data(std::move(data)) {}
 
   TrainData data;
-  std::optional<Gpt> model;
+  std::shared_ptr<models::LanguageModel> model;
   std::unique_ptr<optim::DataParallelOptimizer> optimizer;
   std::optional<optim::ParamScheduler> lr_scheduler;
   std::optional<Scheduler> scheduler;

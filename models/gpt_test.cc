@@ -1,4 +1,4 @@
-#include "tools/recipe/gpt.h"
+#include "models/gpt.h"
 
 #include <array>
 #include <cmath>
@@ -17,11 +17,11 @@
 #include "testing/status_matchers.h"
 #include "torch/utils.h"
 
-namespace keel::tools::recipe {
+namespace keel::models {
 namespace {
 
-GptOptions Small() {
-  GptOptions options;
+ModelOptions Small() {
+  ModelOptions options;
   options.hidden_size = 32;
   options.num_layers = 2;
   options.num_attention_heads = 4;
@@ -32,7 +32,7 @@ GptOptions Small() {
 
 TEST(GptTest, LmHeadIsTheInputEmbeddingItself) {
   torch::manual_seed(0);
-  Gpt model(Small(), nullptr);
+  Gpt model(Small(), ModelGroups{});
   const auto parameters = model->named_parameters();
   ASSERT_TRUE(parameters.contains("lm_head.weight"));
   ASSERT_TRUE(parameters.contains("wte.weight"));
@@ -45,7 +45,7 @@ TEST(GptTest, LmHeadIsTheInputEmbeddingItself) {
 
 TEST(GptTest, LogitsHaveTheVocabularyAndDependOnlyOnEarlierTokens) {
   torch::manual_seed(0);
-  Gpt model(Small(), nullptr);
+  Gpt model(Small(), ModelGroups{});
   const at::Tensor tokens = at::randint(256, {2, 12}, at::kLong);
   const at::Tensor logits = model->forward(tokens);
   EXPECT_EQ(logits.sizes(), (at::IntArrayRef{2, 12, 256}));
@@ -61,7 +61,7 @@ TEST(GptTest, LogitsHaveTheVocabularyAndDependOnlyOnEarlierTokens) {
 // biases at 0.
 TEST(GptTest, InitialisesLikeGpt2) {
   torch::manual_seed(0);
-  Gpt model(Small(), nullptr);
+  Gpt model(Small(), ModelGroups{});
   for (const auto& parameter : model->named_parameters()) {
     SCOPED_TRACE(parameter.key());
     const std::string& name = parameter.key();
@@ -80,7 +80,7 @@ TEST(GptTest, InitialisesLikeGpt2) {
 }
 
 TEST(GptTest, PadsTheVocabularyAsMegatron) {
-  GptOptions options;
+  ModelOptions options;
   for (const auto& [vocab, divisible_by, tp, padded] :
        std::vector<std::array<int64_t, 4>>{{256, 128, 1, 256},
                                            {256, 128, 2, 256},
@@ -118,13 +118,13 @@ StageParameters Elements(torch::nn::Module& model) {
 // parallel ranks, two pipeline stages, and two expert-parallel ranks of a MoE model whose
 // second block is dense.
 TEST(GptTest, CountsTheParametersItRegisters) {
-  GptOptions dense = Small();
-  GptOptions moe = Small();
+  ModelOptions dense = Small();
+  ModelOptions moe = Small();
   moe.num_moe_experts = 4;
   moe.moe_layer_freq = 2;
-  for (const GptOptions& options : {dense, moe}) {
-    Gpt one(options, nullptr);
-    const StageParameters counted = CountStageParameters(options, {}, 0);
+  for (const ModelOptions& options : {dense, moe}) {
+    Gpt one(options, ModelGroups{});
+    const StageParameters counted = CountGptStageParameters(options, {}, 0);
     const StageParameters registered = Elements(*one);
     EXPECT_EQ(counted.dense, registered.dense);
     EXPECT_EQ(counted.experts, registered.experts);
@@ -144,13 +144,13 @@ TEST(GptTest, CountsTheParametersItRegisters) {
     KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
       c10d::ProcessGroup* group = r.group.get();
       const parallel::ModelParallelOptions& s = layout.sizes;
-      Gpt model(moe, s.tensor_model_parallel_size > 1 ? group : nullptr,
-                s.pipeline_model_parallel_size > 1 ? group : nullptr,
-                s.expert_model_parallel_size > 1 ? group : nullptr,
-                s.tensor_model_parallel_size > 1 ? group : nullptr);
+      Gpt model(moe, ModelGroups{s.tensor_model_parallel_size > 1 ? group : nullptr,
+                                 s.pipeline_model_parallel_size > 1 ? group : nullptr,
+                                 s.expert_model_parallel_size > 1 ? group : nullptr,
+                                 s.tensor_model_parallel_size > 1 ? group : nullptr});
       registered[r.rank] = Elements(*model);
       counted[r.rank] =
-          CountStageParameters(moe, s, s.pipeline_model_parallel_size > 1 ? r.rank : 0);
+          CountGptStageParameters(moe, s, s.pipeline_model_parallel_size > 1 ? r.rank : 0);
       return absl::OkStatus();
     }));
     for (int rank = 0; rank < 2; ++rank) {
@@ -165,10 +165,10 @@ TEST(GptTest, TwoTensorParallelRanksComputeTheOneRankModel) {
   // alone: the wheel's BLAS (MKL) rounds a threaded sgemm differently from call to call
   // (a loss 7e-6 off in about one run of 50, with the ranks' threads sharing 2 cores).
   at::set_num_threads(1);
-  GptOptions options = Small();
+  ModelOptions options = Small();
   options.num_layers = 1;
   torch::manual_seed(5);
-  Gpt whole(options, nullptr);
+  Gpt whole(options, ModelGroups{});
   const at::Tensor tokens = at::randint(256, {2, 10}, at::kLong);
   const at::Tensor labels = tokens.roll(-1, 1);
   const at::Tensor whole_losses = whole->TokenLosses(tokens, labels);
@@ -180,7 +180,7 @@ TEST(GptTest, TwoTensorParallelRanksComputeTheOneRankModel) {
     {
       std::lock_guard<std::mutex> lock(generator);
       torch::manual_seed(5);
-      model.emplace(options, r.group.get());
+      model.emplace(options, ModelGroups{r.group.get()});
     }
     const std::map<std::string, parallel::TensorLayout> layouts = (*model)->Layouts();
     const at::Tensor losses = (*model)->TokenLosses(tokens, labels);
@@ -210,10 +210,10 @@ TEST(GptTest, TwoTensorParallelRanksComputeTheOneRankModel) {
 // names (the first the embeddings, the last the final norm and its own copy of the word
 // embedding for the tied head), and the stages in turn compute the one-rank losses exactly.
 TEST(GptTest, TwoPipelineStagesHoldAndComputeTheOneRankModel) {
-  GptOptions options = Small();
+  ModelOptions options = Small();
   options.num_layers = 4;
   torch::manual_seed(5);
-  Gpt whole(options, nullptr);
+  Gpt whole(options, ModelGroups{});
   const at::Tensor tokens = at::randint(256, {2, 10}, at::kLong);
   const at::Tensor labels = tokens.roll(-1, 1);
   std::mutex generator;  // the ranks are threads sharing the default generator
@@ -221,7 +221,7 @@ TEST(GptTest, TwoPipelineStagesHoldAndComputeTheOneRankModel) {
   KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
     std::lock_guard<std::mutex> lock(generator);
     torch::manual_seed(5);
-    stages[r.rank].emplace(options, nullptr, r.group.get());
+    stages[r.rank].emplace(options, ModelGroups{nullptr, r.group.get()});
     return absl::OkStatus();
   }));
   Gpt& first = *stages[0];
@@ -259,9 +259,9 @@ TEST(GptTest, TwoPipelineStagesHoldAndComputeTheOneRankModel) {
 
 TEST(GptTest, LaysOutTheHeadsTheMlpAndTheTiedVocabulary) {
   KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
-    GptOptions options = Small();
+    ModelOptions options = Small();
     options.num_layers = 1;
-    Gpt model(options, r.group.get());
+    Gpt model(options, ModelGroups{r.group.get()});
     const std::map<std::string, parallel::TensorLayout> layouts = model->Layouts();
     std::vector<std::string> names;
     for (const auto& [name, layout] : layouts) names.push_back(name);
@@ -280,4 +280,4 @@ TEST(GptTest, LaysOutTheHeadsTheMlpAndTheTiedVocabulary) {
 }
 
 }  // namespace
-}  // namespace keel::tools::recipe
+}  // namespace keel::models

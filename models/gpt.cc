@@ -1,4 +1,4 @@
-#include "tools/recipe/gpt.h"
+#include "models/gpt.h"
 
 #include <map>
 #include <string>
@@ -14,12 +14,15 @@
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
-namespace keel::tools::recipe {
+namespace keel::models {
 namespace {
+
+// The word embedding, which the first and the last stage each hold (the tie).
+constexpr char kWordEmbedding[] = "wte";
 
 // This rank's layers in the even split over `pp` (the caller's config validation made it
 // possible).
-parallel::StageLayers LayersOf(const GptOptions& options, c10d::ProcessGroup* pp) {
+parallel::StageLayers LayersOf(const ModelOptions& options, c10d::ProcessGroup* pp) {
   absl::StatusOr<parallel::StageLayers> layers =
       parallel::LayersOfStage(options.num_layers, base::GroupSize(pp), base::GroupRank(pp));
   TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
@@ -35,7 +38,7 @@ class BlockImpl : public torch::nn::Module {
   // A block whose MLP is a mixture of experts over `groups.ep` and `groups.expert_tp` if `moe`;
   // `moe_stats` (the model's) gathers its routing statistics and gives the load-balancing
   // loss's gradient weight.
-  BlockImpl(const GptOptions& options, GptImpl::Groups groups, bool moe, MoeStats* moe_stats)
+  BlockImpl(const ModelOptions& options, const ModelGroups& groups, bool moe, MoeStats* moe_stats)
       : ln_1_(register_module("ln_1", Norm(options.hidden_size))),
         attn_(register_module(
             "attn", parallel::ParallelSelfAttention(options.hidden_size,
@@ -128,14 +131,9 @@ void InitialiseLikeGpt2(torch::nn::Module& model) {
 
 }  // namespace
 
-int64_t PaddedVocabSize(const GptOptions& options, int64_t tp_size) {
-  const int64_t multiple = options.make_vocab_size_divisible_by * tp_size;
-  return (options.vocab_size + multiple - 1) / multiple * multiple;
-}
-
-StageParameters CountStageParameters(const GptOptions& options,
-                                     const parallel::ModelParallelOptions& parallel,
-                                     int64_t stage) {
+StageParameters CountGptStageParameters(const ModelOptions& options,
+                                        const parallel::ModelParallelOptions& parallel,
+                                        int64_t stage) {
   const int64_t tp = parallel.tensor_model_parallel_size;
   const int64_t pp = parallel.pipeline_model_parallel_size;
   const int64_t ep = parallel.expert_model_parallel_size;
@@ -162,38 +160,21 @@ StageParameters CountStageParameters(const GptOptions& options,
   return count;
 }
 
-void MoeStats::Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert) {
-  const at::Tensor aux = aux_loss.to(at::kDouble);
-  aux_loss_sum = aux_loss_sum.defined() ? aux_loss_sum + aux : aux;
-  tokens = tokens.defined() ? tokens + tokens_per_expert : tokens_per_expert;
-}
+GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups)
+    : GptImpl(options, groups, PaddedVocabSize(options, base::GroupSize(groups.tp)),
+              LayersOf(options, groups.pp), base::GroupRank(groups.pp) == 0,
+              base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {}
 
-std::pair<at::Tensor, at::Tensor> MoeStats::Take(int64_t num_experts) {
-  at::Tensor aux =
-      aux_loss_sum.defined() ? aux_loss_sum.to(at::kCPU).reshape({1}) : at::zeros({1}, at::kDouble);
-  at::Tensor counts =
-      tokens.defined() ? tokens.to(at::kCPU, at::kLong) : at::zeros({num_experts}, at::kLong);
-  aux_loss_sum = at::Tensor();
-  tokens = at::Tensor();
-  return {aux, counts};
-}
-
-GptImpl::GptImpl(const GptOptions& options, c10d::ProcessGroup* tp, c10d::ProcessGroup* pp,
-                 c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp)
-    : GptImpl(options, {tp, ep, expert_tp}, PaddedVocabSize(options, base::GroupSize(tp)),
-              LayersOf(options, pp), base::GroupRank(pp) == 0,
-              base::GroupRank(pp) == base::GroupSize(pp) - 1) {}
-
-GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_size,
+GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,
                  parallel::StageLayers layers, bool first, bool last)
-    : tp_(groups.tp), hidden_size_(options.hidden_size) {
+    : tp_(groups.tp), hidden_size_(options.hidden_size), pipelined_(!(first && last)) {
   c10d::ProcessGroup* tp = groups.tp;
   // The layers allocate zeros and draw nothing: the generator's draws are GPT-2's
   // initialisation alone, the same at every tensor- and pipeline-parallel size. The last stage
   // holds its own copy of the word embedding for the tied head.
   if (first || last) {
-    wte_ = register_module(
-        "wte", parallel::VocabParallelEmbedding(padded_vocab_size, options.hidden_size, tp));
+    wte_ = register_module(kWordEmbedding, parallel::VocabParallelEmbedding(
+                                               padded_vocab_size, options.hidden_size, tp));
   }
   if (first) {
     // The positions are not split: an embedding with no group.
@@ -204,7 +185,7 @@ GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_
   for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
     const bool moe = options.num_moe_experts > 0 && i % options.moe_layer_freq == 0;
     blocks_.push_back(
-        blocks->register_module(std::to_string(i), Block(options, groups, moe, &moe_stats_)));
+        blocks->register_module(std::to_string(i), Block(options, groups, moe, &moe_stats())));
   }
   if (last) ln_f_ = register_module("ln_f", Norm(options.hidden_size));
   const bool whole = first && last;
@@ -214,7 +195,7 @@ GptImpl::GptImpl(const GptOptions& options, Groups groups, int64_t padded_vocab_
   } else {
     // Megatron's master-weight path: the whole model's weights on one rank (with this model's
     // padded vocabulary), this rank's slice of them.
-    const GptImpl one_rank(options, Groups{}, padded_vocab_size, {0, options.num_layers}, true,
+    const GptImpl one_rank(options, ModelGroups{}, padded_vocab_size, {0, options.num_layers}, true,
                            true);
     const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
     TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
@@ -233,26 +214,19 @@ at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& inp
   return x;
 }
 
-at::Tensor GptImpl::forward(const at::Tensor& tokens) {
-  return Logits(StageForward(tokens, at::Tensor()));
-}
-
 at::Tensor GptImpl::Logits(const at::Tensor& hidden) {
   // A column-parallel lm_head: the hidden states go whole to every rank's vocabulary slice.
   return at::linear(parallel::CopyToTensorParallelRegion(ln_f_->forward(hidden), tp_),
                     wte_->weight());
 }
 
-at::Tensor GptImpl::TokenLosses(const at::Tensor& tokens, const at::Tensor& labels) {
-  return HeadLosses(StageForward(tokens, at::Tensor()), labels);
-}
-
 at::Tensor GptImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
   return parallel::VocabParallelCrossEntropy(Logits(hidden), labels, tp_);
 }
 
-std::map<std::string, parallel::TensorLayout> GptImpl::Layouts() const {
-  return parallel::ParameterLayouts(*this);
+std::optional<std::string> GptImpl::SharedEmbedding() const {
+  if (!pipelined_) return std::nullopt;
+  return std::string(kWordEmbedding) + ".weight";
 }
 
-}  // namespace keel::tools::recipe
+}  // namespace keel::models

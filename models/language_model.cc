@@ -1,0 +1,28 @@
+#include "models/language_model.h"
+
+#include "ATen/ATen.h"
+#include "parallel/tensor_parallel/layers.h"
+
+namespace keel::models {
+
+void MoeStats::Add(const at::Tensor& aux_loss, const at::Tensor& tokens_per_expert) {
+  const at::Tensor aux = aux_loss.to(at::kDouble);
+  aux_loss_sum = aux_loss_sum.defined() ? aux_loss_sum + aux : aux;
+  tokens = tokens.defined() ? tokens + tokens_per_expert : tokens_per_expert;
+}
+
+std::pair<at::Tensor, at::Tensor> MoeStats::Take(int64_t num_experts) {
+  at::Tensor aux =
+      aux_loss_sum.defined() ? aux_loss_sum.to(at::kCPU).reshape({1}) : at::zeros({1}, at::kDouble);
+  at::Tensor counts =
+      tokens.defined() ? tokens.to(at::kCPU, at::kLong) : at::zeros({num_experts}, at::kLong);
+  aux_loss_sum = at::Tensor();
+  tokens = at::Tensor();
+  return {aux, counts};
+}
+
+std::map<std::string, parallel::TensorLayout> LanguageModel::Layouts() const {
+  return parallel::ParameterLayouts(*this);
+}
+
+}  // namespace keel::models
