@@ -3,7 +3,8 @@
 # and PyTorch 2.11.0 from PyPI (its CUDA 13 build) in a project-local Python environment,
 # .venv/ (git-ignored), whose torch/ folder is the LibTorch Bazel uses unless KEEL_LIBTORCH
 # names another (third_party/libtorch/workspace.bzl), and whose torchrun and Python the tests
-# and the Python baselines use.
+# and the Python baselines use; with it, the pinned transformers and safetensors that
+# tools/scripts/hf_parity.py records testdata/hf_parity/ with.
 # Idempotent: what is already present is reported and left alone; safe to run twice.
 set -euo pipefail
 
@@ -35,9 +36,14 @@ readonly PACKAGES=(
 )
 
 # What .venv holds: PyPI's torch 2.11.0 (CUDA 13.0, with its nvidia-* libraries: cuDNN, NCCL,
-# cuBLAS, ...) and numpy, which torch's Python side imports.
+# cuBLAS, ...) and numpy, which torch's Python side imports; transformers (the newest PyPI release
+# when it was pinned, checked with this torch) and safetensors, for tools/scripts/hf_parity.py.
+# pip adds what they depend on (huggingface_hub, tokenizers, ...) at the versions it resolves.
 readonly TORCH_VERSION=2.11.0
-readonly PYTHON_PACKAGES=("torch==${TORCH_VERSION}" "numpy==2.3.5")
+readonly TRANSFORMERS_VERSION=5.24.0
+readonly SAFETENSORS_VERSION=0.8.0
+readonly PYTHON_PACKAGES=("torch==${TORCH_VERSION}" "numpy==2.3.5"
+                          "transformers==${TRANSFORMERS_VERSION}" "safetensors==${SAFETENSORS_VERSION}")
 
 sudo_cmd=()
 if [[ "$(id -u)" != 0 ]]; then sudo_cmd=(sudo); fi
@@ -63,8 +69,14 @@ fi
 # cp311 build is for), whatever else `python3` names on this machine.
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${repo_root}/.venv"
-if "${venv}/bin/python" -c "import sys, torch, numpy; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')" 2>/dev/null; then
-  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION} already"
+has_torch="import sys, torch, numpy; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')"
+has_hf="import sys, transformers, safetensors; sys.exit(transformers.__version__ != '${TRANSFORMERS_VERSION}' or safetensors.__version__ != '${SAFETENSORS_VERSION}')"
+if "${venv}/bin/python" -c "${has_torch}" 2>/dev/null && "${venv}/bin/python" -c "${has_hf}" 2>/dev/null; then
+  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}, transformers ${TRANSFORMERS_VERSION} and safetensors ${SAFETENSORS_VERSION} already"
+elif "${venv}/bin/python" -c "${has_torch}" 2>/dev/null; then
+  # torch==2.11.0 is already satisfied, so pip leaves torch as it is and adds the rest.
+  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}; installing transformers ${TRANSFORMERS_VERSION} and safetensors ${SAFETENSORS_VERSION}"
+  "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check "${PYTHON_PACKAGES[@]}"
 else
   echo "bootstrap: installing ${PYTHON_PACKAGES[*]} from PyPI into ${venv} (about 3 GiB)"
   /usr/bin/python3 -m venv "${venv}"

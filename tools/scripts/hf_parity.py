@@ -1,0 +1,485 @@
+#!/usr/bin/env python3
+"""Parity fixtures for Keel's Llama-family decoders, recorded from Hugging Face transformers, and a
+check that a model Keel exports in the Hugging Face layout loads in transformers.
+
+`record` builds six tiny models (Llama tied and GQA/llama3-RoPE, the same with the transformers v4
+config spelling, Qwen2, Qwen3, Mistral with a sliding window; CASES below), each in float32 on the
+CPU with every parameter set to seeded non-degenerate values (norm weights 1 + 0.1*randn, so that a
+swapped norm or a dropped bias shows), and writes per case to OUT/<case>/:
+  config.json, model.safetensors   what save_pretrained writes (the weights before the SGD step);
+  expected.safetensors             inputs and what transformers computes from them: input_ids,
+                                   labels, logits, loss, grad.<parameter>, hidden_states, and
+                                   loss/logits after one torch.optim.SGD step (lr in its metadata).
+It then reloads every case with from_pretrained and fails unless the logits are bitwise the same.
+testdata/hf_parity/README.md describes the files; regenerate them with
+
+    ATEN_CPU_CAPABILITY=avx2 .venv/bin/python tools/scripts/hf_parity.py record --out=testdata/hf_parity
+
+`check-export` loads a directory in the Hugging Face layout (e.g. Keel's export of a fixture's
+weights) with from_pretrained (float32, eager attention), runs the input_ids of an expected.safetensors
+and compares the logits with its `logits`:
+
+    .venv/bin/python tools/scripts/hf_parity.py check-export --dir=runs/export \\
+        --expected=testdata/hf_parity/llama_tied/expected.safetensors --tolerance=1e-5
+
+It prints one JSON line ({"max_abs_diff": ..., "ok": ...}) and exits 0 when max |diff| <= tolerance,
+1 when not (or when transformers left a weight uninitialised or the logits have the wrong shape),
+and 2 when it cannot compare (a missing or unreadable file, an expected file without the keys).
+
+Needs torch 2.11.0, transformers 5.24.0 and safetensors 0.8.0 (tools/bootstrap.sh puts them in .venv).
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+from typing import Callable, Dict, List, Optional
+
+try:
+    import safetensors
+    import safetensors.torch
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+except ImportError as e:  # pragma: no cover - environment problem, reported plainly
+    print(f"hf_parity: {e}; this script needs torch, transformers and safetensors "
+          "(run tools/bootstrap.sh and use .venv/bin/python)", file=sys.stderr)
+    sys.exit(2)
+
+BATCH = 2
+SEQ = 17
+SGD_LR = 0.1
+# HF-style labels: positions set to -100 (input_ids elsewhere). (0, 0) is dropped by the shift anyway;
+# the others remove real targets, one of them the last target of a row.
+IGNORED_LABELS = ((0, 0), (0, 7), (1, 12), (1, 16))
+# The files `record` writes into a case directory, and the only ones it will delete there.
+CASE_FILES = ("config.json", "model.safetensors", "expected.safetensors")
+_SAVE_PRETRAINED_EXTRAS = ("generation_config.json",)
+
+# The shapes shared by every case; a case adds or overrides fields.
+_COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               vocab_size=131, max_position_embeddings=64, rms_norm_eps=1e-5, attention_dropout=0.0)
+_LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+
+
+class ParityError(Exception):
+    """transformers did not do what a fixture relies on; nothing written may be trusted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    seed: int
+    description: str
+    make_config: Callable[[], transformers.PreTrainedConfig]
+    # "rope_parameters" (transformers v5, as save_pretrained writes it) or "legacy" (v4's top-level
+    # rope_theta plus rope_scaling, written over config.json after save_pretrained).
+    config_spelling: str = "rope_parameters"
+
+
+CASES = (
+    Case("llama_tied", 1001, "Llama, MHA (4 kv heads), tied embeddings, default RoPE theta 1e4",
+         lambda: LlamaConfig(**_COMMON, num_key_value_heads=4, tie_word_embeddings=True,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    Case("llama_gqa_untied", 1002,
+         "Llama, GQA (2 kv heads), head_dim 24 != 64/4, untied, llama3 RoPE theta 5e5 factor 4 "
+         "original_max_position_embeddings 8 < sequence 17",
+         lambda: LlamaConfig(**_COMMON, num_key_value_heads=2, head_dim=24, tie_word_embeddings=False,
+                             attention_bias=False, mlp_bias=False, rope_parameters=dict(_LLAMA3_ROPE))),
+    Case("llama_legacy_rope", 1003,
+         "llama_gqa_untied's configuration (other weights) with config.json in the transformers v4 "
+         "spelling: top-level rope_theta plus rope_scaling, no rope_parameters",
+         lambda: LlamaConfig(**_COMMON, num_key_value_heads=2, head_dim=24, tie_word_embeddings=False,
+                             attention_bias=False, mlp_bias=False, rope_parameters=dict(_LLAMA3_ROPE)),
+         config_spelling="legacy"),
+    Case("qwen2", 1004, "Qwen2, GQA (2 kv heads), tied, q/k/v biases (o_proj has none), RoPE theta 1e6",
+         lambda: Qwen2Config(**_COMMON, num_key_value_heads=2, tie_word_embeddings=True,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    Case("qwen3", 1005,
+         "Qwen3, GQA (2 kv heads), head_dim 24 (the class default is 128), untied, q_norm/k_norm over "
+         "the head dim before RoPE, RoPE theta 1e6",
+         lambda: Qwen3Config(**_COMMON, num_key_value_heads=2, head_dim=24, tie_word_embeddings=False,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    Case("mistral", 1006, "Mistral, GQA (2 kv heads), sliding_window 8 < sequence 17, untied, RoPE theta 1e4",
+         lambda: MistralConfig(**_COMMON, num_key_value_heads=2, sliding_window=8, tie_word_embeddings=False,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+)
+
+
+def _build(config) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.eval()  # no dropout anywhere (attention_dropout is 0 as well)
+    return model
+
+
+def _load(directory: str) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    return model
+
+
+def perturb(model: torch.nn.Module, generator: torch.Generator) -> Dict[str, str]:
+    """Overwrites every parameter, in named_parameters order, from `generator`; returns name -> rule.
+
+    Norm weights (input/post_attention/final and Qwen3's q_norm/k_norm) become 1 + 0.1*randn, biases
+    0.1*randn, embeddings 0.25*randn and every other matrix randn/sqrt(in_features), so activations stay
+    near unit scale and attention is far from uniform. Unknown parameter kinds are refused.
+    """
+    rules = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * noise)
+                rules[name] = "1+0.1*randn"
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * noise)
+                rules[name] = "0.1*randn"
+            elif name.endswith("embed_tokens.weight"):
+                p.copy_(0.25 * noise)
+                rules[name] = "0.25*randn"
+            elif name.endswith("_proj.weight") or name == "lm_head.weight":
+                p.copy_(noise / math.sqrt(p.shape[1]))
+                rules[name] = f"randn/sqrt({p.shape[1]})"
+            else:
+                raise ParityError(f"parameter {name} {tuple(p.shape)} has no perturbation rule; add one")
+    return rules
+
+
+def make_inputs(vocab_size: int, generator: torch.Generator):
+    input_ids = torch.randint(0, vocab_size, (BATCH, SEQ), generator=generator, dtype=torch.int64)
+    input_ids[0, 3] = vocab_size - 1
+    input_ids[1, 9] = 0
+    input_ids[1, 15] = vocab_size - 1
+    labels = input_ids.clone()
+    for row, col in IGNORED_LABELS:
+        labels[row, col] = -100
+    return input_ids, labels
+
+
+def forward_with_hidden(model, input_ids):
+    """Logits, and the residual stream: [embeddings, output of layer 0, ..., of the last layer]."""
+    captured: List[torch.Tensor] = []
+
+    def hook(_module, _inputs, output):
+        captured.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+
+    handles = [model.model.embed_tokens.register_forward_hook(hook)]
+    handles += [layer.register_forward_hook(hook) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=input_ids).logits.detach().clone()
+    finally:
+        for h in handles:
+            h.remove()
+    if len(captured) != len(model.model.layers) + 1:
+        raise ParityError(f"captured {len(captured)} hidden states, expected {len(model.model.layers) + 1}")
+    return logits, torch.stack(captured)
+
+
+def _logits(model, input_ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits.detach().clone()
+
+
+def _require_equal(what: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    if actual.shape != expected.shape or not torch.equal(actual, expected):
+        diff = ((actual - expected).abs().max().item() if actual.shape == expected.shape
+                else f"shape {tuple(actual.shape)} vs {tuple(expected.shape)}")
+        raise ParityError(f"{what}: not bitwise equal (max |diff| {diff})")
+
+
+def save_file_stable(tensors: Dict[str, torch.Tensor], path: str, metadata: Dict[str, str]) -> None:
+    """safetensors.torch.save_file with the metadata keys sorted, so that a rerun writes the same bytes.
+
+    The library serialises __metadata__ from a hash map, in a different order on every run. The header
+    is rewritten in place with the same length (safetensors pads it with spaces), and read back.
+    """
+    blob = safetensors.torch.save(tensors, metadata=metadata)
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + size])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if len(text) > size:
+        raise ParityError(f"{path}: re-serialised safetensors header grew from {size} to {len(text)} bytes")
+    stable = blob[:8] + text + b" " * (size - len(text)) + blob[8 + size:]
+    reread = safetensors.torch.load(stable)
+    if reread.keys() != tensors.keys() or not all(torch.equal(reread[k], tensors[k]) for k in tensors):
+        raise ParityError(f"{path}: tensors changed when the safetensors header was rewritten")
+    with open(path, "wb") as f:
+        f.write(stable)
+
+
+def rewrite_config_legacy(path: str) -> dict:
+    """Rewrites config.json from v5's rope_parameters to v4's rope_theta + rope_scaling; returns it."""
+    with open(path) as f:
+        config = json.load(f)
+    if "rope_parameters" not in config or "rope_scaling" in config or "rope_theta" in config:
+        raise ParityError(f"{path}: expected transformers to write rope_parameters only, found keys "
+                          f"{sorted(k for k in config if k.startswith('rope'))}")
+    rope = dict(config.pop("rope_parameters"))
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = rope
+    with open(path, "w") as f:
+        f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config
+
+
+def check_sliding_window(model, config, input_ids, logits) -> Dict[str, str]:
+    """Shows that eager attention applies Mistral's window, and pins its width.
+
+    With window w, query q must see keys k with q - w < k <= q: logits at positions < w equal those of
+    the same weights without a window and differ after; with window w + 1, position w differs.
+    """
+    w = config.sliding_window
+    state = model.state_dict()
+    variants = {}
+    for label, window in (("none", None), ("wider", w + 1)):
+        other_config = config.__class__.from_dict(config.to_dict())
+        other_config.sliding_window = window
+        other = _build(other_config)
+        other.load_state_dict(state)
+        variants[label] = _logits(other, input_ids)
+    full, wider = variants["none"], variants["wider"]
+    if not torch.equal(full[:, :w], logits[:, :w]):
+        raise ParityError(f"sliding_window {w}: logits before position {w} differ from full attention's")
+    after = (full[:, w:] - logits[:, w:]).abs().max().item()
+    if after < 1e-3:
+        raise ParityError(f"sliding_window {w} is not applied by eager attention in transformers "
+                          f"{transformers.__version__} (max |diff| after position {w}: {after})")
+    if not torch.equal(wider[:, :w], logits[:, :w]) or torch.equal(wider[:, w], logits[:, w]):
+        raise ParityError(f"sliding_window {w}: window width is not q - {w} < k <= q")
+    return {"sliding_window_applied": "true",
+            "sliding_window_semantics": f"query q attends keys k with q - {w} < k <= q ({w} keys at most)",
+            "sliding_window_max_abs_diff_vs_full_attention": repr(after)}
+
+
+def _clear_case_dir(case_dir: str) -> None:
+    if not os.path.isdir(case_dir):
+        return
+    stray = sorted(set(os.listdir(case_dir)) - set(CASE_FILES) - set(_SAVE_PRETRAINED_EXTRAS))
+    if stray:
+        raise ParityError(f"{case_dir} holds files record does not write ({', '.join(stray)}); "
+                          "move them away or choose another --out")
+    shutil.rmtree(case_dir)
+
+
+def record_case(case: Case, out: str) -> Dict[str, int]:
+    """Writes OUT/<case>/ and verifies it; returns the file sizes."""
+    case_dir = os.path.join(out, case.name)
+    _clear_case_dir(case_dir)
+
+    torch.manual_seed(case.seed)  # transformers' own init; perturb() overwrites all of it
+    config = case.make_config()
+    model = _build(config)
+    generator = torch.Generator().manual_seed(case.seed)
+    perturb(model, generator)
+    input_ids, labels = make_inputs(config.vocab_size, generator)
+
+    logits, hidden_states = forward_with_hidden(model, input_ids)
+    model.zero_grad(set_to_none=True)
+    output = model(input_ids=input_ids, labels=labels)
+    _require_equal(f"{case.name}: logits with labels", output.logits.detach(), logits)
+    loss = output.loss.detach().clone()
+    # The convention the files document: shift inside, mean over the targets that are not -100.
+    manual = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, config.vocab_size),
+                                               labels[:, 1:].reshape(-1), ignore_index=-100)
+    if not torch.allclose(manual, loss, rtol=1e-6, atol=0):
+        raise ParityError(f"{case.name}: HF loss {loss.item()} is not the shifted mean {manual.item()}")
+    output.loss.backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            raise ParityError(f"{case.name}: {name} got no gradient")
+        grads[f"grad.{name}"] = p.grad.detach().clone()
+    tied = getattr(model, "lm_head", None) is not None and \
+        model.lm_head.weight is model.model.embed_tokens.weight
+    if tied != bool(config.tie_word_embeddings):
+        raise ParityError(f"{case.name}: lm_head tied={tied}, config says {config.tie_word_embeddings}")
+    weights_before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    metadata = {
+        "case": case.name,
+        "description": case.description,
+        "seed": str(case.seed),
+        "config_spelling": case.config_spelling,
+        "model_class": type(model).__name__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "safetensors_version": safetensors.__version__,
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_num_threads": str(torch.get_num_threads()),
+        "attn_implementation": model.config._attn_implementation,
+        "dtype": "float32",
+        "sgd_lr": repr(SGD_LR),
+        "loss": "transformers ForCausalLMLoss: labels shifted inside, mean over targets != -100",
+        "hidden_states": "[embeddings, output of layer 0, ..., output of the last layer], "
+                         "before the final norm",
+        "tied_word_embeddings": json.dumps(tied),
+    }
+    if isinstance(config, MistralConfig):
+        metadata.update(check_sliding_window(model, config, input_ids, logits))
+
+    model.save_pretrained(case_dir, safe_serialization=True)
+    for extra in _SAVE_PRETRAINED_EXTRAS:  # not read by the parity tests; keep the case minimal
+        extra_path = os.path.join(case_dir, extra)
+        if os.path.exists(extra_path):
+            os.remove(extra_path)
+    written = sorted(os.listdir(case_dir))
+    if written != ["config.json", "model.safetensors"]:
+        raise ParityError(f"{case_dir}: save_pretrained wrote {written}, "
+                          "expected config.json and model.safetensors")
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR)
+    optimizer.step()
+    with torch.no_grad():
+        after = model(input_ids=input_ids, labels=labels)
+    loss_after, logits_after = after.loss.detach().clone(), after.logits.detach().clone()
+
+    tensors = {"input_ids": input_ids, "labels": labels, "logits": logits, "loss": loss,
+               "hidden_states": hidden_states, "loss_after_step": loss_after,
+               "logits_after_step": logits_after, **grads}
+    save_file_stable({k: v.contiguous() for k, v in tensors.items()},
+                     os.path.join(case_dir, "expected.safetensors"), metadata)
+
+    if case.config_spelling == "legacy":
+        rewrite_config_legacy(os.path.join(case_dir, "config.json"))
+
+    # What a consumer gets back: the same weights, the same RoPE parameters, bitwise the same logits.
+    loaded = _load(case_dir)
+    loaded_state = loaded.state_dict()
+    for name, value in weights_before.items():
+        if "rotary_emb" in name:
+            continue
+        _require_equal(f"{case.name}: reloaded {name}", loaded_state[name], value)
+    if loaded.config.rope_parameters != config.rope_parameters:
+        raise ParityError(f"{case.name}: reloaded rope_parameters {loaded.config.rope_parameters} "
+                          f"!= {config.rope_parameters}")
+    _require_equal(f"{case.name}: logits of from_pretrained({case_dir})", _logits(loaded, input_ids), logits)
+    return {f: os.path.getsize(os.path.join(case_dir, f)) for f in sorted(os.listdir(case_dir))}
+
+
+def cmd_record(args) -> int:
+    torch.set_num_threads(args.threads)
+    selected = [c for c in CASES if not args.case or c.name in args.case]
+    unknown = sorted(set(args.case or ()) - {c.name for c in CASES})
+    if unknown:
+        print(f"hf_parity: unknown --case {', '.join(unknown)}; cases are "
+              f"{', '.join(c.name for c in CASES)}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    for case in selected:
+        try:
+            sizes = record_case(case, args.out)
+        except ParityError as e:
+            print(f"hf_parity: record failed: {e}", file=sys.stderr)
+            return 1
+        print(f"{case.name}: " + ", ".join(f"{f} {n} B" for f, n in sizes.items()))
+    return 0
+
+
+class BadInput(Exception):
+    """check-export cannot compare: a file is missing or unreadable, or a key is wrong."""
+
+
+def _read_expected(path: str):
+    if not os.path.isfile(path):
+        raise BadInput(f"--expected={path}: no such file")
+    try:
+        tensors = safetensors.torch.load_file(path)
+        with safetensors.safe_open(path, framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error types for bad headers
+        raise BadInput(f"--expected={path}: not a readable safetensors file ({e})")
+    for key, dtype, ndim in (("input_ids", torch.int64, 2), ("logits", torch.float32, 3)):
+        if key not in tensors:
+            raise BadInput(f"--expected={path}: no key '{key}' (has {', '.join(sorted(tensors)[:8])}...)")
+        if tensors[key].dtype != dtype or tensors[key].dim() != ndim:
+            raise BadInput(f"--expected={path}: '{key}' is {tensors[key].dtype} {tuple(tensors[key].shape)}, "
+                           f"expected {dtype} with {ndim} dimensions")
+    if tensors["input_ids"].shape != tensors["logits"].shape[:2]:
+        raise BadInput(f"--expected={path}: input_ids {tuple(tensors['input_ids'].shape)} do not match "
+                       f"logits {tuple(tensors['logits'].shape)}")
+    return tensors["input_ids"], tensors["logits"], metadata
+
+
+def cmd_check_export(args) -> int:
+    def finish(code, **result):
+        print(json.dumps(result, sort_keys=True))
+        return code
+
+    if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
+        print(f"hf_parity: --tolerance={args.tolerance} must be a finite number >= 0", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    try:
+        input_ids, expected, metadata = _read_expected(args.expected)
+        if not os.path.isdir(args.dir):
+            raise BadInput(f"--dir={args.dir}: no such directory")
+        if not os.path.isfile(os.path.join(args.dir, "config.json")):
+            raise BadInput(f"--dir={args.dir}: no config.json")
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                args.dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+        except Exception as e:
+            raise BadInput(f"--dir={args.dir}: transformers cannot load it: {type(e).__name__}: {e}")
+    except BadInput as e:
+        print(f"hf_parity: check-export: {e}", file=sys.stderr)
+        return finish(2, error=str(e), max_abs_diff=None, ok=False)
+    model.eval()
+    recorded, current = metadata.get("aten_cpu_capability"), torch.backends.cpu.get_cpu_capability()
+    if recorded and recorded != current:  # kernels differ by a few ulps (1.7e-6 on these logits)
+        print(f"hf_parity: check-export: {args.expected} was recorded with {recorded} kernels, this run "
+              f"uses {current}; set ATEN_CPU_CAPABILITY={recorded.lower()} for bitwise agreement",
+              file=sys.stderr)
+
+    problems = {k: sorted(info.get(k) or []) for k in ("missing_keys", "mismatched_keys")}
+    problems = {k: [str(x) for x in v] for k, v in problems.items() if v}
+    if problems:  # transformers initialised these weights itself: the export is incomplete
+        return finish(1, max_abs_diff=None, ok=False, **problems)
+    if input_ids.max().item() >= model.config.vocab_size:
+        return finish(1, max_abs_diff=None, ok=False,
+                      error=f"vocab_size {model.config.vocab_size} <= largest input id "
+                            f"{input_ids.max().item()}")
+    actual = _logits(model, input_ids)
+    if actual.shape != expected.shape:
+        return finish(1, max_abs_diff=None, ok=False,
+                      error=f"logits shape {list(actual.shape)} != expected {list(expected.shape)}")
+    diff = (actual - expected).abs().max().item()
+    ok = math.isfinite(diff) and diff <= args.tolerance
+    result = {"max_abs_diff": diff if math.isfinite(diff) else None, "ok": ok}
+    if not math.isfinite(diff):
+        result["error"] = "logits are not finite"
+    return finish(0 if ok else 1, **result)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    record = sub.add_parser("record", parents=[common],
+                            help="write the fixtures (config.json, model.safetensors, expected.safetensors)")
+    record.add_argument("--out", required=True, help="directory that receives one folder per case")
+    record.add_argument("--case", action="append",
+                        help=f"record only this case (repeatable): {', '.join(c.name for c in CASES)}")
+    check = sub.add_parser("check-export", parents=[common],
+                           help="compare an exported directory's logits with a fixture's")
+    check.add_argument("--dir", required=True,
+                       help="directory in the Hugging Face layout (config.json, *.safetensors)")
+    check.add_argument("--expected", required=True, help="a fixture's expected.safetensors")
+    check.add_argument("--tolerance", type=float, default=1e-5, help="max |logit diff| allowed (default 1e-5)")
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads={args.threads} must be >= 1")
+    transformers.utils.logging.disable_progress_bar()
+    return cmd_record(args) if args.command == "record" else cmd_check_export(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
