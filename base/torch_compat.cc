@@ -224,6 +224,25 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 #endif
 }
 
+at::Tensor SlidingWindowAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  int64_t window) {
+  const int64_t seq = q.size(-2);
+  if (window >= seq) return CausalAttention(q, k, v);
+  const at::Tensor positions = at::arange(seq, q.options().dtype(at::kLong));
+  const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);  // i - j
+  const at::Tensor attends = behind.ge(0).logical_and(behind.lt(window));
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, attends);
+#else
+  const at::Tensor scores =
+      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  return at::matmul(
+      at::softmax(
+          scores.masked_fill(attends.logical_not(), -std::numeric_limits<float>::infinity()), -1),
+      v);
+#endif
+}
+
 at::Tensor CausalAttentionExplicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const int64_t seq = q.size(-2);
   const at::Tensor above_diagonal =

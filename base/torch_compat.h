@@ -118,6 +118,13 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 // computes, and the reference that the fused kernels are tested and benchmarked against.
 at::Tensor CausalAttentionExplicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
+// Causal attention within a sliding window (Mistral's): position i attends to positions j with
+// i - window < j <= i. CausalAttention when window >= seq. On LibTorch 2.x
+// at::scaled_dot_product_attention with the window's boolean mask, on 1.13 explicit scores.
+// Requires: window > 0.
+at::Tensor SlidingWindowAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  int64_t window);
+
 // Marks the work queued so far on the current CUDA stream of `device` (an event recorded on
 // it); the returned function blocks the thread that calls it, any thread, until that work has
 // run. For non_blocking device-to-host copies that another thread reads afterwards.

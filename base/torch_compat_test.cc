@@ -61,5 +61,29 @@ TEST(CausalAttentionTest, TheFirstPositionIsItsOwnValue) {
   }
 }
 
+// Within a window of 5, position t depends on keys and values t-4..t only: changing position
+// 10 changes outputs 10..14 and no other; a window as long as the sequence is causal attention.
+TEST(SlidingWindowAttentionTest, EachPositionSeesTheWindowBeforeIt) {
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor> qkv = Inputs(at::kFloat);
+  const at::Tensor out = SlidingWindowAttention(qkv[0], qkv[1], qkv[2], 5);
+  const at::Tensor k = qkv[1].clone(), v = qkv[2].clone();
+  k.select(2, 10).mul_(-3.0);
+  v.select(2, 10).add_(1.0);
+  const at::Tensor changed = SlidingWindowAttention(qkv[0], k, v, 5);
+  const at::Tensor moved = (changed - out).abs().amax({0, 1, 3});  // per position
+  for (int64_t t = 0; t < 37; ++t) {
+    EXPECT_EQ(moved[t].item<float>() > 0, t >= 10 && t < 15) << "position " << t;
+  }
+  // Position 4 sees 0..4 whatever the window beyond 5; position 20 sees 16..20 in a window of 5.
+  EXPECT_TRUE(at::allclose(out.narrow(2, 0, 5),
+                           CausalAttention(qkv[0], qkv[1], qkv[2]).narrow(2, 0, 5), 1e-5, 1e-6));
+  const at::Tensor window20 =
+      CausalAttention(qkv[0].narrow(2, 16, 5), qkv[1].narrow(2, 16, 5), qkv[2].narrow(2, 16, 5));
+  EXPECT_TRUE(at::allclose(out.select(2, 20), window20.select(2, 4), 1e-5, 1e-6));
+  EXPECT_TRUE(at::equal(SlidingWindowAttention(qkv[0], qkv[1], qkv[2], 37),
+                        CausalAttention(qkv[0], qkv[1], qkv[2])));
+}
+
 }  // namespace
 }  // namespace keel::base

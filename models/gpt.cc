@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "base/collectives.h"
 #include "c10/util/Exception.h"
+#include "models/tied_head.h"
 #include "parallel/moe/router.h"
 #include "parallel/moe/token_dispatcher.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
@@ -98,23 +99,6 @@ class BlockImpl : public torch::nn::Module {
 
 TORCH_MODULE(Block);
 
-// The output projection, holding the embedding's weight itself (a tie, not a copy), with its
-// layout.
-class LmHeadImpl : public torch::nn::Module, public parallel::LaidOut {
- public:
-  explicit LmHeadImpl(parallel::VocabParallelEmbedding tied) : tied_(std::move(tied)) {
-    register_parameter("weight", tied_->weight());
-  }
-  std::map<std::string, parallel::TensorLayout> LocalLayouts() const override {
-    return tied_->LocalLayouts();
-  }
-
- private:
-  parallel::VocabParallelEmbedding tied_;
-};
-
-TORCH_MODULE(LmHead);
-
 // GPT-2's initialisation, in named_parameters() order: N(0, 0.02) for embeddings and projection
 // weights, zero biases; LayerNorms keep their ones and zeros.
 void InitialiseLikeGpt2(torch::nn::Module& model) {
@@ -200,7 +184,7 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t
     const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
     TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
   }
-  if (last) register_module("lm_head", LmHead(wte_));
+  if (last) register_module("lm_head", TiedHead(wte_));
 }
 
 at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& input) {

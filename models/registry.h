@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <memory>
 
-#include "models/gpt.h"
 #include "models/language_model.h"
 #include "models/model_options.h"
 #include "parallel/mesh_layout.h"

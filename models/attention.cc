@@ -1,0 +1,54 @@
+#include "models/attention.h"
+
+#include "ATen/ATen.h"
+#include "base/collectives.h"
+#include "base/torch_compat.h"
+
+namespace keel::models {
+
+AttentionImpl::AttentionImpl(const AttentionOptions& options, c10d::ProcessGroup* tp)
+    : options_(options),
+      local_heads_(options.num_heads / base::GroupSize(tp)),
+      local_kv_heads_(options.num_kv_heads / base::GroupSize(tp)) {
+  const int64_t h = options.hidden_size, d = options.head_dim;
+  q_proj_ = register_module(
+      "q_proj", parallel::ColumnParallelLinear(h, options.num_heads * d, tp, options.qkv_bias));
+  k_proj_ = register_module(
+      "k_proj", parallel::ColumnParallelLinear(h, options.num_kv_heads * d, tp, options.qkv_bias));
+  v_proj_ = register_module(
+      "v_proj", parallel::ColumnParallelLinear(h, options.num_kv_heads * d, tp, options.qkv_bias));
+  o_proj_ = register_module(
+      "o_proj", parallel::RowParallelLinear(options.num_heads * d, h, tp, /*bias=*/false));
+  if (options.qk_norm) {
+    q_norm_ = register_module("q_norm", RmsNorm(d, options.norm_eps, tp));
+    k_norm_ = register_module("k_norm", RmsNorm(d, options.norm_eps, tp));
+  }
+}
+
+at::Tensor AttentionImpl::Heads(const at::Tensor& projected, int64_t heads) const {
+  return projected.view({projected.size(0), projected.size(1), heads, options_.head_dim});
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& tables) {
+  at::Tensor q = Heads(q_proj_->forward(x), local_heads_);
+  at::Tensor k = Heads(k_proj_->forward(x), local_kv_heads_);
+  if (options_.qk_norm) {
+    q = q_norm_->forward(q);
+    k = k_norm_->forward(k);
+  }
+  q = ApplyRotary(q.transpose(1, 2), tables);
+  k = ApplyRotary(k.transpose(1, 2), tables);
+  at::Tensor v = Heads(v_proj_->forward(x), local_kv_heads_).transpose(1, 2);
+  const int64_t group = local_heads_ / local_kv_heads_;
+  if (group > 1) {
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+  }
+  const at::Tensor attended = options_.window > 0
+                                  ? base::SlidingWindowAttention(q, k, v, options_.window)
+                                  : base::CausalAttention(q, k, v);
+  return o_proj_->forward(
+      attended.transpose(1, 2).reshape({x.size(0), x.size(1), local_heads_ * options_.head_dim}));
+}
+
+}  // namespace keel::models

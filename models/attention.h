@@ -1,0 +1,65 @@
+// Self-attention with grouped-query heads under Hugging Face's Llama names, on tensor-parallel
+// layers: q_proj, k_proj and v_proj are column-parallel (each rank holds its query heads and
+// the key-value heads they read: tp divides num_key_value_heads), o_proj row-parallel. Each
+// query head i reads key-value head i / (heads / kv heads) (HF's repeat_kv). RoPE rotates
+// queries and keys; Qwen3's per-head RMSNorms of queries and keys (q_norm, k_norm) come before
+// it; Qwen2's q/k/v have biases; Mistral's window limits how far back a position attends.
+//
+//   Attention attention(options, tp);
+//   at::Tensor y = attention->forward(x, tables);  // x [batch, seq, hidden], whole
+#ifndef KEEL_MODELS_ATTENTION_H_
+#define KEEL_MODELS_ATTENTION_H_
+
+#include <cstdint>
+
+#include "ATen/core/Tensor.h"
+#include "models/rms_norm.h"
+#include "models/rotary.h"
+#include "parallel/tensor_parallel/layers.h"
+#include "torch/nn/module.h"
+#include "torch/nn/pimpl.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::models {
+
+struct AttentionOptions {
+  int64_t hidden_size = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  // Biases on q_proj, k_proj and v_proj (Qwen2). Default: none.
+  bool qkv_bias = false;
+  // RMSNorms of each query and key head (Qwen3), with this epsilon. Default: none.
+  bool qk_norm = false;
+  double norm_eps = 1e-6;
+  // Each position attends to the `window` positions ending at it (Mistral's sliding_window);
+  // 0: all before it.
+  int64_t window = 0;
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  // Requires: sizes positive; num_kv_heads divides num_heads; tp's size divides num_kv_heads.
+  AttentionImpl(const AttentionOptions& options, c10d::ProcessGroup* tp);
+  // `x` [batch, seq, hidden] whole on every rank, `tables` the RoPE tables of seq positions in
+  // x's dtype. Returns [batch, seq, hidden], whole.
+  at::Tensor forward(const at::Tensor& x, const RotaryTables& tables);
+
+ private:
+  // [batch, seq, heads x head_dim] -> [batch, heads, seq, head_dim].
+  at::Tensor Heads(const at::Tensor& projected, int64_t heads) const;
+
+  AttentionOptions options_;
+  int64_t local_heads_, local_kv_heads_;
+  parallel::ColumnParallelLinear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr};
+  parallel::RowParallelLinear o_proj_{nullptr};
+  RmsNorm q_norm_{nullptr}, k_norm_{nullptr};
+};
+TORCH_MODULE(Attention);
+
+}  // namespace keel::models
+
+#endif  // KEEL_MODELS_ATTENTION_H_

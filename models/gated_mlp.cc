@@ -1,0 +1,19 @@
+#include "models/gated_mlp.h"
+
+#include "ATen/ATen.h"
+
+namespace keel::models {
+
+GatedMlpImpl::GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d::ProcessGroup* tp)
+    : gate_proj_(register_module(
+          "gate_proj", parallel::ColumnParallelLinear(hidden_size, intermediate_size, tp, false))),
+      up_proj_(register_module(
+          "up_proj", parallel::ColumnParallelLinear(hidden_size, intermediate_size, tp, false))),
+      down_proj_(register_module(
+          "down_proj", parallel::RowParallelLinear(intermediate_size, hidden_size, tp, false))) {}
+
+at::Tensor GatedMlpImpl::forward(const at::Tensor& x) {
+  return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+}
+
+}  // namespace keel::models

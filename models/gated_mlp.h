@@ -1,0 +1,38 @@
+// The gated MLP of Llama-style models (SwiGLU) under Hugging Face's names:
+// down_proj(silu(gate_proj(x)) * up_proj(x)), gate_proj and up_proj column-parallel (two
+// weights, not one fused [gate; up], so that each is one block per rank under its HF name),
+// down_proj row-parallel; no biases.
+//
+//   GatedMlp mlp(hidden_size, intermediate_size, tp);
+//   at::Tensor y = mlp->forward(x);  // x and y [..., hidden], whole on every rank
+#ifndef KEEL_MODELS_GATED_MLP_H_
+#define KEEL_MODELS_GATED_MLP_H_
+
+#include <cstdint>
+
+#include "ATen/core/Tensor.h"
+#include "parallel/tensor_parallel/layers.h"
+#include "torch/nn/module.h"
+#include "torch/nn/pimpl.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace keel::models {
+
+class GatedMlpImpl : public torch::nn::Module {
+ public:
+  // Requires: tp's size divides intermediate_size.
+  GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d::ProcessGroup* tp);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  parallel::ColumnParallelLinear gate_proj_{nullptr}, up_proj_{nullptr};
+  parallel::RowParallelLinear down_proj_{nullptr};
+};
+TORCH_MODULE(GatedMlp);
+
+}  // namespace keel::models
+
+#endif  // KEEL_MODELS_GATED_MLP_H_

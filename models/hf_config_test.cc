@@ -1,0 +1,115 @@
+// config.json onto ModelOptions: every fixture's file, both RoPE spellings, each class's
+// defaults, and a named refusal for what Keel does not build.
+#include "models/hf_config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/status_matchers.h"
+
+namespace keel::models {
+namespace {
+
+using ::keel::testing::StatusIs;
+using ::testing::HasSubstr;
+
+base::Json Llama() {
+  return base::Json::parse(R"({
+    "model_type": "llama", "vocab_size": 131, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 4.0,
+                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8}})");
+}
+
+TEST(HfConfigTest, ReadsTheFixturesOfEveryFamily) {
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions gqa, ReadHfConfig("testdata/hf_parity/llama_gqa_untied"));
+  EXPECT_EQ(gqa.family, ModelFamily::kLlama);
+  EXPECT_EQ(gqa.vocab_size, 131);
+  EXPECT_EQ(gqa.make_vocab_size_divisible_by, 1);
+  EXPECT_EQ(gqa.hidden_size, 64);
+  EXPECT_EQ(gqa.ffn_hidden_size, 96);
+  EXPECT_EQ(gqa.num_layers, 2);
+  EXPECT_EQ(gqa.num_attention_heads, 4);
+  EXPECT_EQ(gqa.num_query_groups, 2);
+  EXPECT_EQ(gqa.kv_channels, 24);
+  EXPECT_EQ(gqa.rotary_base, 500000.0);
+  EXPECT_EQ(gqa.rope_scaling_factor, 4.0);
+  EXPECT_EQ(gqa.rope_original_max_position_embeddings, 8);
+  EXPECT_EQ(gqa.norm_epsilon, 1e-5);
+  EXPECT_TRUE(gqa.untie_embeddings_and_output_weights);
+  // The transformers 4 spelling (rope_theta, rope_scaling) reads the same.
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions legacy,
+                            ReadHfConfig("testdata/hf_parity/llama_legacy_rope"));
+  EXPECT_EQ(legacy.rotary_base, 500000.0);
+  EXPECT_EQ(legacy.rope_scaling_factor, 4.0);
+  EXPECT_EQ(legacy.rope_original_max_position_embeddings, 8);
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions tied, ReadHfConfig("testdata/hf_parity/llama_tied"));
+  EXPECT_FALSE(tied.untie_embeddings_and_output_weights);
+  EXPECT_EQ(tied.rope_scaling_factor, 0.0);
+  // Qwen2 has no head_dim key: hidden / heads.
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions qwen2, ReadHfConfig("testdata/hf_parity/qwen2"));
+  EXPECT_EQ(qwen2.family, ModelFamily::kQwen2);
+  EXPECT_EQ(qwen2.kv_channels, 16);
+  EXPECT_EQ(qwen2.rotary_base, 1e6);
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions qwen3, ReadHfConfig("testdata/hf_parity/qwen3"));
+  EXPECT_EQ(qwen3.family, ModelFamily::kQwen3);
+  EXPECT_EQ(qwen3.kv_channels, 24);
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions mistral, ReadHfConfig("testdata/hf_parity/mistral"));
+  EXPECT_EQ(mistral.family, ModelFamily::kMistral);
+  EXPECT_EQ(mistral.window_size, 8);
+}
+
+TEST(HfConfigTest, DefaultsOfTheKeysAFileLeavesOut) {
+  base::Json config = Llama();
+  for (const char* key : {"num_key_value_heads", "head_dim", "tie_word_embeddings", "hidden_act",
+                          "rope_parameters"}) {
+    config.erase(key);
+  }
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions options, HfConfigToOptions(config, "c"));
+  EXPECT_EQ(options.num_query_groups, 4);
+  EXPECT_EQ(options.kv_channels, 16);
+  EXPECT_TRUE(options.untie_embeddings_and_output_weights);
+  EXPECT_EQ(options.rotary_base, 10000.0);
+  EXPECT_EQ(options.rope_scaling_factor, 0.0);
+}
+
+TEST(HfConfigTest, RefusesWhatKeelDoesNotBuildByName) {
+  struct Case {
+    std::string patch;  // merged into Llama()
+    std::string named;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"model_type": "gemma"})", "\"model_type\" is \"gemma\""},
+           {R"({"model_type": "gpt"})", "\"model_type\" is \"gpt\""},
+           {R"({"hidden_act": "gelu"})", "\"hidden_act\" is \"gelu\""},
+           {R"({"attention_bias": true})", "\"attention_bias\" is true"},
+           {R"({"mlp_bias": true})", "\"mlp_bias\" is true"},
+           {R"({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}})",
+            "\"rope_parameters.rope_type\" is \"yarn\""},
+           {R"({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5}})",
+            "\"partial_rotary_factor\" is 0.5"},
+           {R"({"rope_theta": 20000.0})", "\"rope_theta\" is 20000 but rope_parameters' is 500000"},
+           {R"({"num_key_value_heads": 3})", "\"num_key_value_heads\" is 3, which does not divide"},
+           {R"({"hidden_size": 0})", "\"hidden_size\" is 0; it must be positive"},
+           {R"({"model_type": "qwen2", "use_sliding_window": true})",
+            "\"use_sliding_window\" is true"}}) {
+    SCOPED_TRACE(c.patch);
+    base::Json config = Llama();
+    config.merge_patch(base::Json::parse(c.patch));
+    EXPECT_THAT(HfConfigToOptions(config, "dir/config.json"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(c.named))));
+  }
+  base::Json mistyped = Llama();
+  mistyped["vocab_size"] = "131";
+  EXPECT_THAT(HfConfigToOptions(mistyped, "c"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("\"vocab_size\" is \"131\"")));
+  EXPECT_THAT(ReadHfConfig("/nonexistent"), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+}
+
+}  // namespace
+}  // namespace keel::models

@@ -1,0 +1,214 @@
+#include "models/llama.h"
+
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/collectives.h"
+#include "c10/util/Exception.h"
+#include "models/attention.h"
+#include "models/gated_mlp.h"
+#include "models/tied_head.h"
+#include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace keel::models {
+namespace {
+
+// The word embedding under its HF name, which the first and (tied) the last stage hold.
+constexpr char kBody[] = "model";
+constexpr char kEmbedding[] = "embed_tokens";
+
+parallel::StageLayers LayersOf(const ModelOptions& options, c10d::ProcessGroup* pp) {
+  absl::StatusOr<parallel::StageLayers> layers =
+      parallel::LayersOfStage(options.num_layers, base::GroupSize(pp), base::GroupRank(pp));
+  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
+  return *layers;
+}
+
+AttentionOptions AttentionOf(const ModelOptions& options) {
+  AttentionOptions attention;
+  attention.hidden_size = options.hidden_size;
+  attention.num_heads = options.num_attention_heads;
+  attention.num_kv_heads = KvHeads(options);
+  attention.head_dim = HeadDim(options);
+  attention.qkv_bias = options.family == ModelFamily::kQwen2;
+  attention.qk_norm = options.family == ModelFamily::kQwen3;
+  attention.norm_eps = options.norm_epsilon;
+  attention.window = options.window_size;
+  return attention;
+}
+
+RopeOptions RopeOf(const ModelOptions& options) {
+  RopeOptions rope;
+  rope.theta = options.rotary_base;
+  rope.scaling_factor = options.rope_scaling_factor;
+  rope.low_freq_factor = options.rope_low_freq_factor;
+  rope.high_freq_factor = options.rope_high_freq_factor;
+  rope.original_max_position_embeddings = options.rope_original_max_position_embeddings;
+  return rope;
+}
+
+// One decoder layer: h += attention(input_layernorm(h)); h += mlp(post_attention_layernorm(h)).
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const ModelOptions& options, c10d::ProcessGroup* tp)
+      : input_layernorm_(
+            register_module("input_layernorm", RmsNorm(options.hidden_size, options.norm_epsilon))),
+        self_attn_(register_module("self_attn", Attention(AttentionOf(options), tp))),
+        post_attention_layernorm_(register_module(
+            "post_attention_layernorm", RmsNorm(options.hidden_size, options.norm_epsilon))),
+        mlp_(register_module("mlp", GatedMlp(options.hidden_size, options.ffn_hidden_size, tp))) {}
+
+  at::Tensor forward(const at::Tensor& x, const RotaryTables& tables) {
+    const at::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), tables);
+    return h + mlp_->forward(post_attention_layernorm_->forward(h));
+  }
+
+ private:
+  RmsNorm input_layernorm_;
+  Attention self_attn_;
+  RmsNorm post_attention_layernorm_;
+  GatedMlp mlp_;
+};
+TORCH_MODULE(DecoderLayer);
+
+// HF's initialisation (initializer_range 0.02), module by module in registration order: the
+// embedding and every linear layer's weight N(0, 0.02), biases zero; RMSNorms keep their ones.
+void InitialiseLikeHf(torch::nn::Module& model) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    torch::nn::Module& module = *item.value();
+    const bool drawn = dynamic_cast<parallel::ColumnParallelLinearImpl*>(&module) != nullptr ||
+                       dynamic_cast<parallel::RowParallelLinearImpl*>(&module) != nullptr ||
+                       dynamic_cast<parallel::VocabParallelEmbeddingImpl*>(&module) != nullptr;
+    if (!drawn) continue;
+    for (auto& parameter : module.named_parameters(/*recurse=*/false)) {
+      if (parameter.key() == "weight") {
+        parameter.value().normal_(0.0, 0.02);
+      } else {
+        parameter.value().zero_();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+StageParameters CountLlamaStageParameters(const ModelOptions& options,
+                                          const parallel::ModelParallelOptions& parallel,
+                                          int64_t stage) {
+  const int64_t tp = parallel.tensor_model_parallel_size;
+  const int64_t pp = parallel.pipeline_model_parallel_size;
+  const int64_t h = options.hidden_size, d = HeadDim(options);
+  const int64_t q = options.num_attention_heads * d / tp, kv = KvHeads(options) * d / tp;
+  const absl::StatusOr<parallel::StageLayers> layers =
+      parallel::LayersOfStage(options.num_layers, static_cast<int>(pp), static_cast<int>(stage));
+  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
+  StageParameters count;
+  const bool first = stage == 0, last = stage == pp - 1;
+  const int64_t vocab_rows = PaddedVocabSize(options, tp) / tp * h;
+  const bool tied = !options.untie_embeddings_and_output_weights;
+  if (first || (last && tied)) count.dense += vocab_rows;  // embed_tokens
+  if (last) count.dense += h + (tied ? 0 : vocab_rows);    // norm, lm_head
+  const bool qkv_bias = options.family == ModelFamily::kQwen2;
+  const bool qk_norm = options.family == ModelFamily::kQwen3;
+  count.dense += layers->count * (2 * h                       // the two norms
+                                  + (q + 2 * kv) * h + h * q  // q, k, v, o
+                                  + (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2 * d : 0) +
+                                  3 * h * (options.ffn_hidden_size / tp));  // gate, up, down
+  return count;
+}
+
+LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups)
+    : LlamaImpl(options, groups, PaddedVocabSize(options, base::GroupSize(groups.tp)),
+                LayersOf(options, groups.pp), base::GroupRank(groups.pp) == 0,
+                base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {}
+
+LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
+                     int64_t padded_vocab_size, parallel::StageLayers layers, bool first, bool last)
+    : options_(options),
+      tp_(groups.tp),
+      first_(first),
+      last_(last),
+      inv_freq_(InverseFrequencies(HeadDim(options), RopeOf(options))) {
+  TORCH_INTERNAL_ASSERT(options.family != ModelFamily::kGpt && options.num_moe_experts == 0);
+  const bool tied = !options.untie_embeddings_and_output_weights;
+  auto body = register_module(kBody, std::make_shared<torch::nn::Module>());
+  // The layers allocate zeros and draw nothing: the draws are the one-rank model's
+  // initialisation alone, the same at every layout.
+  if (first || (last && tied)) {
+    embed_tokens_ = body->register_module(
+        kEmbedding,
+        parallel::VocabParallelEmbedding(padded_vocab_size, options.hidden_size, groups.tp));
+  }
+  auto stack = body->register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
+    layers_.push_back(stack->register_module(std::to_string(i), DecoderLayer(options, groups.tp)));
+  }
+  if (last) {
+    norm_ = body->register_module("norm", RmsNorm(options.hidden_size, options.norm_epsilon));
+    if (tied) {
+      register_module("lm_head", TiedHead(embed_tokens_));
+    } else {
+      lm_head_ = register_module(
+          "lm_head", parallel::ColumnParallelLinear(options.hidden_size, padded_vocab_size,
+                                                    groups.tp, /*bias=*/false));
+    }
+  }
+  if (first && last && base::GroupSize(groups.tp) == 1) {
+    InitialiseLikeHf(*this);
+  } else {
+    // Megatron's master-weight path: the whole model's weights on one rank (with this model's
+    // padded vocabulary), this rank's slice of them.
+    LlamaImpl one_rank(options, ModelGroups{}, padded_vocab_size, {0, options.num_layers}, true,
+                       true);
+    const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
+    TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
+  }
+}
+
+const RotaryTables& LlamaImpl::Tables(int64_t seq, const at::Tensor& like) {
+  if (!tables_ || tables_->cos.size(0) != seq || tables_->cos.device() != like.device() ||
+      tables_->cos.scalar_type() != like.scalar_type()) {
+    tables_ = MakeRotaryTables(inv_freq_, seq, like.options());
+  }
+  return *tables_;
+}
+
+at::Tensor LlamaImpl::StageForward(const at::Tensor& tokens, const at::Tensor& input) {
+  at::Tensor x = first_ ? embed_tokens_->forward(tokens) : input;
+  const RotaryTables& tables = Tables(tokens.size(1), x);
+  for (const auto& layer : layers_) x = layer->as<DecoderLayerImpl>()->forward(x, tables);
+  return x;
+}
+
+at::Tensor LlamaImpl::Logits(const at::Tensor& hidden) {
+  const at::Tensor normed = norm_->forward(hidden);
+  if (!lm_head_.is_empty()) return lm_head_->forward(normed);
+  return at::linear(parallel::CopyToTensorParallelRegion(normed, tp_), embed_tokens_->weight());
+}
+
+at::Tensor LlamaImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
+  at::Tensor logits = Logits(hidden);
+  // The padding rows of this rank's vocabulary slice (at the end of the last rank's) take no
+  // part in the softmax.
+  const int64_t rows = logits.size(-1);
+  const int64_t begin = base::GroupRank(tp_) * rows;
+  const int64_t real = std::min(rows, std::max<int64_t>(0, options_.vocab_size - begin));
+  if (real < rows) {
+    const at::Tensor padding = at::arange(rows, logits.options().dtype(at::kLong)).ge(real);
+    logits = logits.masked_fill(padding, -std::numeric_limits<float>::infinity());
+  }
+  return parallel::VocabParallelCrossEntropy(logits, labels, tp_);
+}
+
+std::optional<std::string> LlamaImpl::SharedEmbedding() const {
+  if ((first_ && last_) || options_.untie_embeddings_and_output_weights) return std::nullopt;
+  return std::string(kBody) + "." + kEmbedding + ".weight";
+}
+
+}  // namespace keel::models

@@ -1,0 +1,23 @@
+#include "models/rms_norm.h"
+
+#include "ATen/ATen.h"
+#include "base/collectives.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace keel::models {
+
+RmsNormImpl::RmsNormImpl(int64_t size, double eps, c10d::ProcessGroup* partial_over)
+    : eps_(eps),
+      partial_over_(base::GroupSize(partial_over) > 1 ? partial_over : nullptr),
+      weight_(register_parameter("weight", at::ones({size}))) {}
+
+at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor wide = x.to(at::kFloat);
+  const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  const at::Tensor weight = partial_over_ == nullptr
+                                ? weight_
+                                : parallel::CopyToTensorParallelRegion(weight_, partial_over_);
+  return weight * normed.to(x.scalar_type());
+}
+
+}  // namespace keel::models

@@ -1,0 +1,44 @@
+#include "models/rotary.h"
+
+#include <cmath>
+
+#include "ATen/ATen.h"
+
+namespace keel::models {
+
+// Each step is the operation HF's Python performs, in its order, so that the float32 roundings
+// are the same: Python's `s / t` is t.reciprocal() * s, `s - t` rsub, `s ** t` pow(s, t).
+at::Tensor InverseFrequencies(int64_t head_dim, const RopeOptions& options) {
+  const at::Tensor exponents =
+      at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(head_dim);
+  const at::Tensor inv_freq = at::pow(options.theta, exponents).reciprocal() * 1.0;
+  if (options.scaling_factor == 0.0) return inv_freq;
+  const double factor = options.scaling_factor;
+  const double low = options.low_freq_factor, high = options.high_freq_factor;
+  const double old_context = static_cast<double>(options.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / low, high_freq_wavelen = old_context / high;
+  const at::Tensor wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  at::Tensor scaled = at::where(wavelen.gt(low_freq_wavelen), inv_freq / factor, inv_freq);
+  const at::Tensor smooth = (wavelen.reciprocal() * old_context - low) / (high - low);
+  const at::Tensor smoothed = at::rsub(smooth, 1) * scaled / factor + smooth * scaled;
+  const at::Tensor medium = wavelen.lt(high_freq_wavelen)
+                                .logical_not()
+                                .logical_and(wavelen.gt(low_freq_wavelen).logical_not());
+  return at::where(medium, smoothed, scaled);
+}
+
+RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, int64_t seq,
+                              const at::TensorOptions& options) {
+  const at::Tensor positions = at::arange(seq, at::kLong).to(at::kFloat);
+  const at::Tensor freqs = positions.unsqueeze(-1) * inv_freq;
+  const at::Tensor angles = at::cat({freqs, freqs}, -1);
+  return {angles.cos().to(options), angles.sin().to(options)};
+}
+
+at::Tensor ApplyRotary(const at::Tensor& x, const RotaryTables& tables) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
+  return x * tables.cos + rotated * tables.sin;
+}
+
+}  // namespace keel::models

@@ -1,0 +1,49 @@
+// Rotary position embeddings (RoPE) as Hugging Face's Llama applies them: the head dimensions
+// rotate in pairs (i, i + head_dim / 2) ("rotate_half"), by angles position x inv_freq[i] with
+// inv_freq[i] = 1 / theta^(2i / head_dim), computed in float32 with HF's operations so the
+// tables are its bits, and optionally rescaled as Llama 3.1 does (rope_type "llama3").
+//
+//   RotaryTables tables = MakeRotaryTables(InverseFrequencies(64, rope), seq, x.options());
+//   q = ApplyRotary(q, tables);  // q [batch, heads, seq, head_dim]
+#ifndef KEEL_MODELS_ROTARY_H_
+#define KEEL_MODELS_ROTARY_H_
+
+#include <cstdint>
+
+#include "ATen/core/Tensor.h"
+#include "c10/core/TensorOptions.h"
+
+namespace keel::models {
+
+struct RopeOptions {
+  // The base of the wavelengths (HF's rope_theta, Megatron's rotary_base). Default: 10000.
+  double theta = 10000.0;
+  // Llama 3.1's rescaling (HF's rope_scaling / rope_parameters of rope_type "llama3"); factor 0
+  // for none. Wavelengths longer than original_max_position_embeddings / low_freq_factor are
+  // divided by factor, those shorter than ... / high_freq_factor kept, the band between
+  // blended.
+  double scaling_factor = 0.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// inv_freq [head_dim / 2] float32 on the CPU. Requires: head_dim even and positive, theta > 0;
+// with scaling, factor > 0 and high_freq_factor > low_freq_factor.
+at::Tensor InverseFrequencies(int64_t head_dim, const RopeOptions& options);
+
+// cos and sin of each position's angles, [seq, head_dim] (each angle twice, as HF's
+// cat(freqs, freqs)), computed in float32 and cast to `options`' dtype on its device.
+struct RotaryTables {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, int64_t seq,
+                              const at::TensorOptions& options);
+
+// x * cos + rotate_half(x) * sin over x [batch, heads, seq, head_dim].
+at::Tensor ApplyRotary(const at::Tensor& x, const RotaryTables& tables);
+
+}  // namespace keel::models
+
+#endif  // KEEL_MODELS_ROTARY_H_
