@@ -63,16 +63,38 @@ std::string Describe(const std::vector<int64_t>& shape, at::ScalarType dtype) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "] ", c10::toString(dtype));
 }
 
+// The whole tensor's shape in the model.
+std::vector<int64_t> GlobalShape(const TensorRef& ref) {
+  return ref.layout.has_value() ? ref.layout->global_shape : ref.tensor.sizes().vec();
+}
+
+// This rank's block of the files' `tensor` for `ref`, its padding rows (if any) zeros.
+at::Tensor BlockFromFiles(const at::Tensor& tensor, const TensorRef& ref) {
+  at::Tensor whole = tensor;
+  const std::vector<int64_t> global = GlobalShape(ref);
+  if (!global.empty() && tensor.size(0) < global[0]) {
+    std::vector<int64_t> padding = global;
+    padding[0] = global[0] - tensor.size(0);
+    whole = at::cat({tensor, at::zeros(padding, tensor.options())});
+  }
+  return ref.layout.has_value() ? parallel::BlockOf(whole, *ref.layout, ref.tensor.sizes()) : whole;
+}
+
 // Every way the files' headers and the model's keys disagree, one line each.
 std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry>& in_files,
                                     const State& expected,
                                     const std::map<std::string, std::string>& tied,
-                                    const std::set<std::string>& held_elsewhere) {
+                                    const std::set<std::string>& held_elsewhere,
+                                    const std::map<std::string, int64_t>& unpadded_rows) {
   std::vector<std::string> problems;
   for (const auto& [key, ref] : expected.tensors) {
     const auto it = in_files.find(key);
-    const std::vector<int64_t> shape =
-        ref.layout.has_value() ? ref.layout->global_shape : ref.tensor.sizes().vec();
+    std::vector<int64_t> shape = GlobalShape(ref);
+    const auto rows = unpadded_rows.find(key);
+    if (it != in_files.end() && rows != unpadded_rows.end() && !shape.empty() &&
+        !it->second.shape.empty() && it->second.shape[0] == rows->second) {
+      shape[0] = rows->second;  // the vocabulary's rows without the padding
+    }
     if (it == in_files.end()) {
       problems.push_back(absl::StrCat("missing tensor \"", key, "\" (the model's is ",
                                       Describe(shape, ref.tensor.scalar_type()), ")"));
@@ -98,10 +120,10 @@ std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry
 
 }  // namespace
 
-absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
-                                                 torch::nn::Module& model,
-                                                 const ModelStateOptions& options,
-                                                 const std::set<std::string>& held_elsewhere) {
+absl::StatusOr<HfImportResult> LoadHfSafetensors(
+    const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options,
+    const std::set<std::string>& held_elsewhere,
+    const std::map<std::string, int64_t>& unpadded_rows) {
   KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory));
   std::map<std::string, SafetensorsEntry> in_files;
   for (const auto& [path, indexed] : files) {
@@ -119,7 +141,8 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
   const ModelState state(model, options);
   KEEL_ASSIGN_OR_RETURN(State expected, state.StateDict());
   const std::map<std::string, std::string> tied = state.TiedKeys();
-  if (std::vector<std::string> problems = Mismatches(in_files, expected, tied, held_elsewhere);
+  if (std::vector<std::string> problems =
+          Mismatches(in_files, expected, tied, held_elsewhere, unpadded_rows);
       !problems.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(directory, " does not match the model (", problems.size(),
@@ -138,20 +161,14 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(const std::string& directory,
       }
       const auto it = expected.tensors.find(name);
       if (it == expected.tensors.end()) continue;  // held elsewhere
-      const TensorRef& ref = it->second;
-      ref.tensor.copy_(ref.layout.has_value()
-                           ? parallel::BlockOf(tensor, *ref.layout, ref.tensor.sizes())
-                           : tensor);
+      it->second.tensor.copy_(BlockFromFiles(tensor, it->second));
       ++result.num_tensors;
     }
     result.files.push_back(path);
   }
   for (const auto& [name, tensor] : tied_in_files) {
     const TensorRef& ref = expected.tensors.at(tied.at(name));
-    const at::Tensor block = ref.layout.has_value()
-                                 ? parallel::BlockOf(tensor, *ref.layout, ref.tensor.sizes())
-                                 : tensor;
-    if (!at::equal(block, ref.tensor.cpu())) {
+    if (!at::equal(BlockFromFiles(tensor, ref), ref.tensor.cpu())) {
       return absl::FailedPreconditionError(
           absl::StrCat(directory, ": \"", name, "\" is tied to \"", tied.at(name),
                        "\" in the model, but the files hold different values for the two"));

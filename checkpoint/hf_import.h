@@ -8,6 +8,7 @@
 #define KEEL_CHECKPOINT_HF_IMPORT_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,7 +36,9 @@ struct HfImportResult {
 // model (or a tied lm_head weight) or of `held_elsewhere` (the keys of the other parts of a
 // model split over ranks, such as pipeline stages, which this call leaves alone), with the
 // same shape and dtype. A tensor that options.layouts lays out is compared with its global
-// shape and gets its block.
+// shape and gets its block. A key of `unpadded_rows` (a padded vocabulary) may hold that many
+// rows in the files (Hugging Face's unpadded vocabulary; the model's padding rows are then
+// zeros) or all the model's.
 // Errors: kNotFound for a missing directory, a directory with neither file, or a shard that
 // the index names but that is missing; kDataLoss for an index that is not a
 // {"weight_map": {name: file}} object or names a tensor its file lacks, and as
@@ -44,7 +47,8 @@ struct HfImportResult {
 // weight that differs from the tensor it is tied to (the model is then partly loaded).
 [[nodiscard]] absl::StatusOr<HfImportResult> LoadHfSafetensors(
     const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options = {},
-    const std::set<std::string>& held_elsewhere = {});
+    const std::set<std::string>& held_elsewhere = {},
+    const std::map<std::string, int64_t>& unpadded_rows = {});
 
 }  // namespace keel::checkpoint
 

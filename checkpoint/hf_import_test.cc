@@ -127,6 +127,49 @@ TEST(HfImportTest, ALaidOutParameterReadsItsBlockOfTheWholeTensor) {
   EXPECT_TRUE(at::equal(b, source.b));
 }
 
+// Hugging Face's unpadded vocabulary into a model that pads it: the embedding of 10 rows (and
+// its tied head) into 12, laid out over two ranks (rows 6..11 here: 4 of the file's, then the
+// 2 padding rows, zeros). A file that holds all 12 rows loads too; another count is named.
+TEST(HfImportTest, AnUnpaddedVocabularyFillsThePaddedRowsWithZeros) {
+  const std::string dir = NewTempDir("hf_unpadded");
+  TinyModel source(6);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(source)) {
+    if (name != "lm_head.weight") tensors.emplace_back(name, tensor);  // HF omits a tied head
+  }
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  torch::nn::Module part;
+  const at::Tensor wte = part.register_parameter("wte", at::full({6, 4}, 7.0));
+  part.register_parameter("proj_w", at::zeros({4, 4}));
+  part.register_parameter("proj_b", at::zeros({4}));
+  part.register_buffer("scale", at::zeros({1}, at::kDouble));
+  part.register_module("lm_head", std::make_shared<TinyModel::Head>(wte));
+  ModelStateOptions options;
+  options.layouts = {{"wte", parallel::BlockLayout({12, 4}, {6, 0})},
+                     {"lm_head.weight", parallel::BlockLayout({12, 4}, {6, 0})}};
+  const std::map<std::string, int64_t> vocab = {{"wte", 10}, {"lm_head.weight", 10}};
+  EXPECT_THAT(LoadHfSafetensors(dir, part, options),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("\"wte\": shape [10, 4] in the files, [12, 4] in the model")));
+  KEEL_ASSERT_OK(LoadHfSafetensors(dir, part, options, {}, vocab));
+  EXPECT_TRUE(at::equal(wte.narrow(0, 0, 4), source.wte.narrow(0, 6, 4)));
+  EXPECT_TRUE(at::equal(wte.narrow(0, 4, 2), at::zeros({2, 4})));
+
+  for (auto& [name, tensor] : tensors) {
+    if (name == "wte") tensor = at::cat({tensor, at::ones({2, 4})});
+  }
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  KEEL_ASSERT_OK(LoadHfSafetensors(dir, part, options, {}, vocab));
+  EXPECT_TRUE(at::equal(wte.narrow(0, 4, 2), at::ones({2, 4})));
+  for (auto& [name, tensor] : tensors) {
+    if (name == "wte") tensor = tensor.narrow(0, 0, 11);
+  }
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  EXPECT_THAT(LoadHfSafetensors(dir, part, options, {}, vocab),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("\"wte\": shape [11, 4] in the files, [12, 4] in the model")));
+}
+
 // A pipeline stage holding the projection only: the embedding and its tied head belong to
 // another stage (held elsewhere), which they are left to; without saying so they are
 // unexpected.

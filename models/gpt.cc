@@ -208,6 +208,13 @@ at::Tensor GptImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& label
   return parallel::VocabParallelCrossEntropy(Logits(hidden), labels, tp_);
 }
 
+std::vector<std::string> GptImpl::VocabParameters() const {
+  std::vector<std::string> names;
+  if (!wte_.is_empty()) names.push_back(std::string(kWordEmbedding) + ".weight");
+  if (last_stage()) names.push_back("lm_head.weight");
+  return names;
+}
+
 std::optional<std::string> GptImpl::SharedEmbedding() const {
   if (!pipelined_) return std::nullopt;
   return std::string(kWordEmbedding) + ".weight";

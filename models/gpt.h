@@ -61,6 +61,8 @@ class GptImpl : public LanguageModel {
   // "wte.weight" on the first and last stage of several.
   std::optional<std::string> SharedEmbedding() const override;
 
+  std::vector<std::string> VocabParameters() const override;
+
   // lm_head.weight: the same tensor as wte.weight (on the last stage).
   const at::Tensor& lm_head_weight() const { return wte_->weight(); }
 

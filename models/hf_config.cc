@@ -11,6 +11,30 @@
 namespace keel::models {
 namespace {
 
+// ModelOptions' fields by the config.json keys they come from.
+struct HfKey {
+  const char* field;
+  const char* key;
+};
+constexpr HfKey kHfKeys[] = {
+    {"family", "model_type"},
+    {"vocab_size", "vocab_size"},
+    {"hidden_size", "hidden_size"},
+    {"ffn_hidden_size", "intermediate_size"},
+    {"num_layers", "num_hidden_layers"},
+    {"num_attention_heads", "num_attention_heads"},
+    {"num_query_groups", "num_key_value_heads"},
+    {"kv_channels", "head_dim"},
+    {"rotary_base", "rope_parameters.rope_theta"},
+    {"rope_scaling_factor", "rope_parameters.factor"},
+    {"rope_low_freq_factor", "rope_parameters.low_freq_factor"},
+    {"rope_high_freq_factor", "rope_parameters.high_freq_factor"},
+    {"rope_original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"},
+    {"norm_epsilon", "rms_norm_eps"},
+    {"untie_embeddings_and_output_weights", "tie_word_embeddings"},
+    {"window_size", "sliding_window"},
+};
+
 // Reads the keys of one config.json, naming the file and the key in every error.
 class Keys {
  public:
@@ -177,6 +201,13 @@ absl::StatusOr<ModelOptions> HfConfigToOptions(const base::Json& config,
                                    options.num_attention_heads, ")"));
   }
   return options;
+}
+
+std::string HfKeyOf(const std::string& field) {
+  for (const HfKey& entry : kHfKeys) {
+    if (field == entry.field) return entry.key;
+  }
+  return "";
 }
 
 absl::StatusOr<ModelOptions> ReadHfConfig(const std::string& directory) {

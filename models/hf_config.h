@@ -29,6 +29,10 @@ namespace keel::models {
 // the two RoPE spellings disagreeing) or for sizes that are not positive.
 [[nodiscard]] absl::StatusOr<ModelOptions> ReadHfConfig(const std::string& directory);
 
+// The config.json key each ModelOptions field comes from ("rope_parameters.factor" for a key of
+// the RoPE block), for messages that name both; empty for a field config.json does not set.
+std::string HfKeyOf(const std::string& field);
+
 // What ReadHfConfig reads from an already parsed config.json; `source` names it in errors.
 [[nodiscard]] absl::StatusOr<ModelOptions> HfConfigToOptions(const base::Json& config,
                                                              const std::string& source);

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "parallel/layout.h"
@@ -90,6 +91,10 @@ class LanguageModel : public torch::nn::Module {
   at::Tensor TokenLosses(const at::Tensor& tokens, const at::Tensor& labels) {
     return HeadLosses(StageForward(tokens, {}), labels);
   }
+
+  // This stage's parameters whose rows are the vocabulary (padded: PaddedVocabSize), which a
+  // Hugging Face file holds unpadded.
+  virtual std::vector<std::string> VocabParameters() const = 0;
 
   // The layouts of this rank's sharded parameters, by name (empty on one rank).
   std::map<std::string, parallel::TensorLayout> Layouts() const;

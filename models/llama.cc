@@ -206,6 +206,13 @@ at::Tensor LlamaImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& lab
   return parallel::VocabParallelCrossEntropy(logits, labels, tp_);
 }
 
+std::vector<std::string> LlamaImpl::VocabParameters() const {
+  std::vector<std::string> names;
+  if (!embed_tokens_.is_empty()) names.push_back(std::string(kBody) + "." + kEmbedding + ".weight");
+  if (last_) names.push_back("lm_head.weight");
+  return names;
+}
+
 std::optional<std::string> LlamaImpl::SharedEmbedding() const {
   if ((first_ && last_) || options_.untie_embeddings_and_output_weights) return std::nullopt;
   return std::string(kBody) + "." + kEmbedding + ".weight";

@@ -57,6 +57,7 @@ class LlamaImpl : public LanguageModel {
   bool last_stage() const override { return last_; }
   // "model.embed_tokens.weight" when tied, on the first and last stage of several.
   std::optional<std::string> SharedEmbedding() const override;
+  std::vector<std::string> VocabParameters() const override;
 
  private:
   LlamaImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "models/language_model.h"
 #include "models/model_options.h"
@@ -25,6 +26,11 @@ std::shared_ptr<LanguageModel> BuildLanguageModel(const ModelOptions& options,
 // shapes the model registers. Requires: as BuildLanguageModel.
 StageParameters CountStageParameters(const ModelOptions& options,
                                      const parallel::ModelParallelOptions& parallel, int64_t stage);
+
+// One line naming the family and its sizes ("llama: 16 layers, hidden 2048, 32 heads of 64 over
+// 8 key-value groups, SwiGLU MLP 8192, vocabulary 128256, RoPE base 500000 with llama3 scaling
+// (factor 32), tied output; 1235814400 parameters"), for --dry_run.
+std::string DescribeModel(const ModelOptions& options);
 
 }  // namespace keel::models
 

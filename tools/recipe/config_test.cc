@@ -8,13 +8,13 @@
 #include "checkpoint/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/model_options.h"
 #include "optim/param_scheduler.h"
 #include "sampling/fixed_window_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
 #include "testing/files.h"
 #include "testing/status_matchers.h"
-#include "models/model_options.h"
 #include "tools/recipe/options.h"
 
 ABSL_FLAG(std::string, config, "", "Path of tools/recipe/default.textproto.");

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "models/registry.h"
 #include "optim/param_scheduler.h"
 #include "parallel/mesh_layout.h"
 #include "sampling/indexed_dataset.h"
@@ -294,6 +295,8 @@ absl::Status DryRun(const TrainOptions& options, int world_size, std::ostream& o
   out << "dry run: nothing is trained, loaded or checkpointed\n";
   KEEL_ASSIGN_OR_RETURN(const parallel::MeshLayout layout, CheckGeometry(options, world_size));
   PrintLayout(layout, out);
+  out << "model: " << models::DescribeModel(options.model)
+      << (options.pretrained_path.empty() ? "" : " (from " + options.pretrained_path + ")") << "\n";
   PrintPrecisionAndMemory(options, layout, out);
   // The schedule and the data are the data-parallel ranks' (model-parallel ranks share them).
   const int dp = layout.data_parallel_size();

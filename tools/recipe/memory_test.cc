@@ -12,8 +12,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "parallel/mesh_layout.h"
 #include "models/registry.h"
+#include "parallel/mesh_layout.h"
 #include "tools/recipe/options.h"
 
 namespace keel::tools::recipe {

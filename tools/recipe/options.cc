@@ -1,8 +1,10 @@
 #include "tools/recipe/options.h"
 
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -13,6 +15,9 @@
 #include "base/files.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "models/hf_config.h"
 #include "sampling/gpt_dataset_config.h"
 #include "sampling/numpy_random.h"
 #include "tools/recipe/config.h"
@@ -25,9 +30,108 @@ absl::Status Require(bool ok, absl::string_view field, int64_t value, absl::stri
   return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") ", allowed));
 }
 
+// A Hugging Face directory's config.json gives the family and every size it holds: a field set
+// in `config` that it contradicts is an error naming both; what it does not hold (the vocabulary
+// padding, the mixture of experts) stays as `config` sets it.
+absl::Status ReadPretrainedConfig(const ModelConfig& config, models::ModelOptions& model) {
+  const std::string& directory = config.pretrained_path();
+  std::error_code error;
+  if (directory.empty() || !std::filesystem::exists(directory + "/config.json", error)) {
+    return absl::OkStatus();
+  }
+  KEEL_ASSIGN_OR_RETURN(const models::ModelOptions pretrained, models::ReadHfConfig(directory));
+  const base::Json ours = base::WriteJsonFields(model);
+  base::Json merged = base::WriteJsonFields(pretrained);
+  std::vector<const google::protobuf::FieldDescriptor*> set;
+  config.GetReflection()->ListFields(config, &set);
+  for (const google::protobuf::FieldDescriptor* field : set) {
+    const std::string& name = field->name();
+    const std::string key = models::HfKeyOf(name);
+    if (key.empty() || ours.at(name) == merged.at(name)) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.", name, " (", ours.at(name).dump(), ") contradicts ", directory,
+                     "/config.json, whose ", key, " makes it ", merged.at(name).dump(),
+                     "; leave model.", name, " unset to take the pretrained model's"));
+  }
+  for (const auto& [name, value] : ours.items()) {
+    const bool padding_set =
+        name == "make_vocab_size_divisible_by" && config.has_make_vocab_size_divisible_by();
+    if (models::HfKeyOf(name).empty() && (name != "make_vocab_size_divisible_by" || padding_set)) {
+      merged[name] = value;
+    }
+  }
+  return base::ReadJsonFields(merged, model);
+}
+
+// The fields of one family that the other does not read are refused when set, so that no
+// setting is silently ignored.
+absl::Status CheckFamilyFields(const ModelConfig& config, const models::ModelOptions& m) {
+  const bool gpt = m.family == models::ModelFamily::kGpt;
+  const std::string family = models::AbslUnparseFlag(m.family);
+  std::vector<const google::protobuf::FieldDescriptor*> set;
+  config.GetReflection()->ListFields(config, &set);
+  for (const google::protobuf::FieldDescriptor* field : set) {
+    const std::string& name = field->name();
+    const bool llama_only = field->number() >= ModelConfig::kNumQueryGroupsFieldNumber &&
+                            field->number() <= ModelConfig::kWindowSizeFieldNumber;
+    if (gpt && llama_only) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.", name,
+                       " applies to the Llama-style families; model.family is \"gpt\" "
+                       "(allowed: \"llama\", \"qwen2\", \"qwen3\", \"mistral\", or model.",
+                       name, " unset)"));
+    }
+  }
+  if (gpt) {
+    return Require(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
+                   absl::StrCat("must be divisible by model.num_attention_heads (",
+                                m.num_attention_heads, ")"));
+  }
+  if (m.num_moe_experts != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.num_moe_experts (", m.num_moe_experts, ") with model.family \"", family,
+                     "\": Keel's mixture of experts is the GPT's; allowed: 0"));
+  }
+  for (auto [field, value] : {std::pair{"model.num_query_groups", m.num_query_groups},
+                              {"model.kv_channels", m.kv_channels},
+                              {"model.window_size", m.window_size}}) {
+    KEEL_RETURN_IF_ERROR(Require(value >= 0, field, value, "must be >= 0 (0: the default)"));
+  }
+  KEEL_RETURN_IF_ERROR(Require(
+      m.num_attention_heads % models::KvHeads(m) == 0, "model.num_query_groups", m.num_query_groups,
+      absl::StrCat("must divide model.num_attention_heads (", m.num_attention_heads, ")")));
+  if (m.kv_channels == 0) {
+    KEEL_RETURN_IF_ERROR(
+        Require(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
+                absl::StrCat("must be divisible by model.num_attention_heads (",
+                             m.num_attention_heads, ") without model.kv_channels")));
+  }
+  if (models::HeadDim(m) % 2 != 0) {
+    return Require(false, "model.kv_channels", models::HeadDim(m),
+                   "(the width of a head) must be even: RoPE rotates pairs of dimensions");
+  }
+  if (!(m.rotary_base > 0) || !(m.norm_epsilon > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("model.rotary_base (", m.rotary_base,
+                                                   ") and model.norm_epsilon (", m.norm_epsilon,
+                                                   ") must be > 0"));
+  }
+  if (m.rope_scaling_factor != 0 &&
+      (!(m.rope_scaling_factor > 0) || !(m.rope_high_freq_factor > m.rope_low_freq_factor) ||
+       m.rope_original_max_position_embeddings < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.rope_scaling_factor (", m.rope_scaling_factor, "), rope_low_freq_factor (",
+        m.rope_low_freq_factor, "), rope_high_freq_factor (", m.rope_high_freq_factor,
+        ") and rope_original_max_position_embeddings (", m.rope_original_max_position_embeddings,
+        "): Llama 3.1's rescaling needs factor > 0, high > low and original >= 1 (factor 0: "
+        "none)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
   options.pretrained_path = config.model().pretrained_path();
+  KEEL_RETURN_IF_ERROR(ReadPretrainedConfig(config.model(), options.model));
   options.model.max_sequence_length = options.data.dataset.sequence_length;
   const models::ModelOptions& m = options.model;
   for (auto [field, value] :
@@ -39,9 +143,7 @@ absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
         {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
     KEEL_RETURN_IF_ERROR(Require(value > 0, field, value, "must be > 0"));
   }
-  return Require(
-      m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
-      absl::StrCat("must be divisible by model.num_attention_heads (", m.num_attention_heads, ")"));
+  return CheckFamilyFields(config.model(), m);
 }
 
 absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& options) {
@@ -281,8 +383,12 @@ absl::Status CheckModelParallelModel(const TrainOptions& options) {
   const models::ModelOptions& m = options.model;
   KEEL_RETURN_IF_ERROR(
       Require(tp > 0, "distributed.tensor_model_parallel_size", tp, "must be > 0"));
-  for (auto [field, value] : {std::pair{"model.num_attention_heads", m.num_attention_heads},
-                              {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
+  // Llama-style: each rank holds its key-value heads with the query heads that read them.
+  const bool gpt = m.family == models::ModelFamily::kGpt;
+  for (auto [field, value] :
+       {std::pair{"model.num_attention_heads", m.num_attention_heads},
+        {"model.ffn_hidden_size", m.ffn_hidden_size},
+        {"model.num_query_groups", gpt ? m.num_attention_heads : models::KvHeads(m)}}) {
     if (value % tp == 0) continue;
     return absl::InvalidArgumentError(
         absl::StrCat("distributed.tensor_model_parallel_size (", tp, ") must divide ", field, " (",
@@ -305,8 +411,8 @@ std::string AbslUnparseFlag(NonFinitePolicy policy) {
 base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json model = base::WriteJsonFields(options.model);
   model["max_sequence_length"] = options.model.max_sequence_length;
-  model["padded_vocab_size"] =
-      models::PaddedVocabSize(options.model, options.distributed.parallel.tensor_model_parallel_size);
+  model["padded_vocab_size"] = models::PaddedVocabSize(
+      options.model, options.distributed.parallel.tensor_model_parallel_size);
   model["qkv_rows"] = "q, k, v of each head in turn";
   model["pretrained_path"] = options.pretrained_path;
   base::Json data = base::WriteJsonFields(options.data.dataset);

@@ -230,6 +230,33 @@ TEST(ReadOptionsTest, MegatronDataIsCheckedBeforeAnythingIsBuilt) {
                                             HasSubstr("set step_scheduler.max_steps")));
 }
 
+// model.pretrained_path with a config.json: the family and every size come from it, what it
+// does not hold (the padding multiple, the sequence length) from the configuration, and a field
+// set to another value than the file's is an error naming both.
+TEST(ReadOptionsTest, APretrainedConfigGivesTheModel) {
+  const std::string hf = "model.pretrained_path=testdata/hf_parity/qwen3";
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({hf}));
+  EXPECT_EQ(options.model.family, models::ModelFamily::kQwen3);
+  EXPECT_EQ(options.model.hidden_size, 64);
+  EXPECT_EQ(options.model.kv_channels, 24);
+  EXPECT_EQ(options.model.make_vocab_size_divisible_by, 1);
+  EXPECT_EQ(options.model.max_sequence_length, 128);
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions padded,
+                            Read({hf, "model.make_vocab_size_divisible_by=64", "model.num_layers=2",
+                                  "model.family=qwen3"}));
+  EXPECT_EQ(padded.model.make_vocab_size_divisible_by, 64);
+  EXPECT_THAT(Read({hf, "model.num_layers=4"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.num_layers (4) contradicts testdata/hf_parity/qwen3/"
+                                       "config.json, whose num_hidden_layers makes it 2"))));
+  EXPECT_THAT(Read({hf, "model.family=llama"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.family (\"llama\") contradicts")));
+  EXPECT_THAT(Read({"model.pretrained_path=testdata/hf_parity/qwen3", "model.num_moe_experts=2"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.num_moe_experts (2) with model.family \"qwen3\"")));
+}
+
 TEST(ReadOptionsTest, ConfigFileErrorsNameTheFile) {
   EXPECT_THAT(LoadTrainConfig("/nonexistent/train.textproto", {}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/train.textproto")));

@@ -1,4 +1,5 @@
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -122,8 +123,12 @@ absl::Status Run::LoadPretrained() {
   layout.layouts = state_->model->Layouts();
   KEEL_ASSIGN_OR_RETURN(const std::set<std::string> other_stages,
                         KeysOfOtherStages(*state_->model, layout, runtime_));
-  absl::StatusOr<checkpoint::HfImportResult> loaded =
-      checkpoint::LoadHfSafetensors(options_.pretrained_path, *state_->model, layout, other_stages);
+  std::map<std::string, int64_t> unpadded_rows;
+  for (const std::string& name : state_->model->VocabParameters()) {
+    unpadded_rows[name] = options_.model.vocab_size;
+  }
+  absl::StatusOr<checkpoint::HfImportResult> loaded = checkpoint::LoadHfSafetensors(
+      options_.pretrained_path, *state_->model, layout, other_stages, unpadded_rows);
   KEEL_RETURN_IF_ERROR(AgreeOverRanks(base::Annotate(loaded.status(), "model.pretrained_path"),
                                       runtime_, "loading model.pretrained_path"));
   if (runtime_.rank == 0) {
