@@ -21,15 +21,6 @@ namespace {
 // The word embedding, which the first and the last stage each hold (the tie).
 constexpr char kWordEmbedding[] = "wte";
 
-// This rank's layers in the even split over `pp` (the caller's config validation made it
-// possible).
-parallel::StageLayers LayersOf(const ModelOptions& options, c10d::ProcessGroup* pp) {
-  absl::StatusOr<parallel::StageLayers> layers =
-      parallel::LayersOfStage(options.num_layers, base::GroupSize(pp), base::GroupRank(pp));
-  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
-  return *layers;
-}
-
 torch::nn::LayerNorm Norm(int64_t hidden_size) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden_size}));
 }
@@ -123,15 +114,13 @@ StageParameters CountGptStageParameters(const ModelOptions& options,
   const int64_t ep = parallel.expert_model_parallel_size;
   const int64_t expert_tp = parallel.expert_tensor_parallel_size.value_or(tp);
   const int64_t h = options.hidden_size, ffn = options.ffn_hidden_size;
-  const absl::StatusOr<parallel::StageLayers> layers =
-      parallel::LayersOfStage(options.num_layers, static_cast<int>(pp), static_cast<int>(stage));
-  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
+  const parallel::StageLayers layers = StageLayersOf(options.num_layers, pp, stage);
   StageParameters count;
   const bool first = stage == 0, last = stage == pp - 1;
   if (first || last) count.dense += PaddedVocabSize(options, tp) / tp * h;  // wte (and the head)
   if (first) count.dense += options.max_sequence_length * h;                // wpe
   if (last) count.dense += 2 * h;                                           // ln_f
-  for (int64_t i = layers->first; i < layers->first + layers->count; ++i) {
+  for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
     // ln_1, ln_2; qkv (column-parallel) and proj (row-parallel), with biases.
     count.dense += 4 * h + (3 * h / tp) * (h + 1) + h * (h / tp) + h;
     if (options.num_moe_experts > 0 && i % options.moe_layer_freq == 0) {
@@ -146,7 +135,7 @@ StageParameters CountGptStageParameters(const ModelOptions& options,
 
 GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups)
     : GptImpl(options, groups, PaddedVocabSize(options, base::GroupSize(groups.tp)),
-              LayersOf(options, groups.pp), base::GroupRank(groups.pp) == 0,
+              StageLayersOf(options.num_layers, groups.pp), base::GroupRank(groups.pp) == 0,
               base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {}
 
 GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,

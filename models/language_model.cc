@@ -1,6 +1,9 @@
 #include "models/language_model.h"
 
 #include "ATen/ATen.h"
+#include "absl/status/statusor.h"
+#include "base/collectives.h"
+#include "c10/util/Exception.h"
 #include "parallel/tensor_parallel/layers.h"
 
 namespace keel::models {
@@ -19,6 +22,17 @@ std::pair<at::Tensor, at::Tensor> MoeStats::Take(int64_t num_experts) {
   aux_loss_sum = at::Tensor();
   tokens = at::Tensor();
   return {aux, counts};
+}
+
+parallel::StageLayers StageLayersOf(int64_t num_layers, int64_t stages, int64_t stage) {
+  const absl::StatusOr<parallel::StageLayers> layers = parallel::LayersOfStage(
+      static_cast<int>(num_layers), static_cast<int>(stages), static_cast<int>(stage));
+  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
+  return *layers;
+}
+
+parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp) {
+  return StageLayersOf(num_layers, base::GroupSize(pp), base::GroupRank(pp));
 }
 
 std::map<std::string, parallel::TensorLayout> LanguageModel::Layouts() const {

@@ -18,6 +18,7 @@
 
 #include "ATen/core/Tensor.h"
 #include "parallel/layout.h"
+#include "parallel/pipeline_parallel/schedules.h"
 #include "torch/nn/module.h"
 
 namespace c10d {
@@ -60,6 +61,12 @@ struct StageParameters {
   int64_t dense = 0;
   int64_t experts = 0;
 };
+
+// The layers of stage `stage` of `stages` in the even split of `num_layers` (Megatron's), and
+// those of this rank's stage in the split over `pp`. Requires: a split the configuration's
+// checks accepted.
+parallel::StageLayers StageLayersOf(int64_t num_layers, int64_t stages, int64_t stage);
+parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp);
 
 class LanguageModel : public torch::nn::Module {
  public:

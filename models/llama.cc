@@ -22,13 +22,6 @@ namespace {
 constexpr char kBody[] = "model";
 constexpr char kEmbedding[] = "embed_tokens";
 
-parallel::StageLayers LayersOf(const ModelOptions& options, c10d::ProcessGroup* pp) {
-  absl::StatusOr<parallel::StageLayers> layers =
-      parallel::LayersOfStage(options.num_layers, base::GroupSize(pp), base::GroupRank(pp));
-  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
-  return *layers;
-}
-
 AttentionOptions AttentionOf(const ModelOptions& options) {
   AttentionOptions attention;
   attention.hidden_size = options.hidden_size;
@@ -105,9 +98,7 @@ StageParameters CountLlamaStageParameters(const ModelOptions& options,
   const int64_t pp = parallel.pipeline_model_parallel_size;
   const int64_t h = options.hidden_size, d = HeadDim(options);
   const int64_t q = options.num_attention_heads * d / tp, kv = KvHeads(options) * d / tp;
-  const absl::StatusOr<parallel::StageLayers> layers =
-      parallel::LayersOfStage(options.num_layers, static_cast<int>(pp), static_cast<int>(stage));
-  TORCH_INTERNAL_ASSERT(layers.ok(), layers.status().ToString());
+  const parallel::StageLayers layers = StageLayersOf(options.num_layers, pp, stage);
   StageParameters count;
   const bool first = stage == 0, last = stage == pp - 1;
   const int64_t vocab_rows = PaddedVocabSize(options, tp) / tp * h;
@@ -116,16 +107,16 @@ StageParameters CountLlamaStageParameters(const ModelOptions& options,
   if (last) count.dense += h + (tied ? 0 : vocab_rows);    // norm, lm_head
   const bool qkv_bias = options.family == ModelFamily::kQwen2;
   const bool qk_norm = options.family == ModelFamily::kQwen3;
-  count.dense += layers->count * (2 * h                       // the two norms
-                                  + (q + 2 * kv) * h + h * q  // q, k, v, o
-                                  + (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2 * d : 0) +
-                                  3 * h * (options.ffn_hidden_size / tp));  // gate, up, down
+  count.dense += layers.count * (2 * h                       // the two norms
+                                 + (q + 2 * kv) * h + h * q  // q, k, v, o
+                                 + (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2 * d : 0) +
+                                 3 * h * (options.ffn_hidden_size / tp));  // gate, up, down
   return count;
 }
 
 LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups)
     : LlamaImpl(options, groups, PaddedVocabSize(options, base::GroupSize(groups.tp)),
-                LayersOf(options, groups.pp), base::GroupRank(groups.pp) == 0,
+                StageLayersOf(options.num_layers, groups.pp), base::GroupRank(groups.pp) == 0,
                 base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {}
 
 LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,

@@ -9,7 +9,8 @@
 #   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS] [--prebuilt=DIR]
 #
 # From the repository root, with .bazel-device carried. Phases, in order: build, gpu_tests,
-# train, profile, tests, trainer_benchmarks, benchmarks, gpt2_benchmarks, checkpoint_benchmarks
+# train, families, profile, tests, trainer_benchmarks, benchmarks, gpt2_benchmarks,
+# checkpoint_benchmarks
 # (default: all; the slowest and least asked-for last, so that --deadline drops them first).
 # With --prebuilt=DIR (tools/device/bundle.sh's .device-bundle, carried instead) nothing is built
 # there: the bundle's binaries run against the machine's LibTorch, CUDA and NCCL, the GPU tests
@@ -25,7 +26,7 @@ ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 WORK=/tmp/keel-device-check
 REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
-ALL_PHASES=build,gpu_tests,train,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks,checkpoint_benchmarks
+ALL_PHASES=build,gpu_tests,train,families,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks,checkpoint_benchmarks
 PHASES=$ALL_PHASES
 DEADLINE=0
 PREBUILT=""
@@ -127,6 +128,35 @@ train() {
   cpu=$(tail -n 1 "$WORK/train_cpu/metrics.jsonl" | sed -n 's/.*"loss": *\([0-9.eE+-]*\).*/\1/p')
   echo "final loss: GPU (NCCL) $gpu, CPU (Gloo) $cpu"
   python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(abs(g - c) > 1e-3)" "$gpu" "$cpu"
+}
+
+# The Llama-style families on the GPU over NCCL (40 steps each: Llama and Qwen3 in bf16, Mistral
+# with its window in float32), then a GPT-2-sized Llama in bf16 (h768, 12 layers, 4 key-value
+# groups, SwiGLU 2048, vocabulary 50304, seq 1024, batch 32): each must finish, its speed read
+# from the log.
+family_run() {
+  local name=$1
+  shift
+  "$BIN/tools/train" --config=tools/recipe/default.textproto --set distributed.backend=nccl \
+    --set "run_dir=$WORK/$name" --set step_scheduler.ckpt_every_steps=1000 \
+    --set step_scheduler.save_checkpoint_every_epoch=false \
+    --set step_scheduler.val_every_steps=1000 --set step_scheduler.validate_on_checkpoint=false \
+    --set step_scheduler.max_steps=40 --set logging.log_every_steps=10 "$@" || return 1
+}
+families() {
+  rm -rf "$WORK"/family_*
+  family_run family_llama --set model.family=llama --set model.num_query_groups=2 \
+    --set model.bf16=true || return 1
+  family_run family_qwen3 --set model.family=qwen3 --set model.num_query_groups=2 \
+    --set model.kv_channels=16 --set model.bf16=true || return 1
+  family_run family_mistral --set model.family=mistral --set model.num_query_groups=2 \
+    --set model.window_size=32 || return 1
+  family_run family_llama_gpt2 --set model.family=llama --set model.hidden_size=768 \
+    --set model.num_layers=12 --set model.num_attention_heads=12 --set model.num_query_groups=4 \
+    --set model.ffn_hidden_size=2048 --set model.vocab_size=50304 --set data.sequence_length=1024 \
+    --set step_scheduler.global_batch_size=32 --set step_scheduler.local_batch_size=16 \
+    --set model.bf16=true --set step_scheduler.max_steps=12 --set logging.log_every_steps=1 \
+    --set "data.prefix=$WORK/family_llama/data/corpus"
 }
 
 # Where the trainer's bf16 step (model.bf16) spends its time on the GPU: LibTorch's profiler over
@@ -232,6 +262,12 @@ report() {
       echo '```'
       grep -A3 '^ERROR' "$WORK/build.log" | head -n 60
       echo '```'
+    fi
+    if [[ -f "$WORK/families.log" ]]; then
+      echo
+      echo "## the Llama-style families on the GPU (last logged step of each run)"
+      echo
+      grep -E '^step +(40/40|12/12)' "$WORK/families.log" | sed 's/^/    /'
     fi
     if [[ -f "$WORK/train.log" ]]; then
       echo
