@@ -35,9 +35,10 @@ absl::Status PrepareDefaultCorpus(const TrainOptions& options, const std::string
 absl::StatusOr<std::string> DataPrefix(const TrainOptions& options, const TrainRuntime& runtime) {
   if (!options.data.prefix.empty()) return options.data.prefix;
   const std::string prefix = base::JoinPath(options.run_dir, "data/corpus");
-  KEEL_RETURN_IF_ERROR(RunOnRankZero(runtime, "preparing the default corpus", [&] {
-    return PrepareDefaultCorpus(options, prefix, *runtime.log);
-  }));
+  KEEL_RETURN_IF_ERROR(RunOnRankZero(
+      runtime, "preparing the default corpus",
+      [&] { return PrepareDefaultCorpus(options, prefix, *runtime.log); },
+      RankZeroWaitFor(options)));
   return prefix;
 }
 

@@ -61,12 +61,15 @@ absl::StatusOr<sampling::GptDatasetSplits> BuildOnRankZeroFirst(
     return sampling::BuildGptDatasets(config, MegatronSizes(options), build);
   }
   absl::StatusOr<sampling::GptDatasetSplits> splits;
-  KEEL_RETURN_IF_ERROR(RunOnRankZero(runtime, "building the GPT dataset indices", [&] {
-    KEEL_RETURN_IF_ERROR(CheckDatasets(options, config));
-    splits = sampling::BuildGptDatasets(config, MegatronSizes(options), build);
-    return base::Annotate(splits.status(),
-                          absl::StrCat("data.split \"", options.data.megatron.split, "\""));
-  }));
+  KEEL_RETURN_IF_ERROR(RunOnRankZero(
+      runtime, "building the GPT dataset indices",
+      [&] {
+        KEEL_RETURN_IF_ERROR(CheckDatasets(options, config));
+        splits = sampling::BuildGptDatasets(config, MegatronSizes(options), build);
+        return base::Annotate(splits.status(),
+                              absl::StrCat("data.split \"", options.data.megatron.split, "\""));
+      },
+      RankZeroWaitFor(options)));
   if (runtime.rank == 0) return splits;
   build.cache_mode = IndexCacheMode::kLoadOnly;
   return sampling::BuildGptDatasets(config, MegatronSizes(options), build);
@@ -185,11 +188,14 @@ absl::Status MegatronData::Resume(const sampling::BlendState& saved, const Train
                                   const TrainRuntime& runtime) {
   std::vector<std::string> notes;
   absl::StatusOr<std::unique_ptr<sampling::ResumableBlend>> continued;
-  KEEL_RETURN_IF_ERROR(RunOnRankZero(runtime, "continuing the training blend", [&] {
-    continued = sampling::ResumableBlend::Continue(saved, train_view_, config_,
-                                                   IndexCacheMode::kBuild, &notes);
-    return continued.status();
-  }));
+  KEEL_RETURN_IF_ERROR(RunOnRankZero(
+      runtime, "continuing the training blend",
+      [&] {
+        continued = sampling::ResumableBlend::Continue(saved, train_view_, config_,
+                                                       IndexCacheMode::kBuild, &notes);
+        return continued.status();
+      },
+      RankZeroWaitFor(options)));
   if (runtime.rank != 0) {
     continued = sampling::ResumableBlend::Continue(saved, train_view_, config_,
                                                    IndexCacheMode::kLoadOnly, &notes);

@@ -93,6 +93,13 @@ absl::Status AgreeOverRanks(const absl::Status& status, const TrainRuntime& runt
   return base::AgreeOnStatus(status, runtime.control_group(), what);
 }
 
+RankZeroWait RankZeroWaitFor(const TrainOptions& options) {
+  RankZeroWait wait;
+  wait.longest_poll = std::min<std::chrono::milliseconds>(
+      wait.longest_poll, std::chrono::milliseconds(options.distributed.timeout_seconds * 250));
+  return wait;
+}
+
 absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
                            const std::function<absl::Status()>& phase, const RankZeroWait& wait) {
   c10d::Store* store = runtime.world_size > 1 ? runtime.store() : nullptr;
@@ -111,8 +118,8 @@ absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
   const Clock::time_point start = Clock::now();
   Clock::time_point next_line = start + wait.progress_every;
   const std::string context = absl::StrCat("waiting for rank 0: ", what);
-  // Polls at 10 Hz at first, then once a second: thousands of waiting ranks over a long index
-  // build ask the store a few thousand times a second, not tens of thousands.
+  // Polls at 10 Hz at first, then (by default) once a second: thousands of waiting ranks over a
+  // long index build ask the store a few thousand times a second, not tens of thousands.
   std::chrono::milliseconds poll(100);
   while (true) {
     bool published = false;
@@ -134,7 +141,7 @@ absl::Status RunOnRankZero(const TrainRuntime& runtime, absl::string_view what,
       next_line += wait.progress_every;
     }
     std::this_thread::sleep_for(poll);
-    poll = std::min<std::chrono::milliseconds>(2 * poll, std::chrono::seconds(1));
+    poll = std::min<std::chrono::milliseconds>(2 * poll, wait.longest_poll);
   }
   std::vector<uint8_t> bytes;
   KEEL_RETURN_IF_ERROR(

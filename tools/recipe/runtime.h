@@ -112,7 +112,15 @@ struct RankZeroWait {
   std::chrono::milliseconds progress_every = std::chrono::minutes(1);
   // The longest wait, after which the waiting ranks give up (kDeadlineExceeded).
   std::chrono::milliseconds limit = std::chrono::hours(24);
+  // The polls back off from 100 ms to this: the waiting ranks reach the collective after the
+  // phase up to this late, so it must stay well under the collectives' timeout (a quarter of
+  // it, say).
+  std::chrono::milliseconds longest_poll = std::chrono::seconds(1);
 };
+
+// The trainer's waits: polls that back off to a quarter of distributed.timeout_seconds at most
+// (1 s by default), the other fields' defaults.
+RankZeroWait RankZeroWaitFor(const TrainOptions& options);
 
 // A phase only rank 0 runs (preparing the default corpus, checking the datasets, building the
 // index caches), which may take far longer than distributed.timeout_seconds: rank 0 runs

@@ -37,11 +37,22 @@ TrainRuntime RuntimeOf(const parallel::DeviceMesh& mesh, std::ostream& log) {
   return runtime;
 }
 
+// The trainer's polls back off to 1 s, or a quarter of a shorter collective timeout.
+TEST(RunOnRankZeroTest, TheTrainersPollsStayUnderAQuarterOfTheTimeout) {
+  TrainOptions options;
+  EXPECT_EQ(RankZeroWaitFor(options).longest_poll, std::chrono::seconds(1));  // 600 s
+  options.distributed.timeout_seconds = 2;
+  EXPECT_EQ(RankZeroWaitFor(options).longest_poll, std::chrono::milliseconds(500));
+}
+
 TEST(RunOnRankZeroTest, APhaseLongerThanTheCollectiveTimeoutPasses) {
   std::vector<std::ostringstream> logs(kRanks);
   RankZeroWait wait;
   wait.progress_every = std::chrono::milliseconds(400);
-  // Collectives time out after 1 s; rank 0's phase takes 2.5 s.
+  // Collectives time out after 1 s; rank 0's phase takes 2.5 s. The polls back off to 250 ms:
+  // at the default 1 s a waiting rank could reach the collective after the phase as late as
+  // the timeout (a flake seen under a loaded machine).
+  wait.longest_poll = std::chrono::milliseconds(250);
   KEEL_ASSERT_OK(RunOnRanks(
       kRanks,
       [&](Rank& r) -> absl::Status {
