@@ -1,8 +1,5 @@
 #include "testing/ranks.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/free_port.h"
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "testing/fake_gpu.h"
@@ -94,18 +92,8 @@ absl::Status RunOnRanksWithStore(int world_size, const std::function<absl::Statu
 }
 
 int FreeTcpPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
+  const absl::StatusOr<int> port = base::PickFreePort();
+  return port.ok() ? *port : 0;
 }
 
 namespace {

@@ -65,7 +65,7 @@ std::vector<absl::Status> RunOnRankProcesses(
     int world_size, const std::function<absl::Status(Rank&)>& fn,
     std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago (base::PickFreePort; 0 if none).
 int FreeTcpPort();
 
 }  // namespace keel::testing

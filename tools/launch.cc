@@ -9,11 +9,8 @@
 // Exit status (tools/cli/exit_code.h): 0 when every rank exits 0; otherwise the code of the
 // first rank that failed (128 + the signal for a rank killed by one); 127 when PROGRAM cannot
 // be started; 1 when the launcher itself fails; 2 for bad usage.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,10 +21,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <optional>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +35,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "base/files.h"
+#include "base/free_port.h"
 #include "base/status.h"
 #include "parallel/torchrun_env.h"
 #include "tools/cli/exit_code.h"
@@ -153,50 +149,6 @@ struct LaunchOptions {
   options.program.assign(args.begin() + i, args.end());
   if (options.program.empty()) return absl::InvalidArgumentError("no PROGRAM given");
   return options;
-}
-
-// Binds `port` on 127.0.0.1 (0: one the kernel chooses) and closes it again: the port bound,
-// or an error (EADDRINUSE for a taken one).
-absl::StatusOr<int64_t> BindAndRelease(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return base::ErrnoError("opening a socket", "");
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  socklen_t length = sizeof(address);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const absl::Status status =
-        base::ErrnoError("binding a port on", absl::StrCat("127.0.0.1:", port));
-    ::close(fd);
-    return status;
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-// A free port for rank 0's store, which binds it later. Not one the kernel chooses for port 0,
-// as torchrun's get_free_port does: that comes from the ephemeral range
-// (/proc/sys/net/ipv4/ip_local_port_range), where any outgoing connection (a Gloo pair, a store
-// client of a test beside this one) can take it before rank 0 binds it (EADDRINUSE at the
-// rendezvous, seen under many concurrent multi-rank tests). A random free one from the 10000
-// ports below that range instead, which only another listener asking for it by number takes;
-// the kernel's choice when the range leaves no room below it.
-[[nodiscard]] absl::StatusOr<int64_t> PickFreePort() {
-  int64_t ephemeral_low = 32768;
-  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) {
-    range >> ephemeral_low;
-  }
-  const int64_t low = std::max<int64_t>(1024, ephemeral_low - 10000);
-  if (ephemeral_low - low < 1000) return BindAndRelease(0);
-  std::mt19937_64 random(std::random_device{}());
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = static_cast<int>(
-        low + static_cast<int64_t>(random() % static_cast<uint64_t>(ephemeral_low - low)));
-    if (absl::StatusOr<int64_t> bound = BindAndRelease(port); bound.ok()) return bound;
-  }
-  return BindAndRelease(0);
 }
 
 // Which start of the workers this is: how many restarts came before, and why the last one.
@@ -407,7 +359,7 @@ class Launcher {
 [[nodiscard]] absl::StatusOr<int> Launch(const LaunchOptions& options) {
   int64_t master_port = options.master_port;
   if (master_port == 0) {
-    KEEL_ASSIGN_OR_RETURN(master_port, PickFreePort());
+    KEEL_ASSIGN_OR_RETURN(master_port, base::PickFreePort());
   }
   std::vector<std::string> argv = options.program;
   if (argv[0].find('/') != std::string::npos) argv[0] = cli::UserPath(argv[0]);  // else: PATH
@@ -437,7 +389,7 @@ class Launcher {
     launcher.Reset();
     // Rank 0 serves the store again; a port picked for this launch may be taken by now.
     if (options.master_port == 0) {
-      KEEL_ASSIGN_OR_RETURN(master_port, PickFreePort());
+      KEEL_ASSIGN_OR_RETURN(master_port, base::PickFreePort());
     }
   }
 }
