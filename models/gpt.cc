@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "ATen/ATen.h"
-#include "absl/status/status.h"
 #include "base/collectives.h"
 #include "c10/util/Exception.h"
 #include "models/tied_head.h"
@@ -166,12 +165,10 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t
       base::GroupSize(groups.expert_tp) == 1) {
     InitialiseLikeGpt2(*this);
   } else {
-    // Megatron's master-weight path: the whole model's weights on one rank (with this model's
-    // padded vocabulary), this rank's slice of them.
+    // The one-rank model's weights (with this model's padded vocabulary), this rank's slice.
     const GptImpl one_rank(options, ModelGroups{}, padded_vocab_size, {0, options.num_layers}, true,
                            true);
-    const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
-    TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
+    CopyFromOneRankModel(*this, one_rank);
   }
   if (last) register_module("lm_head", TiedHead(wte_));
 }

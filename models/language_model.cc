@@ -1,6 +1,7 @@
 #include "models/language_model.h"
 
 #include "ATen/ATen.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/collectives.h"
 #include "c10/util/Exception.h"
@@ -33,6 +34,11 @@ parallel::StageLayers StageLayersOf(int64_t num_layers, int64_t stages, int64_t 
 
 parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp) {
   return StageLayersOf(num_layers, base::GroupSize(pp), base::GroupRank(pp));
+}
+
+void CopyFromOneRankModel(torch::nn::Module& model, const torch::nn::Module& one_rank) {
+  const absl::Status copied = parallel::CopyFromWholeModel(model, one_rank);
+  TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());
 }
 
 std::map<std::string, parallel::TensorLayout> LanguageModel::Layouts() const {

@@ -68,6 +68,12 @@ struct StageParameters {
 parallel::StageLayers StageLayersOf(int64_t num_layers, int64_t stages, int64_t stage);
 parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp);
 
+// Megatron's master-weight initialisation: copies into each parameter of `model` its block of
+// the parameter of the same name in `one_rank` (the same model built on one rank from the same
+// seed, with `model`'s padded vocabulary), so that the weights do not depend on the layout.
+// Requires: the same names and global shapes (an internal error otherwise).
+void CopyFromOneRankModel(torch::nn::Module& model, const torch::nn::Module& one_rank);
+
 class LanguageModel : public torch::nn::Module {
  public:
   // This stage's blocks over the embedded `tokens` ([batch, seq] int64; first stage) or the

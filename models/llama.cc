@@ -5,8 +5,6 @@
 #include <utility>
 
 #include "ATen/ATen.h"
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "base/collectives.h"
 #include "c10/util/Exception.h"
 #include "models/attention.h"
@@ -153,12 +151,10 @@ LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
   if (first && last && base::GroupSize(groups.tp) == 1) {
     InitialiseLikeHf(*this);
   } else {
-    // Megatron's master-weight path: the whole model's weights on one rank (with this model's
-    // padded vocabulary), this rank's slice of them.
+    // The one-rank model's weights (with this model's padded vocabulary), this rank's slice.
     LlamaImpl one_rank(options, ModelGroups{}, padded_vocab_size, {0, options.num_layers}, true,
                        true);
-    const absl::Status copied = parallel::CopyFromWholeModel(*this, one_rank);
-    TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());  // same names, same global shapes
+    CopyFromOneRankModel(*this, one_rank);
   }
 }
 

@@ -383,12 +383,14 @@ absl::Status CheckModelParallelModel(const TrainOptions& options) {
   const models::ModelOptions& m = options.model;
   KEEL_RETURN_IF_ERROR(
       Require(tp > 0, "distributed.tensor_model_parallel_size", tp, "must be > 0"));
+  std::vector<std::pair<const char*, int64_t>> split = {
+      {"model.num_attention_heads", m.num_attention_heads},
+      {"model.ffn_hidden_size", m.ffn_hidden_size}};
   // Llama-style: each rank holds its key-value heads with the query heads that read them.
-  const bool gpt = m.family == models::ModelFamily::kGpt;
-  for (auto [field, value] :
-       {std::pair{"model.num_attention_heads", m.num_attention_heads},
-        {"model.ffn_hidden_size", m.ffn_hidden_size},
-        {"model.num_query_groups", gpt ? m.num_attention_heads : models::KvHeads(m)}}) {
+  if (m.family != models::ModelFamily::kGpt) {
+    split.emplace_back("model.num_query_groups", models::KvHeads(m));
+  }
+  for (const auto& [field, value] : split) {
     if (value % tp == 0) continue;
     return absl::InvalidArgumentError(
         absl::StrCat("distributed.tensor_model_parallel_size (", tp, ") must divide ", field, " (",
