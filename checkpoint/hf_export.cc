@@ -26,12 +26,16 @@ namespace keel::checkpoint {
 namespace {
 
 constexpr char kIndexName[] = "model.safetensors.index.json";
+constexpr char kSingleFileName[] = "model.safetensors";
+constexpr char kConfigName[] = "config.json";
 
-// A tensor to export: its full name in the checkpoint, its key in the export, and its bytes.
+// A tensor to export: its full name in the checkpoint, its key in the export, its bytes in the
+// export, and the leading rows written (all: -1).
 struct ExportedTensor {
   std::string name;
   std::string key;
   int64_t bytes = 0;
+  int64_t rows = -1;
 };
 
 // Greedy split in order: a file takes tensors until the next one would exceed `max_bytes`.
@@ -54,13 +58,34 @@ absl::Status CheckNoExport(const std::string& output_dir) {
   KEEL_ASSIGN_OR_RETURN(std::vector<std::string> names, base::ListDirectory(output_dir));
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
-    if (name == kIndexName ||
-        (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"))) {
+    if (name == kIndexName || name == kConfigName ||
+        (absl::StartsWith(name, "model") && absl::EndsWith(name, ".safetensors"))) {
       return absl::AlreadyExistsError(absl::StrCat(output_dir, " already holds an export (", name,
                                                    "); remove it or choose an empty directory"));
     }
   }
   return absl::OkStatus();
+}
+
+// `tensor` with the rows that options.unpadded_rows keeps for it.
+absl::Status ApplyUnpaddedRows(const HfExportOptions& options, const TensorEntry& entry,
+                               ExportedTensor& tensor) {
+  const auto rows = options.unpadded_rows.find(tensor.key);
+  if (rows == options.unpadded_rows.end()) return absl::OkStatus();
+  const int64_t have = entry.shape().empty() ? 0 : entry.shape(0);
+  if (rows->second < 1 || rows->second > have) {
+    return absl::InvalidArgumentError(absl::StrCat("unpadded_rows of \"", tensor.key, "\" is ",
+                                                   rows->second, "; the tensor has ", have,
+                                                   " rows (allowed: 1 to ", have, ")"));
+  }
+  tensor.bytes = tensor.bytes / have * rows->second;
+  tensor.rows = rows->second;
+  return absl::OkStatus();
+}
+
+// transformers' config.json spelling: json.dumps(config, indent=2, sort_keys=True) + "\n".
+std::string ConfigText(const base::Json& config) {
+  return nlohmann::json::parse(config.dump()).dump(2) + "\n";
 }
 
 }  // namespace
@@ -94,7 +119,9 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
     KEEL_ASSIGN_OR_RETURN(at::ScalarType dtype, internal::ParseDtype(entry.dtype()));
     int64_t bytes = static_cast<int64_t>(c10::elementSize(written(dtype)));
     for (int64_t dim : entry.shape()) bytes *= dim;
-    tensors.push_back({entry.name(), entry.name().substr(prefix.size()), bytes});
+    ExportedTensor& tensor = tensors.emplace_back(
+        ExportedTensor{entry.name(), entry.name().substr(prefix.size()), bytes});
+    KEEL_RETURN_IF_ERROR(ApplyUnpaddedRows(options, entry, tensor));
   }
   if (tensors.empty()) {
     return absl::NotFoundError(absl::StrCat(
@@ -103,21 +130,35 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
   }
   std::sort(tensors.begin(), tensors.end(),
             [](const ExportedTensor& a, const ExportedTensor& b) { return a.key < b.key; });
+  for (const auto& [key, rows] : options.unpadded_rows) {
+    if (std::none_of(tensors.begin(), tensors.end(),
+                     [&key = key](const ExportedTensor& t) { return t.key == key; })) {
+      return absl::InvalidArgumentError(absl::StrCat("unpadded_rows names \"", key, "\", which \"",
+                                                     options.object, "\" does not hold"));
+    }
+  }
 
   KEEL_RETURN_IF_ERROR(base::MakeDirectories(output_dir));
   KEEL_RETURN_IF_ERROR(CheckNoExport(output_dir));
+  HfExportResult result;
+  if (options.config.has_value()) {
+    KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kConfigName),
+                                                   ConfigText(*options.config)));
+    result.files.push_back(kConfigName);
+  }
 
   const std::vector<std::vector<const ExportedTensor*>> files =
       AssignToFiles(tensors, options.max_shard_bytes);
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  HfExportResult result;
   base::Json weight_map = base::Json::object();
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string file_name =
-        absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
+        files.size() == 1 ? kSingleFileName
+                          : absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
     std::vector<std::pair<std::string, at::Tensor>> contents;
     for (const ExportedTensor* tensor : files[f]) {
       KEEL_ASSIGN_OR_RETURN(at::Tensor whole, reader->ReadTensor(tensor->name));
+      if (tensor->rows >= 0) whole = whole.narrow(0, 0, tensor->rows);
       contents.emplace_back(tensor->key, whole.to(written(whole.scalar_type())));
       weight_map[tensor->key] = file_name;
       result.total_size += tensor->bytes;
@@ -127,6 +168,7 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
         WriteSafetensorsFile(base::JoinPath(output_dir, file_name), contents, metadata));
     result.files.push_back(file_name);
   }
+  if (files.size() == 1) return result;
   const base::Json index = {{"metadata", {{"total_size", result.total_size}}},
                             {"weight_map", std::move(weight_map)}};
   KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kIndexName),

@@ -2,8 +2,10 @@
 // "model-0000N-of-0000M.safetensors" files plus "model.safetensors.index.json", the layout
 // NeMo AutoModel's consolidated safetensors export writes (nemo_automodel
 // _backports/consolidate_hf_safetensors.py, file names from _backports/hf_utils.py), the file
-// layout transformers' from_pretrained reads. The tensors keep the object's own names and no
-// config.json is written: transformers loads the files only for a model whose names these are.
+// layout transformers' from_pretrained reads; a model that fits one file is "model.safetensors"
+// alone, as save_pretrained writes it. The tensors keep the object's own names, a padded
+// vocabulary can lose its padding rows, and a config.json can go beside them (the caller knows
+// the model: models/hf_config.h writes one for the Llama-style families).
 //
 //   keel::checkpoint::HfExportOptions options;
 //   options.max_shard_bytes = int64_t{2} << 30;
@@ -14,11 +16,13 @@
 #define KEEL_CHECKPOINT_HF_EXPORT_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/json.h"
 #include "c10/core/ScalarType.h"
 
 namespace keel::checkpoint {
@@ -34,6 +38,12 @@ struct HfExportOptions {
   // parameters: rounded to nearest even, as Tensor::to); others are written as saved.
   // Default: unset, every tensor as saved.
   std::optional<at::ScalarType> dtype;
+  // Tensors written without their last rows: key -> the leading rows kept (a vocabulary padded
+  // for tensor parallelism, written with its real rows as Hugging Face holds it). Default: none.
+  std::map<std::string, int64_t> unpadded_rows;
+  // Written as config.json before the weights, as transformers writes it (keys sorted at every
+  // level, two-space indents, a final newline). Default: none written.
+  std::optional<base::Json> config;
 };
 
 // What an export wrote.
@@ -48,13 +58,16 @@ struct HfExportResult {
 
 // Writes the tensors of `options.object` of the checkpoint at `checkpoint_path` into
 // `output_dir` (created if needed) as whole tensors, assigned to files in name order. Holds
-// one file's tensors in memory at a time. Each file's "__metadata__" is {"format": "pt"}; the
-// index is written last, so a directory without it holds an unfinished export.
-// Errors: kInvalidArgument for max_shard_bytes < 1 or a dtype that is not floating-point;
-// kNotFound if the object has no tensors
-// (listing the objects there are); kAlreadyExists if `output_dir` already holds an index or
-// a "model-*.safetensors" file; as CheckpointReader::Open and ReadTensor;
-// as WriteSafetensorsFile.
+// one file's tensors in memory at a time. Each file's "__metadata__" is {"format": "pt"} and
+// its header is laid out as huggingface/safetensors writes it, so the tensors a model loaded
+// from save_pretrained's "model.safetensors" come back byte for byte. Several files are
+// "model-0000N-of-0000M.safetensors" and the index, written last: a directory without it holds
+// an unfinished export. One file is "model.safetensors", written atomically.
+// Errors: kInvalidArgument for max_shard_bytes < 1, a dtype that is not floating-point, or an
+// unpadded_rows entry that names no exported tensor or more rows than it has; kNotFound if the
+// object has no tensors (listing the objects there are); kAlreadyExists if `output_dir` already
+// holds an index, config.json or a "model*.safetensors" file; as CheckpointReader::Open and
+// ReadTensor; as WriteSafetensorsFile.
 [[nodiscard]] absl::StatusOr<HfExportResult> ExportHfSafetensors(
     const std::string& checkpoint_path, const std::string& output_dir,
     const HfExportOptions& options = {});

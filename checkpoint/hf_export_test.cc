@@ -1,5 +1,7 @@
 // The consolidated Hugging Face export of a checkpoint saved by two ranks: file split, index
-// and tensors, checked against values and sizes worked out by hand.
+// and tensors, checked against values and sizes worked out by hand; unpadded rows and
+// config.json; and a model that transformers' save_pretrained wrote (testdata/hf_parity) comes
+// back from a Keel checkpoint byte for byte.
 #include "checkpoint/hf_export.h"
 
 #include <stdlib.h>
@@ -142,14 +144,103 @@ TEST_F(HfExportTest, SplitsFilesInNameOrderAtTheLimit) {
   EXPECT_EQ(index.dump(), expected_index.dump());  // key order too
 }
 
-TEST_F(HfExportTest, DefaultLimitWritesOneFile) {
+TEST_F(HfExportTest, DefaultLimitWritesOneFileAsSavePretrainedDoes) {
   const std::string out = NewTempDir("default");
   KEEL_ASSERT_OK_AND_ASSIGN(HfExportResult result, ExportHfSafetensors(checkpoint(), out));
-  EXPECT_THAT(result.files,
-              ElementsAre("model-00001-of-00001.safetensors", "model.safetensors.index.json"));
-  KEEL_ASSERT_OK_AND_ASSIGN(auto tensors,
-                            ReadSafetensorsFile(out + "/model-00001-of-00001.safetensors"));
-  EXPECT_EQ(tensors.size(), ModelTensors().size());
+  EXPECT_THAT(result.files, ElementsAre("model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors.index.json"));
+  KEEL_ASSERT_OK_AND_ASSIGN(auto tensors, ReadSafetensorsFile(out + "/model.safetensors"));
+  ASSERT_EQ(tensors.size(), ModelTensors().size());
+  for (const auto& [key, tensor] : tensors) {
+    SCOPED_TRACE(key);
+    EXPECT_TRUE(at::equal(tensor, ModelTensors().at(key)));
+  }
+}
+
+TEST_F(HfExportTest, UnpaddedRowsDropTheLastRows) {
+  const std::string out = NewTempDir("unpadded");
+  HfExportOptions options;
+  options.unpadded_rows = {{"a", 3}, {"big", 20}};
+  KEEL_ASSERT_OK_AND_ASSIGN(HfExportResult result, ExportHfSafetensors(checkpoint(), out, options));
+  EXPECT_EQ(result.total_size, 48 - 12 + 10 + 80 + 32 + 32 + 8);  // a loses one row of 3 floats
+  KEEL_ASSERT_OK_AND_ASSIGN(auto tensors, ReadSafetensorsFile(out + "/model.safetensors"));
+  ASSERT_EQ(tensors[0].first, "a");
+  EXPECT_TRUE(at::equal(tensors[0].second, ModelTensors().at("a").narrow(0, 0, 3)));
+  ASSERT_EQ(tensors[2].first, "big");
+  EXPECT_TRUE(at::equal(tensors[2].second, ModelTensors().at("big")));
+}
+
+TEST_F(HfExportTest, UnpaddedRowsNameAnExportedTensorAndItsRows) {
+  HfExportOptions options;
+  options.unpadded_rows = {{"a", 5}};
+  EXPECT_THAT(ExportHfSafetensors(checkpoint(), NewTempDir("too_many"), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"a\" is 5"), HasSubstr("1 to 4"))));
+  options.unpadded_rows = {{"lm_head.weight", 2}};
+  EXPECT_THAT(ExportHfSafetensors(checkpoint(), NewTempDir("absent"), options),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"lm_head.weight\""), HasSubstr("does not hold"))));
+}
+
+TEST_F(HfExportTest, WritesConfigJsonAsTransformersDoes) {
+  const std::string out = NewTempDir("config");
+  HfExportOptions options;
+  options.config = Json{{"vocab_size", 131},
+                        {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+                        {"architectures", {"LlamaForCausalLM"}},
+                        {"rms_norm_eps", 1e-05},
+                        {"pad_token_id", nullptr}};
+  KEEL_ASSERT_OK_AND_ASSIGN(HfExportResult result, ExportHfSafetensors(checkpoint(), out, options));
+  EXPECT_THAT(result.files, ElementsAre("config.json", "model.safetensors"));
+  // json.dumps(config, indent=2, sort_keys=True) + "\n", as Python prints it.
+  EXPECT_EQ(ReadFileOrFail(out + "/config.json"),
+            "{\n"
+            "  \"architectures\": [\n"
+            "    \"LlamaForCausalLM\"\n"
+            "  ],\n"
+            "  \"pad_token_id\": null,\n"
+            "  \"rms_norm_eps\": 1e-05,\n"
+            "  \"rope_parameters\": {\n"
+            "    \"rope_theta\": 10000.0,\n"
+            "    \"rope_type\": \"default\"\n"
+            "  },\n"
+            "  \"vocab_size\": 131\n"
+            "}\n");
+  EXPECT_THAT(ExportHfSafetensors(checkpoint(), out, options),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("config.json")));
+}
+
+// save_pretrained's file, through a two-rank Keel checkpoint (the embedding split by rows), is
+// written again byte for byte.
+TEST(HfExportRoundTripTest, SavePretrainedFileComesBackByteForByte) {
+  for (const std::string name : {"llama_tied", "llama_gqa_untied", "qwen3"}) {
+    SCOPED_TRACE(name);
+    const std::string original = "testdata/hf_parity/" + name + "/model.safetensors";
+    KEEL_ASSERT_OK_AND_ASSIGN(auto tensors, ReadSafetensorsFile(original));
+    const std::string run = NewTempDir(name);
+    KEEL_ASSERT_OK(RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
+      CheckpointerOptions options;
+      options.checkpoint_dir = run;
+      KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(options, r.group.get()));
+      TensorsState model;
+      for (const auto& [key, tensor] : tensors) {
+        if (tensor.dim() != 2) {
+          model.tensors[key] = {tensor};
+          continue;
+        }
+        // Uneven halves (the vocabulary has 131 rows).
+        const int64_t first = (tensor.size(0) + 1) / 2;
+        const int64_t begin = r.rank == 0 ? 0 : first;
+        const int64_t rows = r.rank == 0 ? first : tensor.size(0) - first;
+        model.tensors[key] = {tensor.narrow(0, begin, rows).clone(),
+                              parallel::BlockLayout(tensor.sizes().vec(), {begin, 0})};
+      }
+      return checkpointer->Save({{"model", &model}}, 1, 0);
+    }));
+    const std::string out = NewTempDir(name + "_export");
+    KEEL_ASSERT_OK(ExportHfSafetensors(run + "/step_0000000001", out).status());
+    EXPECT_EQ(ReadFileOrFail(out + "/model.safetensors"), ReadFileOrFail(original));
+  }
 }
 
 TEST_F(HfExportTest, ExportsAnotherObject) {
@@ -158,8 +249,7 @@ TEST_F(HfExportTest, ExportsAnotherObject) {
   options.object = "optim";
   KEEL_ASSERT_OK_AND_ASSIGN(HfExportResult result, ExportHfSafetensors(checkpoint(), out, options));
   EXPECT_EQ(result.total_size, 12);  // F32 [3]
-  KEEL_ASSERT_OK_AND_ASSIGN(auto tensors,
-                            ReadSafetensorsFile(out + "/model-00001-of-00001.safetensors"));
+  KEEL_ASSERT_OK_AND_ASSIGN(auto tensors, ReadSafetensorsFile(out + "/model.safetensors"));
   ASSERT_EQ(tensors.size(), 1u);
   EXPECT_EQ(tensors[0].first, "m");
   EXPECT_TRUE(at::equal(tensors[0].second, at::ones({3})));

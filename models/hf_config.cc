@@ -203,6 +203,80 @@ absl::StatusOr<ModelOptions> HfConfigToOptions(const base::Json& config,
   return options;
 }
 
+absl::StatusOr<base::Json> OptionsToHfConfig(const ModelOptions& options, const std::string& dtype,
+                                             base::Json base) {
+  if (options.family == ModelFamily::kGpt || options.num_moe_experts > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.family ", AbslUnparseFlag(options.family), " with ", options.num_moe_experts,
+        " experts has no Hugging Face class; config.json is written for llama, "
+        "qwen2, qwen3 and mistral without experts"));
+  }
+  if (!base.is_object()) base = base::Json::object();
+  base["model_type"] = AbslUnparseFlag(options.family);
+  base["vocab_size"] = options.vocab_size;
+  base["hidden_size"] = options.hidden_size;
+  base["intermediate_size"] = options.ffn_hidden_size;
+  base["num_hidden_layers"] = options.num_layers;
+  base["num_attention_heads"] = options.num_attention_heads;
+  base["num_key_value_heads"] = KvHeads(options);
+  // Qwen2's class has no head_dim: it is hidden_size / heads unless a file says otherwise.
+  if (options.family != ModelFamily::kQwen2 ||
+      HeadDim(options) != options.hidden_size / options.num_attention_heads) {
+    base["head_dim"] = HeadDim(options);
+  }
+  base["hidden_act"] = "silu";
+  base["rms_norm_eps"] = options.norm_epsilon;
+  base["tie_word_embeddings"] = !options.untie_embeddings_and_output_weights;
+  base["dtype"] = dtype;
+  if (!base.contains("max_position_embeddings")) {
+    base["max_position_embeddings"] = options.max_sequence_length;
+  }
+  base::Json rope = {{"rope_theta", options.rotary_base}, {"rope_type", "default"}};
+  if (options.rope_scaling_factor > 0) {
+    rope["rope_type"] = "llama3";
+    rope["factor"] = options.rope_scaling_factor;
+    rope["low_freq_factor"] = options.rope_low_freq_factor;
+    rope["high_freq_factor"] = options.rope_high_freq_factor;
+    rope["original_max_position_embeddings"] = options.rope_original_max_position_embeddings;
+  }
+  base["rope_parameters"] = std::move(rope);
+  base.erase("rope_theta");  // transformers 4's spelling, replaced by rope_parameters
+  base.erase("rope_scaling");
+  switch (options.family) {
+    case ModelFamily::kLlama:
+      base["architectures"] = {"LlamaForCausalLM"};
+      base["attention_bias"] = false;
+      base["mlp_bias"] = false;
+      break;
+    case ModelFamily::kMistral:
+      base["architectures"] = {"MistralForCausalLM"};
+      base["sliding_window"] =
+          options.window_size > 0 ? base::Json(options.window_size) : base::Json(nullptr);
+      break;
+    case ModelFamily::kQwen2:  // full attention in every layer, as Keel builds Qwen
+    case ModelFamily::kQwen3:
+      base["architectures"] = {options.family == ModelFamily::kQwen2 ? "Qwen2ForCausalLM"
+                                                                     : "Qwen3ForCausalLM"};
+      base["use_sliding_window"] = false;
+      break;
+    case ModelFamily::kGpt:
+      break;  // refused above
+  }
+  // A base of another depth has per-layer types that no longer fit: transformers derives them.
+  if (base.contains("layer_types") &&
+      (!base["layer_types"].is_array() ||
+       base["layer_types"].size() != static_cast<size_t>(options.num_layers))) {
+    base.erase("layer_types");
+  }
+  return base;
+}
+
+std::map<std::string, int64_t> HfVocabRows(const ModelOptions& options) {
+  std::map<std::string, int64_t> rows = {{kHfEmbeddingWeight, options.vocab_size}};
+  if (options.untie_embeddings_and_output_weights) rows[kHfOutputWeight] = options.vocab_size;
+  return rows;
+}
+
 std::string HfKeyOf(const std::string& field) {
   for (const HfKey& entry : kHfKeys) {
     if (field == entry.field) return entry.key;

@@ -1,7 +1,9 @@
 // config.json onto ModelOptions: every fixture's file, both RoPE spellings, each class's
-// defaults, and a named refusal for what Keel does not build.
+// defaults, and a named refusal for what Keel does not build; and back: ModelOptions onto a
+// config.json that gives the same options, and over a fixture's file, that file.
 #include "models/hf_config.h"
 
+#include <map>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -109,6 +111,77 @@ TEST(HfConfigTest, RefusesWhatKeelDoesNotBuildByName) {
   EXPECT_THAT(HfConfigToOptions(mistyped, "c"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("\"vocab_size\" is \"131\"")));
   EXPECT_THAT(ReadHfConfig("/nonexistent"), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+}
+
+constexpr const char* kFixtures[] = {"llama_tied", "llama_gqa_untied", "llama_legacy_rope", "qwen2",
+                                     "qwen3",      "mistral"};
+
+TEST(HfConfigTest, WrittenConfigReadsBackAsTheSameOptions) {
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    KEEL_ASSERT_OK_AND_ASSIGN(const ModelOptions options,
+                              ReadHfConfig(std::string("testdata/hf_parity/") + name));
+    KEEL_ASSERT_OK_AND_ASSIGN(const base::Json written,
+                              OptionsToHfConfig(options, "bfloat16", base::Json::object()));
+    EXPECT_EQ(written["dtype"], "bfloat16");
+    EXPECT_EQ(written["max_position_embeddings"], options.max_sequence_length);
+    KEEL_ASSERT_OK_AND_ASSIGN(const ModelOptions again, HfConfigToOptions(written, "written"));
+    EXPECT_EQ(base::WriteJsonFields(again).dump(), base::WriteJsonFields(options).dump());
+  }
+}
+
+TEST(HfConfigTest, WrittenOverTheFileItWasReadFromIsThatFile) {
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const std::string directory = std::string("testdata/hf_parity/") + name;
+    KEEL_ASSERT_OK_AND_ASSIGN(const base::Json file,
+                              base::ReadJsonFile(directory + "/config.json"));
+    KEEL_ASSERT_OK_AND_ASSIGN(const ModelOptions options, ReadHfConfig(directory));
+    KEEL_ASSERT_OK_AND_ASSIGN(const base::Json written,
+                              OptionsToHfConfig(options, "float32", file));
+    if (file.contains("rope_parameters")) {
+      // Key order aside (ordered_json compares it): the same keys and values.
+      EXPECT_EQ(nlohmann::json::parse(written.dump()), nlohmann::json::parse(file.dump()));
+    } else {  // transformers 4's rope_theta and rope_scaling become rope_parameters
+      EXPECT_FALSE(written.contains("rope_theta"));
+      EXPECT_FALSE(written.contains("rope_scaling"));
+      EXPECT_EQ(written["rope_parameters"]["rope_type"], "llama3");
+      KEEL_ASSERT_OK_AND_ASSIGN(const ModelOptions again, HfConfigToOptions(written, "written"));
+      EXPECT_EQ(base::WriteJsonFields(again).dump(), base::WriteJsonFields(options).dump());
+    }
+  }
+}
+
+TEST(HfConfigTest, ConfigOfAnotherDepthDropsTheBasesLayerTypes) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const base::Json file,
+                            base::ReadJsonFile("testdata/hf_parity/qwen2/config.json"));
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions options, ReadHfConfig("testdata/hf_parity/qwen2"));
+  options.num_layers = 3;
+  KEEL_ASSERT_OK_AND_ASSIGN(const base::Json written, OptionsToHfConfig(options, "float32", file));
+  EXPECT_EQ(written["num_hidden_layers"], 3);
+  EXPECT_FALSE(written.contains("layer_types"));
+  EXPECT_FALSE(written.contains("head_dim"));  // Qwen2's class has none
+}
+
+TEST(HfConfigTest, TheGptAndExpertsHaveNoConfigJson) {
+  ModelOptions gpt;
+  EXPECT_THAT(OptionsToHfConfig(gpt, "float32", base::Json::object()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.family gpt")));
+  ModelOptions moe;
+  moe.family = ModelFamily::kLlama;
+  moe.num_moe_experts = 4;
+  EXPECT_THAT(OptionsToHfConfig(moe, "float32", base::Json::object()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("with 4 experts")));
+}
+
+TEST(HfConfigTest, VocabRowsAreTheEmbeddingAndAnUntiedHead) {
+  ModelOptions options;
+  options.family = ModelFamily::kLlama;
+  options.vocab_size = 131;
+  EXPECT_EQ(HfVocabRows(options), (std::map<std::string, int64_t>{{kHfEmbeddingWeight, 131}}));
+  options.untie_embeddings_and_output_weights = true;
+  EXPECT_EQ(HfVocabRows(options),
+            (std::map<std::string, int64_t>{{kHfEmbeddingWeight, 131}, {kHfOutputWeight, 131}}));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "c10/util/Exception.h"
 #include "models/attention.h"
 #include "models/gated_mlp.h"
+#include "models/hf_config.h"
 #include "models/tied_head.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/mappings.h"
@@ -16,7 +17,8 @@
 namespace keel::models {
 namespace {
 
-// The word embedding under its HF name, which the first and (tied) the last stage hold.
+// The modules holding the word embedding (kHfEmbeddingWeight), which the first and (tied) the
+// last stage hold.
 constexpr char kBody[] = "model";
 constexpr char kEmbedding[] = "embed_tokens";
 
@@ -195,14 +197,14 @@ at::Tensor LlamaImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& lab
 
 std::vector<std::string> LlamaImpl::VocabParameters() const {
   std::vector<std::string> names;
-  if (!embed_tokens_.is_empty()) names.push_back(std::string(kBody) + "." + kEmbedding + ".weight");
-  if (last_) names.push_back("lm_head.weight");
+  if (!embed_tokens_.is_empty()) names.push_back(kHfEmbeddingWeight);
+  if (last_) names.push_back(kHfOutputWeight);
   return names;
 }
 
 std::optional<std::string> LlamaImpl::SharedEmbedding() const {
   if ((first_ && last_) || options_.untie_embeddings_and_output_weights) return std::nullopt;
-  return std::string(kBody) + "." + kEmbedding + ".weight";
+  return kHfEmbeddingWeight;
 }
 
 }  // namespace keel::models

@@ -37,6 +37,8 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
+#include "models/hf_config.h"
+#include "models/model_options.h"
 #include "tools/cli/exit_code.h"
 #include "tools/cli/user_path.h"
 #include "tools/recipe/options.h"
@@ -49,6 +51,10 @@ ABSL_FLAG(std::string, dtype, "",
           "export-safetensors: the floating-point tensors' dtype, bfloat16 or float32; empty: "
           "the model's (bfloat16 for a model.bf16 run, whose checkpoints hold float32 main "
           "parameters; else as saved).");
+ABSL_FLAG(std::string, config_from, "",
+          "export-safetensors: a Hugging Face directory whose config.json keys other than the "
+          "model's (token ids, generation settings) the exported config.json keeps; empty: the "
+          "run's model.pretrained_path when it holds a config.json.");
 
 namespace keel::tools {
 namespace {
@@ -67,9 +73,11 @@ Commands:
   verify DIR                   checks every byte of DIR; for a run's checkpoint_dir, of the
                                checkpoint a resume would pick
   diff A B                     compares two checkpoints tensor by tensor and value by value
-  export-safetensors DIR OUT   writes one object as Hugging Face sharded safetensors into OUT
+  export-safetensors DIR OUT   writes one object as Hugging Face safetensors into OUT; a
+                               Llama-style model of tools:train as transformers loads it:
+                               config.json, the vocabulary without its padding rows
                                [--object=model] [--max_shard_bytes=5368709120]
-                               [--dtype=bfloat16|float32]
+                               [--dtype=bfloat16|float32] [--config_from=HF_DIR]
 
 Exit status: 0 verified or identical; 1 problems or differences found, or an error;
 2 bad usage.)";
@@ -338,8 +346,17 @@ absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path) {
   return cli::kExitFailure;
 }
 
+// The configuration a trainer's checkpoint holds (kConfigState); nullopt for another's.
+absl::StatusOr<std::optional<Json>> TrainerConfig(const std::string& dir) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  absl::StatusOr<Json> config = reader->ReadValues(recipe::kConfigState);
+  if (absl::IsNotFound(config.status())) return std::nullopt;
+  KEEL_RETURN_IF_ERROR(config.status());
+  return *std::move(config);
+}
+
 // --dtype, or the dtype of the model of a trainer's checkpoint (its configuration's bf16).
-absl::StatusOr<std::optional<at::ScalarType>> ExportDtype(const std::string& dir,
+absl::StatusOr<std::optional<at::ScalarType>> ExportDtype(const std::optional<Json>& config,
                                                           const std::string& flag) {
   if (flag == "bfloat16") return at::kBFloat16;
   if (flag == "float32") return at::kFloat;
@@ -347,20 +364,53 @@ absl::StatusOr<std::optional<at::ScalarType>> ExportDtype(const std::string& dir
     return absl::InvalidArgumentError(
         absl::StrCat("--dtype=", flag, ": allowed: bfloat16, float32, or empty (the model's)"));
   }
-  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
-  const absl::StatusOr<Json> config = reader->ReadValues(recipe::kConfigState);
-  if (absl::IsNotFound(config.status())) return std::nullopt;  // not a trainer's
-  KEEL_RETURN_IF_ERROR(config.status());
+  if (!config.has_value()) return std::nullopt;  // not a trainer's
   const auto bf16 = config->find(recipe::kBf16Field);
   if (bf16 != config->end() && bf16->is_boolean() && bf16->get<bool>()) return at::kBFloat16;
   return std::nullopt;
+}
+
+// What the export of a trainer's Llama-style model adds to its tensors: config.json (over
+// --config_from's, or the run's pretrained directory's) and the unpadded vocabulary. Prints
+// where config.json's other keys came from; leaves `options` alone for the GPT.
+absl::Status AddHfModel(const Json& trainer_config, checkpoint::HfExportOptions& options) {
+  KEEL_ASSIGN_OR_RETURN(const recipe::SavedModel saved, recipe::ReadSavedModel(trainer_config));
+  if (saved.options.family == models::ModelFamily::kGpt) {
+    std::cout << "model.family gpt: Keel's tensor names, no config.json (no Hugging Face class "
+                 "has the GPT's layout)\n";
+    return absl::OkStatus();
+  }
+  std::string base_dir = absl::GetFlag(FLAGS_config_from);
+  if (base_dir.empty() && !saved.pretrained_path.empty() &&
+      base::PathExists(base::JoinPath(saved.pretrained_path, "config.json"))) {
+    base_dir = saved.pretrained_path;
+  }
+  Json base = Json::object();
+  if (!base_dir.empty()) {
+    KEEL_ASSIGN_OR_RETURN(base, base::ReadJsonFile(base::JoinPath(base_dir, "config.json")));
+  }
+  const at::ScalarType dtype = options.dtype.value_or(at::kFloat);
+  KEEL_ASSIGN_OR_RETURN(
+      options.config,
+      models::OptionsToHfConfig(saved.options, dtype == at::kBFloat16 ? "bfloat16" : "float32",
+                                std::move(base)));
+  options.unpadded_rows = models::HfVocabRows(saved.options);
+  std::cout << "config.json: model.family " << models::AbslUnparseFlag(saved.options.family)
+            << (base_dir.empty() ? ""
+                                 : absl::StrCat(", other keys from ", base_dir, "/config.json"))
+            << "\n";
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string& out) {
   checkpoint::HfExportOptions options;
   options.object = absl::GetFlag(FLAGS_object);
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
-  KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(dir, absl::GetFlag(FLAGS_dtype)));
+  KEEL_ASSIGN_OR_RETURN(const std::optional<Json> trainer_config, TrainerConfig(dir));
+  KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(trainer_config, absl::GetFlag(FLAGS_dtype)));
+  if (trainer_config.has_value() && options.object == checkpoint::HfExportOptions().object) {
+    KEEL_RETURN_IF_ERROR(AddHfModel(*trainer_config, options));
+  }
   KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,
                         checkpoint::ExportHfSafetensors(dir, out, options));
   std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size

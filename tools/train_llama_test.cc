@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sampling/indexed_dataset_writer.h"
@@ -23,10 +25,13 @@
 #include "tools/cli/subprocess_testutil.h"
 #include "tools/train_testutil.h"
 
+ABSL_FLAG(std::string, ckpt, "", "Path of //tools:ckpt.");
+
 namespace keel::tools {
 namespace {
 
 using ::keel::testing::NewTempDir;
+using ::keel::testing::ReadFileOrFail;
 using ::keel::tools::cli::Subprocess;
 
 constexpr int64_t kSteps = 30;
@@ -76,26 +81,39 @@ TEST(TrainLlamaTest, LayoutsComputeTheOneRankRun) {
 // RoPE, untied, vocabulary 131) builds the model from its config.json and starts from its
 // weights, on one rank and on two tensor-parallel ranks (which pad the vocabulary to 132 rows:
 // the file's 131 load, the padding row is zeros and outside the softmax): the same trace.
-TEST(TrainLlamaTest, StartsFromAHuggingFaceDirectoryAtEveryLayout) {
-  const std::string data = NewTempDir("hf_tokens") + "/tokens";
-  {
-    KEEL_ASSERT_OK_AND_ASSIGN(
-        sampling::IndexedDatasetWriter writer,
-        sampling::IndexedDatasetWriter::Create(data, sampling::TokenDtype::kUint16));
+// An indexed dataset of 40 documents of 300 random tokens below the fixtures' vocabulary (131),
+// written once; its prefix.
+std::string FixtureTokens() {
+  static const std::string* const prefix = [] {
+    auto* data = new std::string(NewTempDir("hf_tokens") + "/tokens");
+    absl::StatusOr<sampling::IndexedDatasetWriter> writer =
+        sampling::IndexedDatasetWriter::Create(*data, sampling::TokenDtype::kUint16);
+    EXPECT_TRUE(writer.ok()) << writer.status();
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/7);
-    for (int document = 0; document < 40; ++document) {
+    for (int document = 0; document < 40 && writer.ok(); ++document) {
       const at::Tensor tokens = at::randint(131, {300}, generator, at::kLong);
       std::vector<int64_t> values(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + 300);
-      KEEL_ASSERT_OK(writer.AddDocument(values, {300}));
+      EXPECT_TRUE(writer->AddDocument(values, {300}).ok());
     }
-    KEEL_ASSERT_OK(writer.Finalize());
-  }
-  const std::vector<std::string> pretrained = {
-      "model.pretrained_path=" +
-          std::filesystem::absolute("testdata/hf_parity/llama_gqa_untied").string(),
-      "data.prefix=" + data, "data.sequence_length=16",
+    if (writer.ok()) {
+      EXPECT_TRUE(writer->Finalize().ok());
+    }
+    return data;
+  }();
+  return *prefix;
+}
+
+// A run from the fixture `name` of testdata/hf_parity on FixtureTokens.
+std::vector<std::string> Pretrained(const std::string& name) {
+  return {
+      "model.pretrained_path=" + std::filesystem::absolute("testdata/hf_parity/" + name).string(),
+      "data.prefix=" + FixtureTokens(), "data.sequence_length=16",
       // SmallRun's sizes are the file's but for the MLP: set to the file's, no contradiction.
       "model.ffn_hidden_size=96"};
+}
+
+TEST(TrainLlamaTest, StartsFromAHuggingFaceDirectoryAtEveryLayout) {
+  const std::vector<std::string> pretrained = Pretrained("llama_gqa_untied");
   const std::string reference = NewTempDir("hf_reference");
   Subprocess one = StartTrain(SameSamplesRun(reference, 10, pretrained), reference + "/stderr");
   ASSERT_EQ(one.Wait(), 0) << one.Stderr();
@@ -109,6 +127,69 @@ TEST(TrainLlamaTest, StartsFromAHuggingFaceDirectoryAtEveryLayout) {
                   run_dir + "/stderr");
   ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
   ExpectLayoutInvariant(reference, run_dir);
+}
+
+// Hugging Face -> Keel at tp=2 (the 131-row vocabulary padded to 132 and split) -> Hugging Face:
+// with the learning rate 0, config.json and model.safetensors come back byte for byte, tied
+// (no lm_head in the file) and untied (lm_head unpadded too).
+TEST(TrainLlamaTest, ExportsWhatItLoadedByteForByte) {
+  for (const std::string name : {"llama_tied", "llama_gqa_untied"}) {
+    SCOPED_TRACE(name);
+    const std::string run_dir = NewTempDir(name);
+    Subprocess ranks = LaunchTrain(
+        2,
+        SameSamplesRun(
+            run_dir, 3,
+            With(Pretrained(name),
+                 {"distributed.tensor_model_parallel_size=2", "step_scheduler.local_batch_size=8",
+                  "optimizer.lr=0", "lr_scheduler.max_lr=0", "lr_scheduler.min_lr=0"})),
+        run_dir + "/stderr");
+    ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+    const std::string out = run_dir + "/hf";
+    const TensorShapes exported =
+        ExportedTensors(absl::GetFlag(FLAGS_ckpt), LatestCheckpoint(run_dir), out);
+    EXPECT_EQ(exported.at("model.embed_tokens.weight").second, (std::vector<int64_t>{131, 64}));
+    const std::string original = "testdata/hf_parity/" + name;
+    EXPECT_EQ(ReadFileOrFail(out + "/config.json"), ReadFileOrFail(original + "/config.json"));
+    EXPECT_EQ(ReadFileOrFail(out + "/model.safetensors"),
+              ReadFileOrFail(original + "/model.safetensors"));
+  }
+}
+
+// A model Keel trained exports as Hugging Face holds it: the vocabulary's real rows, the dtype
+// asked in the files and in config.json, a config.json that reads back as the run's model.
+TEST(TrainLlamaTest, ExportsATrainedModelAsHuggingFaceHoldsIt) {
+  const std::string run_dir = NewTempDir("trained");
+  Subprocess ranks = LaunchTrain(
+      2,
+      SameSamplesRun(
+          run_dir, 3,
+          {"model.family=qwen3", "model.num_query_groups=2", "model.kv_channels=8",
+           "model.vocab_size=131", "model.untie_embeddings_and_output_weights=true",
+           "data.prefix=" + FixtureTokens(), "data.sequence_length=16",
+           "distributed.tensor_model_parallel_size=2", "step_scheduler.local_batch_size=8"}),
+      run_dir + "/stderr");
+  ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+  const std::string out = run_dir + "/hf";
+  const TensorShapes exported = ExportedTensors(
+      absl::GetFlag(FLAGS_ckpt), LatestCheckpoint(run_dir), out, {"--dtype=bfloat16"});
+  // Padded to a multiple of 128 x 2 in training; 131 rows in the export.
+  for (const char* vocab : {"model.embed_tokens.weight", "lm_head.weight"}) {
+    EXPECT_EQ(exported.at(vocab).second, (std::vector<int64_t>{131, 64})) << vocab;
+  }
+  for (const auto& [name, dtype_and_shape] : exported) {
+    EXPECT_EQ(dtype_and_shape.first, static_cast<int>(at::kBFloat16)) << name;
+  }
+  EXPECT_EQ(exported.at("model.layers.0.self_attn.q_norm.weight").second,
+            (std::vector<int64_t>{8}));
+  KEEL_ASSERT_OK_AND_ASSIGN(const base::Json config, base::ReadJsonFile(out + "/config.json"));
+  EXPECT_EQ(config["architectures"], base::Json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(config["dtype"], "bfloat16");
+  EXPECT_EQ(config["vocab_size"], 131);
+  EXPECT_EQ(config["head_dim"], 8);
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  EXPECT_EQ(config["max_position_embeddings"], 16);
 }
 
 TEST(TrainLlamaTest, WhatCannotBeBuiltIsNamed) {

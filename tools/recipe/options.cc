@@ -443,6 +443,23 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
           {"numerics", base::WriteJsonFields(options.numerics)}};
 }
 
+absl::StatusOr<SavedModel> ReadSavedModel(const base::Json& fingerprint) {
+  const auto model = fingerprint.find("model");
+  if (model == fingerprint.end() || !model->is_object()) {
+    return absl::InvalidArgumentError(
+        "the checkpoint's configuration has no \"model\" section; it was not saved by "
+        "tools:train");
+  }
+  SavedModel saved;
+  KEEL_RETURN_IF_ERROR(base::ReadJsonFields(*model, saved.options, "model."));
+  KEEL_RETURN_IF_ERROR(base::FromJson(
+      (*model).value("max_sequence_length", base::Json(saved.options.max_sequence_length)),
+      "model.max_sequence_length", saved.options.max_sequence_length));
+  KEEL_RETURN_IF_ERROR(base::FromJson((*model).value("pretrained_path", base::Json("")),
+                                      "model.pretrained_path", saved.pretrained_path));
+  return saved;
+}
+
 absl::StatusOr<checkpoint::State> ConfigState::StateDict() const {
   checkpoint::State state;
   state.values = fingerprint_;

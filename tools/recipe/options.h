@@ -249,6 +249,14 @@ base::Json ConfigFingerprint(const TrainOptions& options);
 inline constexpr char kConfigState[] = "config";
 // Its field that says the model trains in bf16 (model.bf16).
 inline constexpr char kBf16Field[] = "bf16";
+// The model a checkpoint's configuration (a ConfigFingerprint) describes, and the Hugging Face
+// directory its run started from (model.pretrained_path; empty: none).
+struct SavedModel {
+  models::ModelOptions options;
+  std::string pretrained_path;
+};
+// Errors: kInvalidArgument naming a missing "model" section or a field of the wrong type.
+[[nodiscard]] absl::StatusOr<SavedModel> ReadSavedModel(const base::Json& fingerprint);
 class ConfigState : public checkpoint::Stateful {
  public:
   explicit ConfigState(base::Json fingerprint) : fingerprint_(std::move(fingerprint)) {}

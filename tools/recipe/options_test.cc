@@ -165,6 +165,25 @@ TEST(ReadOptionsTest, PrecisionAndKernelChoices) {
   EXPECT_EQ(ConfigFingerprint(options)["tf32"], true);
 }
 
+// What a checkpoint's configuration says of its model: the options a run was read with.
+TEST(ReadOptionsTest, SavedModelIsTheRunsModel) {
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      const TrainOptions options,
+      Read({"model.family=qwen3", "model.num_query_groups=2", "model.kv_channels=8",
+            "model.rotary_base=500000", "data.sequence_length=48"}));
+  KEEL_ASSERT_OK_AND_ASSIGN(const SavedModel saved, ReadSavedModel(ConfigFingerprint(options)));
+  EXPECT_EQ(base::WriteJsonFields(saved.options).dump(),
+            base::WriteJsonFields(options.model).dump());
+  EXPECT_EQ(saved.options.max_sequence_length, 48);
+  EXPECT_EQ(saved.pretrained_path, "");
+  base::Json mistyped = ConfigFingerprint(options);
+  mistyped["model"]["num_layers"] = "four";
+  EXPECT_THAT(ReadSavedModel(mistyped),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.num_layers")));
+  EXPECT_THAT(ReadSavedModel(base::Json::object()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no \"model\" section")));
+}
+
 // model.bf16 (Megatron's bf16): off by default; distributed.grad_reduce_in_fp32 unset (true
 // under bf16) or as set; on the CPU with model parallelism only where Gloo carries bf16.
 TEST(ReadOptionsTest, Bf16IsOptInAndChecksWhatCarriesIt) {
