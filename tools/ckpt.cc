@@ -380,6 +380,12 @@ absl::Status AddHfModel(const Json& trainer_config, checkpoint::HfExportOptions&
                  "has the GPT's layout)\n";
     return absl::OkStatus();
   }
+  if (saved.model_save_format == checkpoint::SerializationFormat::kSafetensors) {
+    return absl::FailedPreconditionError(
+        "the run saved its model with checkpoint.model_save_format \"safetensors\", whose keys "
+        "drop the outer \"model.\" of Hugging Face's names; export-safetensors writes "
+        "Hugging Face's names from checkpoints of model_save_format \"keel\" (the default)");
+  }
   std::string base_dir = absl::GetFlag(FLAGS_config_from);
   if (base_dir.empty() && !saved.pretrained_path.empty() &&
       base::PathExists(base::JoinPath(saved.pretrained_path, "config.json"))) {
@@ -408,7 +414,7 @@ absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string&
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
   KEEL_ASSIGN_OR_RETURN(const std::optional<Json> trainer_config, TrainerConfig(dir));
   KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(trainer_config, absl::GetFlag(FLAGS_dtype)));
-  if (trainer_config.has_value() && options.object == checkpoint::HfExportOptions().object) {
+  if (trainer_config.has_value() && options.object == recipe::kModelState) {
     KEEL_RETURN_IF_ERROR(AddHfModel(*trainer_config, options));
   }
   KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,

@@ -453,10 +453,17 @@ absl::StatusOr<SavedModel> ReadSavedModel(const base::Json& fingerprint) {
   SavedModel saved;
   KEEL_RETURN_IF_ERROR(base::ReadJsonFields(*model, saved.options, "model."));
   KEEL_RETURN_IF_ERROR(base::FromJson(
-      (*model).value("max_sequence_length", base::Json(saved.options.max_sequence_length)),
+      model->value("max_sequence_length", base::Json(saved.options.max_sequence_length)),
       "model.max_sequence_length", saved.options.max_sequence_length));
-  KEEL_RETURN_IF_ERROR(base::FromJson((*model).value("pretrained_path", base::Json("")),
+  KEEL_RETURN_IF_ERROR(base::FromJson(model->value("pretrained_path", base::Json("")),
                                       "model.pretrained_path", saved.pretrained_path));
+  KEEL_RETURN_IF_ERROR(base::FromJson(model->value("padded_vocab_size", base::Json(0)),
+                                      "model.padded_vocab_size", saved.padded_vocab_size));
+  const auto checkpoint = fingerprint.find("checkpoint");
+  if (checkpoint != fingerprint.end() && checkpoint->contains("model_save_format")) {
+    KEEL_RETURN_IF_ERROR(base::FromJson(checkpoint->at("model_save_format"),
+                                        "checkpoint.model_save_format", saved.model_save_format));
+  }
   return saved;
 }
 

@@ -247,13 +247,19 @@ base::Json ConfigFingerprint(const TrainOptions& options);
 // with each one and compared before a resume (Run::CheckConfig); loading it restores nothing,
 // so checkpoints written before Keel saved it load as well.
 inline constexpr char kConfigState[] = "config";
+// The model's object in the trainer's checkpoints (checkpoint::ModelState).
+inline constexpr char kModelState[] = "model";
 // Its field that says the model trains in bf16 (model.bf16).
 inline constexpr char kBf16Field[] = "bf16";
-// The model a checkpoint's configuration (a ConfigFingerprint) describes, and the Hugging Face
-// directory its run started from (model.pretrained_path; empty: none).
+// The model a checkpoint's configuration (a ConfigFingerprint) describes, the Hugging Face
+// directory its run started from (model.pretrained_path; empty: none), the rows of its padded
+// vocabulary (0: not saved), and the format that decides its keys
+// (checkpoint.model_save_format, checkpoint::ModelStateOptions').
 struct SavedModel {
   models::ModelOptions options;
   std::string pretrained_path;
+  int64_t padded_vocab_size = 0;
+  checkpoint::SerializationFormat model_save_format = checkpoint::SerializationFormat::kKeel;
 };
 // Errors: kInvalidArgument naming a missing "model" section or a field of the wrong type.
 [[nodiscard]] absl::StatusOr<SavedModel> ReadSavedModel(const base::Json& fingerprint);

@@ -176,6 +176,8 @@ TEST(ReadOptionsTest, SavedModelIsTheRunsModel) {
             base::WriteJsonFields(options.model).dump());
   EXPECT_EQ(saved.options.max_sequence_length, 48);
   EXPECT_EQ(saved.pretrained_path, "");
+  EXPECT_EQ(saved.padded_vocab_size, 256);
+  EXPECT_EQ(saved.model_save_format, checkpoint::SerializationFormat::kKeel);
   base::Json mistyped = ConfigFingerprint(options);
   mistyped["model"]["num_layers"] = "four";
   EXPECT_THAT(ReadSavedModel(mistyped),

@@ -71,7 +71,7 @@ absl::Status Run::BuildCheckpointing() {
   s.config_state = std::make_unique<ConfigState>(ConfigFingerprint(options_));
   s.numerics = std::make_unique<NonFiniteGuard>(options_.numerics);
   s.statefuls = {{kConfigState, s.config_state.get()},
-                 {"model", s.model_state.get()},
+                 {kModelState, s.model_state.get()},
                  {"numerics", s.numerics.get()},
                  {"optim", &*s.optim_state},
                  {"rng", s.rng_state.get()},

@@ -26,6 +26,15 @@ It prints one JSON line ({"max_abs_diff": ..., "ok": ...}) and exits 0 when max 
 1 when not (or when transformers left a weight uninitialised or the logits have the wrong shape),
 and 2 when it cannot compare (a missing or unreadable file, an expected file without the keys).
 
+`check-eval` loads a directory in the Hugging Face layout with from_pretrained and computes, over the
+indexed dataset PREFIX (.bin/.idx, tokens end to end), the per-window losses that `tools:eval` printed
+into KEEL_JSONL (window i = tokens [i*L, i*L+L+1)), and compares them, window by window and the mean:
+
+    .venv/bin/python tools/scripts/hf_parity.py check-eval --dir=runs/export --data_prefix=data/text \
+        --sequence_length=16 --keel=eval.jsonl --tolerance=1e-5
+
+Its JSON line and exit codes are check-export's.
+
 Needs torch 2.11.0, transformers 5.24.0 and safetensors 0.8.0 (tools/bootstrap.sh puts them in .venv).
 """
 
@@ -457,6 +466,93 @@ def cmd_check_export(args) -> int:
     return finish(0 if ok else 1, **result)
 
 
+# Megatron's MMIDIDX dtype codes (megatron/core/datasets/indexed_dataset.py DType).
+_INDEX_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32",
+                 8: "uint16"}
+
+
+def _read_tokens(prefix: str, count: int) -> torch.Tensor:
+    """The first `count` tokens of the dataset's sequences laid end to end, as int64."""
+    import numpy as np
+    for suffix in (".idx", ".bin"):
+        if not os.path.isfile(prefix + suffix):
+            raise BadInput(f"--data_prefix={prefix}: no {prefix + suffix}")
+    with open(prefix + ".idx", "rb") as f:
+        header = f.read(9 + 8 + 1 + 8 + 8)
+        if len(header) < 34 or header[:9] != b"MMIDIDX\x00\x00":
+            raise BadInput(f"{prefix}.idx: not a Megatron index (magic {header[:9]!r})")
+        code = header[17]
+        sequences = int.from_bytes(header[18:26], "little")
+        if code not in _INDEX_DTYPES:
+            raise BadInput(f"{prefix}.idx: unknown dtype code {code}")
+        sizes = np.frombuffer(f.read(4 * sequences), dtype=np.int32)
+        pointers = np.frombuffer(f.read(8 * sequences), dtype=np.int64)
+    dtype = np.dtype(_INDEX_DTYPES[code])
+    data = np.memmap(prefix + ".bin", dtype=np.uint8, mode="r")
+    pieces, have = [], 0
+    for size, pointer in zip(sizes, pointers):
+        if have >= count:
+            break
+        pieces.append(np.frombuffer(data[pointer:pointer + int(size) * dtype.itemsize], dtype=dtype))
+        have += int(size)
+    if have < count:
+        raise BadInput(f"--data_prefix={prefix}: {have} tokens, {count} needed")
+    return torch.from_numpy(np.concatenate(pieces)[:count].astype(np.int64))
+
+
+def _read_keel_eval(path: str):
+    """tools:eval's per-window losses and its summary."""
+    if not os.path.isfile(path):
+        raise BadInput(f"--keel={path}: no such file")
+    windows, summary = {}, None
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BadInput(f"--keel={path}:{number}: not JSON ({e})")
+            if "window" in record:
+                windows[record["window"]] = record["loss"]
+            elif "mean_loss" in record:
+                summary = record
+    if summary is None or sorted(windows) != list(range(len(windows))) or not windows:
+        raise BadInput(f"--keel={path}: not tools:eval's output (windows 0..N-1, then a summary)")
+    return [windows[i] for i in range(len(windows))], summary
+
+
+def cmd_check_eval(args) -> int:
+    def finish(code, **result):
+        print(json.dumps(result, sort_keys=True))
+        return code
+
+    torch.set_num_threads(args.threads)
+    try:
+        keel_losses, summary = _read_keel_eval(args.keel)
+        length, samples = args.sequence_length, len(keel_losses)
+        if length < 1:
+            raise BadInput(f"--sequence_length={length} must be >= 1")
+        tokens = _read_tokens(args.data_prefix, samples * length + 1)
+        try:
+            model = _load(args.dir)
+        except Exception as e:
+            raise BadInput(f"--dir={args.dir}: transformers cannot load it: {type(e).__name__}: {e}")
+    except BadInput as e:
+        print(f"hf_parity: check-eval: {e}", file=sys.stderr)
+        return finish(2, error=str(e), max_abs_diff=None, ok=False)
+    inputs = tokens[:-1].view(samples, length)
+    labels = tokens[1:].view(samples, length)
+    with torch.no_grad():
+        logits = model(input_ids=inputs).logits.float()
+    losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                               reduction="none").view(samples, length).double().mean(1)
+    diffs = (losses - torch.tensor(keel_losses, dtype=torch.float64)).abs()
+    mean_diff = abs(losses.mean().item() - summary["mean_loss"])
+    diff = max(diffs.max().item(), mean_diff)
+    ok = math.isfinite(diff) and diff <= args.tolerance
+    return finish(0 if ok else 1, max_abs_diff=diff if math.isfinite(diff) else None, ok=ok,
+                  windows=samples, mean_loss=losses.mean().item())
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -474,11 +570,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                        help="directory in the Hugging Face layout (config.json, *.safetensors)")
     check.add_argument("--expected", required=True, help="a fixture's expected.safetensors")
     check.add_argument("--tolerance", type=float, default=1e-5, help="max |logit diff| allowed (default 1e-5)")
+    check_eval = sub.add_parser("check-eval", parents=[common],
+                                help="compare tools:eval's losses with transformers' on the same windows")
+    check_eval.add_argument("--dir", required=True, help="directory in the Hugging Face layout")
+    check_eval.add_argument("--data_prefix", required=True, help="the indexed dataset tools:eval read")
+    check_eval.add_argument("--sequence_length", type=int, required=True, help="tools:eval's L")
+    check_eval.add_argument("--keel", required=True, help="tools:eval's output (JSON lines)")
+    check_eval.add_argument("--tolerance", type=float, default=1e-5,
+                            help="max |loss diff| per window and of the mean (default 1e-5)")
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads={args.threads} must be >= 1")
     transformers.utils.logging.disable_progress_bar()
-    return cmd_record(args) if args.command == "record" else cmd_check_export(args)
+    commands = {"record": cmd_record, "check-export": cmd_check_export, "check-eval": cmd_check_eval}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

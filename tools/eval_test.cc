@@ -1,0 +1,167 @@
+// Runs the real //tools:eval binary. Its losses are checked against transformers' logits of the
+// fixtures in testdata/hf_parity (recorded by tools/scripts/hf_parity.py, not computed by Keel):
+// a dataset holding one recorded row of 17 tokens is one window of 16, whose loss is the mean
+// cross-entropy of the recorded logits at positions 0..15 against tokens 1..16 (the logits of a
+// causal model at those positions do not depend on the row's last token). Bad input is named.
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/json.h"
+#include "checkpoint/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sampling/indexed_dataset_writer.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+#include "tools/cli/subprocess_testutil.h"
+
+ABSL_FLAG(std::string, eval, "", "Path of the //tools:eval binary.");
+
+namespace keel::tools {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+struct ToolResult {
+  int exit_code;
+  std::vector<base::Json> lines;
+  std::string err;
+};
+
+ToolResult RunEval(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {absl::GetFlag(FLAGS_eval)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  cli::SubprocessOptions options;
+  options.stderr_path = keel::testing::NewTempDir("eval_stderr") + "/stderr";
+  options.pipe_stdout = true;
+  cli::Subprocess child = cli::Subprocess::Start(argv, options);
+  const std::string out = child.DrainStdout();
+  ToolResult result{child.Wait(), {}, child.Stderr()};
+  std::istringstream stream(out);
+  for (std::string line; std::getline(stream, line);) {
+    result.lines.push_back(base::Json::parse(line));
+  }
+  return result;
+}
+
+// An indexed dataset of one document holding `tokens`; its prefix.
+std::string WriteTokens(const std::string& name, const std::vector<int64_t>& tokens) {
+  const std::string prefix = keel::testing::NewTempDir(name) + "/tokens";
+  absl::StatusOr<sampling::IndexedDatasetWriter> writer =
+      sampling::IndexedDatasetWriter::Create(prefix, sampling::TokenDtype::kUint16);
+  EXPECT_TRUE(writer.ok()) << writer.status();
+  EXPECT_TRUE(writer->AddDocument(tokens, {static_cast<int64_t>(tokens.size())}).ok());
+  EXPECT_TRUE(writer->Finalize().ok());
+  return prefix;
+}
+
+std::map<std::string, at::Tensor> Expected(const std::string& fixture) {
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> tensors =
+      checkpoint::ReadSafetensorsFile("testdata/hf_parity/" + fixture + "/expected.safetensors");
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  return tensors.ok() ? std::map<std::string, at::Tensor>(tensors->begin(), tensors->end())
+                      : std::map<std::string, at::Tensor>{};
+}
+
+TEST(EvalToolTest, LossesAreTransformersOnEveryFamily) {
+  // Mistral's window (8) is shorter than the 16 positions: the window applies.
+  for (const std::string fixture :
+       {"llama_tied", "llama_gqa_untied", "qwen2", "qwen3", "mistral"}) {
+    const std::map<std::string, at::Tensor> expected = Expected(fixture);
+    ASSERT_TRUE(expected.count("input_ids") && expected.count("logits")) << fixture;
+    for (int64_t row = 0; row < 2; ++row) {
+      SCOPED_TRACE(absl::StrCat(fixture, " row ", row));
+      const at::Tensor ids = expected.at("input_ids")[row];  // 17 tokens
+      const std::vector<int64_t> tokens(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 17);
+      const double want =
+          at::cross_entropy_loss(expected.at("logits")[row].narrow(0, 0, 16), ids.narrow(0, 1, 16))
+              .item<double>();
+      const ToolResult result = RunEval({"--model=testdata/hf_parity/" + fixture,
+                                         "--data_prefix=" + WriteTokens(fixture, tokens),
+                                         "--sequence_length=16", "--samples=1"});
+      ASSERT_EQ(result.exit_code, 0) << result.err;
+      ASSERT_EQ(result.lines.size(), 2u);
+      EXPECT_EQ(result.lines[0]["window"], 0);
+      EXPECT_EQ(result.lines[0]["tokens"], 16);
+      EXPECT_NEAR(result.lines[0]["loss"].get<double>(), want, 1e-5);
+      EXPECT_EQ(result.lines[1]["tokens"], 16);
+      EXPECT_NEAR(result.lines[1]["mean_loss"].get<double>(), want, 1e-5);
+      EXPECT_NEAR(result.lines[1]["perplexity"].get<double>(), std::exp(want),
+                  1e-4 * std::exp(want));
+      EXPECT_THAT(result.err, HasSubstr("model: "));
+    }
+  }
+}
+
+// Windows overlap by one token and are batched: each window's loss is the one-window run's
+// on its own 17 tokens, whatever the batch it falls in.
+TEST(EvalToolTest, WindowsAreConsecutiveSpansOfTheTokensEndToEnd) {
+  std::vector<int64_t> tokens(5 * 8 + 3);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 37 + 11) % 131;
+  const std::string model = "--model=testdata/hf_parity/qwen3";
+  const ToolResult all = RunEval({model, "--data_prefix=" + WriteTokens("all", tokens),
+                                  "--sequence_length=8", "--samples=5", "--batch_size=2"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  ASSERT_EQ(all.lines.size(), 6u);
+  double sum = 0;
+  for (int64_t w = 0; w < 5; ++w) {
+    SCOPED_TRACE(w);
+    const std::vector<int64_t> window(tokens.begin() + w * 8, tokens.begin() + w * 8 + 9);
+    const ToolResult one = RunEval({model, "--data_prefix=" + WriteTokens("one", window),
+                                    "--sequence_length=8", "--samples=1"});
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    EXPECT_EQ(all.lines[w]["window"], w);
+    EXPECT_NEAR(all.lines[w]["loss"].get<double>(), one.lines[0]["loss"].get<double>(), 1e-6);
+    sum += all.lines[w]["loss"].get<double>();
+  }
+  EXPECT_NEAR(all.lines[5]["mean_loss"].get<double>(), sum / 5, 1e-12);
+  EXPECT_EQ(all.lines[5]["tokens"], 40);
+}
+
+TEST(EvalToolTest, BadInputIsNamed) {
+  const std::string model = "--model=testdata/hf_parity/llama_tied";
+  const std::string prefix = WriteTokens("bad", {1, 2, 3, 4, 5, 6, 7, 200, 9, 10});
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+    std::vector<std::string> said;
+  };
+  const std::vector<Case> cases = {
+      {{model, "--data_prefix=" + prefix, "--sequence_length=4", "--samples=3"},
+       2,
+       {"holds 10 tokens", "need 13", "at most 2 windows of 4"}},
+      {{model, "--data_prefix=" + prefix, "--sequence_length=4", "--samples=2"},
+       2,
+       {"token 7 (window 1) is 200", "vocabulary of 131", "0 to 130"}},
+      {{model, "--data_prefix=/nonexistent/tokens", "--sequence_length=4", "--samples=1"},
+       1,
+       {"/nonexistent/tokens"}},
+      {{"--model=/nonexistent/model", "--data_prefix=" + prefix, "--sequence_length=4",
+        "--samples=1"},
+       1,
+       {"/nonexistent/model does not exist"}},
+      {{"--data_prefix=" + prefix, "--sequence_length=4", "--samples=1"}, 2, {"--model"}},
+      {{model, "--data_prefix=" + prefix, "--sequence_length=0", "--samples=1"},
+       2,
+       {"--sequence_length (0)", "must be positive"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrJoin(c.args, " "));
+    const ToolResult result = RunEval(c.args);
+    EXPECT_EQ(result.exit_code, c.exit_code) << result.err;
+    EXPECT_TRUE(result.lines.empty());
+    for (const std::string& said : c.said) EXPECT_THAT(result.err, HasSubstr(said));
+  }
+}
+
+}  // namespace
+}  // namespace keel::tools

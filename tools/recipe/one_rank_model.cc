@@ -1,0 +1,98 @@
+#include "tools/recipe/one_rank_model.h"
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/files.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_import.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/model_state.h"
+#include "checkpoint/reader.h"
+#include "models/hf_config.h"
+#include "models/registry.h"
+#include "tools/recipe/options.h"
+
+namespace keel::tools::recipe {
+namespace {
+
+absl::StatusOr<OneRankModel> FromHuggingFace(const std::string& directory) {
+  OneRankModel loaded;
+  KEEL_ASSIGN_OR_RETURN(loaded.options, models::ReadHfConfig(directory));
+  loaded.model = models::BuildLanguageModel(loaded.options, models::ModelGroups{});
+  KEEL_RETURN_IF_ERROR(checkpoint::LoadHfSafetensors(directory, *loaded.model, {}, {},
+                                                     models::HfVocabRows(loaded.options))
+                           .status());
+  loaded.source = absl::StrCat("Hugging Face directory ", directory);
+  return loaded;
+}
+
+absl::StatusOr<OneRankModel> FromCheckpoint(const std::string& step_dir) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
+                        checkpoint::CheckpointReader::Open(step_dir));
+  absl::StatusOr<base::Json> config = reader->ReadValues(kConfigState);
+  if (absl::IsNotFound(config.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(step_dir, " holds no saved configuration (\"", kConfigState,
+                     "\"): it was not written by tools:train, so its model is unknown"));
+  }
+  KEEL_RETURN_IF_ERROR(config.status());
+  KEEL_ASSIGN_OR_RETURN(const SavedModel saved, ReadSavedModel(*config));
+  OneRankModel loaded;
+  loaded.options = saved.options;
+  // One rank pads the vocabulary as the saved tensor-parallel run did: rounding it up to a
+  // multiple of its padded size gives exactly that size.
+  if (saved.padded_vocab_size > 0) {
+    loaded.options.make_vocab_size_divisible_by = saved.padded_vocab_size;
+  }
+  loaded.model = models::BuildLanguageModel(loaded.options, models::ModelGroups{});
+  checkpoint::ModelStateOptions keys;
+  keys.model_save_format = saved.model_save_format;
+  KEEL_ASSIGN_OR_RETURN(const checkpoint::State state,
+                        checkpoint::ModelState(*loaded.model, keys).StateDict());
+  for (const auto& [key, ref] : state.tensors) {
+    const std::string name = absl::StrCat(kModelState, "/", key);
+    KEEL_ASSIGN_OR_RETURN(const at::Tensor saved_tensor, reader->ReadTensor(name));
+    if (!saved_tensor.sizes().equals(ref.tensor.sizes())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          step_dir, ": ", name, " has shape ", c10::str(saved_tensor.sizes()),
+          "; the model its configuration describes has ", c10::str(ref.tensor.sizes())));
+    }
+    KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "copying " + name, [&] {
+      at::NoGradGuard no_grad;
+      ref.tensor.copy_(saved_tensor);
+    }));
+  }
+  loaded.source = absl::StrCat("checkpoint ", step_dir);
+  return loaded;
+}
+
+}  // namespace
+
+absl::StatusOr<OneRankModel> LoadOneRankModel(const std::string& path) {
+  if (base::PathExists(base::JoinPath(path, "config.json"))) return FromHuggingFace(path);
+  if (base::PathExists(checkpoint::ManifestPath(path))) return FromCheckpoint(path);
+  if (!base::PathExists(path)) {
+    return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+  }
+  KEEL_ASSIGN_OR_RETURN(const checkpoint::FindResult found, checkpoint::FindLatest(path));
+  if (!found.latest) {
+    return absl::NotFoundError(absl::StrCat(
+        path,
+        " is neither a Hugging Face directory (config.json), a checkpoint (a manifest) nor a "
+        "run's checkpoint_dir with a checkpoint that verifies",
+        found.warnings.empty() ? ""
+                               : absl::StrCat(" (", absl::StrJoin(found.warnings, "; "), ")")));
+  }
+  return FromCheckpoint(found.latest->path);
+}
+
+}  // namespace keel::tools::recipe

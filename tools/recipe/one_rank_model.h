@@ -1,0 +1,40 @@
+// A trained model whole on one rank, for tools that run it rather than train it (tools:eval):
+// from a Hugging Face directory (config.json and its safetensors: models/hf_config.h,
+// checkpoint/hf_import.h) or from a checkpoint of tools:train, whose saved configuration
+// (kConfigState) gives the model and its padded vocabulary.
+//
+//   KEEL_ASSIGN_OR_RETURN(OneRankModel loaded, LoadOneRankModel("runs/llama/checkpoints"));
+//   at::Tensor losses = loaded.model->TokenLosses(tokens, labels);
+#ifndef KEEL_TOOLS_RECIPE_ONE_RANK_MODEL_H_
+#define KEEL_TOOLS_RECIPE_ONE_RANK_MODEL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "models/language_model.h"
+#include "models/model_options.h"
+
+namespace keel::tools::recipe {
+
+struct OneRankModel {
+  std::shared_ptr<models::LanguageModel> model;
+  // What it was built from: the vocabulary padded as in training (a checkpoint's padding rows,
+  // which the GPT trains, are kept).
+  models::ModelOptions options;
+  // Where its weights came from, for a log line ("Hugging Face directory D" or "checkpoint P").
+  std::string source;
+};
+
+// `path`: a directory holding config.json (Hugging Face), a checkpoint's step directory, or a
+// run's checkpoint_dir (its newest checkpoint that verifies). The model is in float32 on the
+// CPU, in training mode as built (Keel's models have no dropout).
+// Errors: kNotFound for a path that is none of these (or a checkpoint_dir without a
+// checkpoint); kFailedPrecondition for a checkpoint not written by tools:train (no saved
+// configuration); as models::ReadHfConfig, checkpoint::LoadHfSafetensors and
+// checkpoint::CheckpointReader (a tensor missing, mis-shaped or corrupt is named).
+[[nodiscard]] absl::StatusOr<OneRankModel> LoadOneRankModel(const std::string& path);
+
+}  // namespace keel::tools::recipe
+
+#endif  // KEEL_TOOLS_RECIPE_ONE_RANK_MODEL_H_
