@@ -241,8 +241,8 @@ TEST(CkptToolTest, ExportSafetensorsWritesTheDtypeAsked) {
       RunCkpt(absl::StrCat("export-safetensors ", path, " ", out, " --dtype=bfloat16"));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("of \"model\" in BFloat16 to "));
-  KEEL_ASSERT_OK_AND_ASSIGN(const auto header, checkpoint::ReadSafetensorsHeader(
-                                                   out + "/model-00001-of-00001.safetensors"));
+  KEEL_ASSERT_OK_AND_ASSIGN(const auto header,
+                            checkpoint::ReadSafetensorsHeader(out + "/model.safetensors"));
   for (const checkpoint::SafetensorsEntry& entry : header.entries) {
     EXPECT_EQ(entry.dtype, at::kBFloat16) << entry.name;
   }

@@ -198,10 +198,10 @@ TEST(TrainBf16Test, TheExportWritesTheModelsDtype) {
     EXPECT_EQ(dtype_and_shape.first, kF32Code) << name;
   }
   // The bf16 file holds the float32 one's values rounded to nearest even.
-  KEEL_ASSERT_OK_AND_ASSIGN(const auto narrow, checkpoint::ReadSafetensorsFile(
-                                                   bf16 + "/hf/model-00001-of-00001.safetensors"));
-  KEEL_ASSERT_OK_AND_ASSIGN(const auto wide, checkpoint::ReadSafetensorsFile(
-                                                 bf16 + "/hf32/model-00001-of-00001.safetensors"));
+  KEEL_ASSERT_OK_AND_ASSIGN(const auto narrow,
+                            checkpoint::ReadSafetensorsFile(bf16 + "/hf/model.safetensors"));
+  KEEL_ASSERT_OK_AND_ASSIGN(const auto wide,
+                            checkpoint::ReadSafetensorsFile(bf16 + "/hf32/model.safetensors"));
   ASSERT_EQ(narrow.size(), wide.size());
   for (size_t i = 0; i < narrow.size(); ++i) {
     EXPECT_EQ(narrow[i].first, wide[i].first);
