@@ -1,5 +1,6 @@
 #include "checkpoint/hf_import.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -68,16 +69,26 @@ std::vector<int64_t> GlobalShape(const TensorRef& ref) {
   return ref.layout.has_value() ? ref.layout->global_shape : ref.tensor.sizes().vec();
 }
 
-// This rank's block of the files' `tensor` for `ref`, its padding rows (if any) zeros.
-at::Tensor BlockFromFiles(const at::Tensor& tensor, const TensorRef& ref) {
-  at::Tensor whole = tensor;
-  const std::vector<int64_t> global = GlobalShape(ref);
-  if (!global.empty() && tensor.size(0) < global[0]) {
-    std::vector<int64_t> padding = global;
-    padding[0] = global[0] - tensor.size(0);
-    whole = at::cat({tensor, at::zeros(padding, tensor.options())});
+// This rank's block for `ref` of the tensor `entry` of a file, read alone; the rows past the
+// file's (a padded vocabulary's padding) are zeros.
+absl::StatusOr<at::Tensor> ReadBlock(const std::string& path, const SafetensorsHeader& header,
+                                     const SafetensorsEntry& entry, const TensorRef& ref) {
+  const std::vector<int64_t> shape = ref.tensor.sizes().vec();
+  const std::vector<int64_t> offsets =
+      ref.layout.has_value() ? ref.layout->offsets : std::vector<int64_t>(shape.size(), 0);
+  if (shape.empty()) return ReadSafetensorsBlock(path, header, entry, offsets, shape);
+  const int64_t in_file = std::clamp<int64_t>(entry.shape[0] - offsets[0], 0, shape[0]);
+  std::vector<int64_t> read = shape;
+  read[0] = in_file;
+  at::Tensor block;
+  if (in_file > 0) {
+    KEEL_ASSIGN_OR_RETURN(block, ReadSafetensorsBlock(path, header, entry, offsets, read));
   }
-  return ref.layout.has_value() ? parallel::BlockOf(whole, *ref.layout, ref.tensor.sizes()) : whole;
+  if (in_file == shape[0]) return block;
+  std::vector<int64_t> padding = shape;
+  padding[0] = shape[0] - in_file;
+  const at::Tensor zeros = at::zeros(padding, at::TensorOptions().dtype(entry.dtype));
+  return in_file > 0 ? at::cat({block, zeros}) : zeros;
 }
 
 // Every way the files' headers and the model's keys disagree, one line each.
@@ -126,10 +137,11 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(
     const std::map<std::string, int64_t>& unpadded_rows) {
   KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory));
   std::map<std::string, SafetensorsEntry> in_files;
+  std::map<std::string, SafetensorsHeader> headers;
   for (const auto& [path, indexed] : files) {
-    KEEL_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(path));
+    KEEL_ASSIGN_OR_RETURN(headers[path], ReadSafetensorsHeader(path));
     std::map<std::string, SafetensorsEntry> here;
-    for (SafetensorsEntry& entry : header.entries) here.emplace(entry.name, std::move(entry));
+    for (const SafetensorsEntry& entry : headers[path].entries) here.emplace(entry.name, entry);
     for (const std::string& name : indexed) {
       if (here.count(name) == 0) {
         return absl::DataLossError(absl::StrCat(directory, "/", kIndexFile, " puts \"", name,
@@ -150,25 +162,27 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(
   }
 
   HfImportResult result;
+  // Tied weights in the files, as this rank's block of what they are tied to.
   std::map<std::string, at::Tensor> tied_in_files;
   at::NoGradGuard no_grad;
-  for (const auto& [path, indexed] : files) {
-    KEEL_ASSIGN_OR_RETURN(auto tensors, ReadSafetensorsFile(path));
-    for (auto& [name, tensor] : tensors) {
-      if (tied.count(name) > 0) {
-        tied_in_files[name] = std::move(tensor);
+  for (const auto& [path, header] : headers) {
+    for (const SafetensorsEntry& entry : header.entries) {
+      if (const auto tied_to = tied.find(entry.name); tied_to != tied.end()) {
+        KEEL_ASSIGN_OR_RETURN(tied_in_files[entry.name],
+                              ReadBlock(path, header, entry, expected.tensors.at(tied_to->second)));
         continue;
       }
-      const auto it = expected.tensors.find(name);
+      const auto it = expected.tensors.find(entry.name);
       if (it == expected.tensors.end()) continue;  // held elsewhere
-      it->second.tensor.copy_(BlockFromFiles(tensor, it->second));
+      KEEL_ASSIGN_OR_RETURN(const at::Tensor block, ReadBlock(path, header, entry, it->second));
+      it->second.tensor.copy_(block);
       ++result.num_tensors;
     }
     result.files.push_back(path);
   }
-  for (const auto& [name, tensor] : tied_in_files) {
+  for (const auto& [name, block] : tied_in_files) {
     const TensorRef& ref = expected.tensors.at(tied.at(name));
-    if (!at::equal(BlockFromFiles(tensor, ref), ref.tensor.cpu())) {
+    if (!at::equal(block, ref.tensor.cpu())) {
       return absl::FailedPreconditionError(
           absl::StrCat(directory, ": \"", name, "\" is tied to \"", tied.at(name),
                        "\" in the model, but the files hold different values for the two"));

@@ -1,7 +1,9 @@
 // Loading a model's weights from Hugging Face safetensors: a directory holding
 // "model.safetensors", or "model.safetensors.index.json" and the shards its weight_map names
 // (the layout of the Hub, and what ExportHfSafetensors writes). The keys are ModelState's, so
-// an export of a Keel checkpoint loads back into the same model.
+// an export of a Keel checkpoint loads back into the same model. Each rank reads the bytes of
+// its own blocks only (ReadSafetensorsBlock): a tensor-parallel rank its slice of each tensor,
+// a pipeline stage its own layers.
 //
 //   KEEL_ASSIGN_OR_RETURN(HfImportResult loaded, LoadHfSafetensors("/hf/gpt", model));
 #ifndef KEEL_CHECKPOINT_HF_IMPORT_H_

@@ -534,6 +534,88 @@ absl::Status WriteSafetensorsFile(const std::string& path,
   return status;
 }
 
+namespace {
+
+absl::Status CheckBoolBytes(const std::string& path, const SafetensorsEntry& entry,
+                            const at::Tensor& tensor) {
+  if (entry.dtype != at::kBool) return absl::OkStatus();
+  const auto* bytes = static_cast<const unsigned char*>(tensor.data_ptr());
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    if (bytes[i] > 1) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", Quote(entry.name),
+                                              " (BOOL) has byte ", static_cast<int>(bytes[i]),
+                                              " at element ", i, "; BOOL bytes must be 0 or 1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Allocate(const std::string& path, const SafetensorsEntry& entry,
+                                    const std::vector<int64_t>& shape) {
+  at::Tensor tensor;
+  KEEL_RETURN_IF_ERROR(
+      base::CallTorch(absl::StatusCode::kResourceExhausted,
+                      absl::StrCat(path, ": allocating tensor ", Quote(entry.name)),
+                      [&] { tensor = at::empty(shape, at::TensorOptions().dtype(entry.dtype)); }));
+  return tensor;
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> ReadSafetensorsBlock(const std::string& path,
+                                                const SafetensorsHeader& header,
+                                                const SafetensorsEntry& entry,
+                                                const std::vector<int64_t>& offsets,
+                                                const std::vector<int64_t>& shape) {
+  const size_t rank = entry.shape.size();
+  bool inside = offsets.size() == rank && shape.size() == rank;
+  for (size_t d = 0; inside && d < rank; ++d) {
+    inside = offsets[d] >= 0 && shape[d] >= 0 && offsets[d] + shape[d] <= entry.shape[d];
+  }
+  if (!inside) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the block at [", absl::StrJoin(offsets, ", "), "] of shape [",
+                     absl::StrJoin(shape, ", "), "] is not inside tensor ", Quote(entry.name),
+                     " of shape [", absl::StrJoin(entry.shape, ", "), "]"));
+  }
+  KEEL_ASSIGN_OR_RETURN(InputFile file, OpenInput(path));
+  const uint64_t expected_size =
+      header.entries.empty() ? header.data_start : header.data_start + header.entries.back().end;
+  if (file.size != expected_size) {
+    return absl::DataLossError(absl::StrCat(path, " is ", file.size,
+                                            " bytes; its header ("
+                                            "read before) makes it ",
+                                            expected_size));
+  }
+  KEEL_ASSIGN_OR_RETURN(at::Tensor block, Allocate(path, entry, shape));
+  if (block.numel() == 0) return block;
+  // Dimensions after `split` are whole in the block: each index of the dimensions before it
+  // is one run of contiguous bytes.
+  size_t split = rank == 0 ? 0 : rank - 1;
+  while (split > 0 && shape[split] == entry.shape[split]) --split;
+  std::vector<int64_t> strides(rank, 1);  // the file's, in elements
+  for (size_t d = rank; d-- > 1;) strides[d - 1] = strides[d] * entry.shape[d];
+  const int64_t element = static_cast<int64_t>(c10::elementSize(entry.dtype));
+  int64_t run = 1;
+  for (size_t d = split; d < rank; ++d) run *= shape[d];
+  const int64_t runs = block.numel() / run;
+  auto* destination = static_cast<char*>(block.data_ptr());
+  std::vector<int64_t> index(split, 0);  // within the block, dimensions before `split`
+  for (int64_t r = 0; r < runs; ++r) {
+    int64_t first = rank == 0 ? 0 : offsets[split] * strides[split];
+    for (size_t d = 0; d < split; ++d) first += (offsets[d] + index[d]) * strides[d];
+    KEEL_RETURN_IF_ERROR(base::PreadAll(file.fd.get(), path, destination + r * run * element,
+                                        run * element,
+                                        header.data_start + entry.begin + first * element));
+    for (size_t d = split; d-- > 0;) {  // the next index, last dimension fastest
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  KEEL_RETURN_IF_ERROR(CheckBoolBytes(path, entry, block));
+  return block;
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ReadSafetensorsFile(
     const std::string& path) {
   KEEL_ASSIGN_OR_RETURN(InputFile file, OpenInput(path));
@@ -542,26 +624,13 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ReadSafetensorsF
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   tensors.reserve(header.entries.size());
   for (const SafetensorsEntry& entry : header.entries) {
-    at::Tensor tensor;
-    KEEL_RETURN_IF_ERROR(base::CallTorch(
-        absl::StatusCode::kResourceExhausted,
-        absl::StrCat(path, ": allocating tensor ", Quote(entry.name)),
-        [&] { tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype)); }));
+    KEEL_ASSIGN_OR_RETURN(at::Tensor tensor, Allocate(path, entry, entry.shape));
     const uint64_t size = entry.end - entry.begin;
     if (size > 0) {
       KEEL_RETURN_IF_ERROR(
           base::PreadAll(fd, path, tensor.data_ptr(), size, header.data_start + entry.begin));
     }
-    if (entry.dtype == at::kBool) {
-      const auto* bytes = static_cast<const unsigned char*>(tensor.data_ptr());
-      for (uint64_t i = 0; i < size; ++i) {
-        if (bytes[i] > 1) {
-          return absl::DataLossError(absl::StrCat(
-              path, ": tensor ", Quote(entry.name), " (BOOL) has byte ", static_cast<int>(bytes[i]),
-              " at element ", i, "; BOOL bytes must be 0 or 1"));
-        }
-      }
-    }
+    KEEL_RETURN_IF_ERROR(CheckBoolBytes(path, entry, tensor));
     tensors.emplace_back(entry.name, std::move(tensor));
   }
   return tensors;

@@ -81,6 +81,19 @@ struct SafetensorsHeader {
 [[nodiscard]] absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ReadSafetensorsFile(
     const std::string& path);
 
+// One block of the tensor `entry` of the file at `path`, whose header `header` is (as
+// ReadSafetensorsHeader returned it): the elements [offsets[d], offsets[d] + shape[d]) of each
+// dimension d, read as contiguous byte runs (one run for a block of whole rows, one per row of
+// a block of columns), so that a tensor-parallel rank reads its slice and not the tensor.
+// Errors: kInvalidArgument for a block of another rank or outside the tensor; kDataLoss when
+// the file's size no longer matches the header, or for a BOOL byte other than 0 or 1; as
+// ReadSafetensorsFile otherwise.
+[[nodiscard]] absl::StatusOr<at::Tensor> ReadSafetensorsBlock(const std::string& path,
+                                                              const SafetensorsHeader& header,
+                                                              const SafetensorsEntry& entry,
+                                                              const std::vector<int64_t>& offsets,
+                                                              const std::vector<int64_t>& shape);
+
 }  // namespace keel::checkpoint
 
 #endif  // KEEL_CHECKPOINT_SAFETENSORS_H_

@@ -11,6 +11,7 @@
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -300,6 +301,62 @@ TEST(SafetensorsTest, EncodeRejectsBadShapes) {
       EncodeSafetensorsHeader(entries, {}),
       StatusIs(kInvalidArgument, HasSubstr("the tensors up to \"w1\" total 9223372036854775808 "
                                            "bytes, more than a file can hold")));
+}
+
+// Every kind of block of a 3-D tensor (rows, columns, an inner block, the whole, an empty one)
+// equals the same slice of the tensor, in each of two tensors of a file.
+TEST(SafetensorsTest, ReadsABlockOfATensor) {
+  const at::Tensor first = at::arange(4 * 5 * 6, at::kFloat).view({4, 5, 6});
+  const at::Tensor second = at::arange(7 * 3, at::kBFloat16).view({7, 3}) * -1;
+  const std::string path = TempPath("blocks.safetensors");
+  KEEL_ASSERT_OK(WriteSafetensorsFile(path, {{"first", first}, {"second", second}}, {}));
+  KEEL_ASSERT_OK_AND_ASSIGN(const SafetensorsHeader header, ReadSafetensorsHeader(path));
+  struct Case {
+    std::vector<int64_t> offsets, shape;
+  };
+  for (const Case& c : std::vector<Case>{{{2, 0, 0}, {2, 5, 6}},
+                                         {{0, 0, 3}, {4, 5, 3}},
+                                         {{1, 2, 1}, {2, 3, 4}},
+                                         {{0, 0, 0}, {4, 5, 6}},
+                                         {{3, 4, 5}, {1, 1, 1}},
+                                         {{1, 0, 0}, {0, 5, 6}}}) {
+    SCOPED_TRACE(absl::StrCat(absl::StrJoin(c.offsets, ","), " ", absl::StrJoin(c.shape, ",")));
+    KEEL_ASSERT_OK_AND_ASSIGN(
+        const at::Tensor block,
+        ReadSafetensorsBlock(path, header, header.entries[0], c.offsets, c.shape));
+    at::Tensor want = first;
+    for (int d = 0; d < 3; ++d) want = want.narrow(d, c.offsets[d], c.shape[d]);
+    EXPECT_TRUE(at::equal(block, want));
+  }
+  KEEL_ASSERT_OK_AND_ASSIGN(const at::Tensor columns,
+                            ReadSafetensorsBlock(path, header, header.entries[1], {0, 1}, {7, 2}));
+  EXPECT_TRUE(at::equal(columns, second.narrow(1, 1, 2)));
+  EXPECT_THAT(ReadSafetensorsBlock(path, header, header.entries[1], {6, 0}, {2, 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("[6, 0] of shape [2, 3]"), HasSubstr("\"second\""))));
+  EXPECT_THAT(ReadSafetensorsBlock(path, header, header.entries[1], {0}, {7}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not inside")));
+  WriteBytes(path, ReadBytes(path) + "x");
+  EXPECT_THAT(ReadSafetensorsBlock(path, header, header.entries[1], {0, 0}, {7, 3}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("its header")));
+}
+
+// A block is read alone: bytes outside it are never looked at. Here the rows outside the block
+// hold BOOL bytes that make the whole tensor unreadable.
+TEST(SafetensorsTest, ReadsOnlyTheBytesOfTheBlock) {
+  const std::string path = TempPath("bool_rows.safetensors");
+  KEEL_ASSERT_OK(WriteSafetensorsFile(path, {{"flags", at::ones({4, 8}, at::kBool)}}, {}));
+  KEEL_ASSERT_OK_AND_ASSIGN(const SafetensorsHeader header, ReadSafetensorsHeader(path));
+  std::string bytes = ReadBytes(path);
+  for (int64_t i = 0; i < 16; ++i) bytes[header.data_start + i] = 7;  // rows 0 and 1
+  WriteBytes(path, bytes);
+  EXPECT_THAT(ReadSafetensorsFile(path),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("byte 7")));
+  KEEL_ASSERT_OK_AND_ASSIGN(const at::Tensor rows,
+                            ReadSafetensorsBlock(path, header, header.entries[0], {2, 0}, {2, 8}));
+  EXPECT_TRUE(at::equal(rows, at::ones({2, 8}, at::kBool)));
+  EXPECT_THAT(ReadSafetensorsBlock(path, header, header.entries[0], {1, 0}, {2, 8}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("byte 7")));
 }
 
 TEST(SafetensorsTest, ReadReportsMissingAndCorruptFiles) {
