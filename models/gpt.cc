@@ -6,10 +6,12 @@
 
 #include "ATen/ATen.h"
 #include "base/collectives.h"
+#include "base/named_parameters.h"
 #include "c10/util/Exception.h"
 #include "models/tied_head.h"
 #include "parallel/moe/router.h"
 #include "parallel/moe/token_dispatcher.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -89,18 +91,17 @@ class BlockImpl : public torch::nn::Module {
 
 TORCH_MODULE(Block);
 
-// GPT-2's initialisation, in named_parameters() order: N(0, 0.02) for embeddings and projection
-// weights, zero biases; LayerNorms keep their ones and zeros.
-void InitialiseLikeGpt2(torch::nn::Module& model) {
-  at::NoGradGuard no_grad;
-  for (auto& parameter : model.named_parameters()) {
-    if (parameter.key().find("ln_") != std::string::npos) continue;
-    if (parameter.key().find(".bias") != std::string::npos) {
-      parameter.value().zero_();
-    } else {
-      parameter.value().normal_(0.0, 0.02);
-    }
+// GPT-2's initialisation of the one-rank model `one_rank`, in named_parameters() order (the
+// tied head once, as the word embedding): N(0, 0.02) for embeddings and projection weights,
+// zero biases; LayerNorms keep their ones and zeros.
+std::vector<parallel::WholeInitStep> InitLikeGpt2(const torch::nn::Module& one_rank) {
+  std::vector<parallel::WholeInitStep> steps;
+  for (const auto& [name, parameter] : base::UniqueNamedParameters(one_rank).unique) {
+    if (name.find("ln_") != std::string::npos) continue;
+    steps.push_back({name, parameter.sizes().vec(), parameter.scalar_type(),
+                     name.find(".bias") != std::string::npos ? 0.0 : 0.02});
   }
+  return steps;
 }
 
 }  // namespace
@@ -135,15 +136,27 @@ StageParameters CountGptStageParameters(const ModelOptions& options,
 GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups)
     : GptImpl(options, groups, PaddedVocabSize(options, base::GroupSize(groups.tp)),
               StageLayersOf(options.num_layers, groups.pp), base::GroupRank(groups.pp) == 0,
-              base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {}
+              base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {
+  // The layers allocate and draw nothing: the generator's draws are GPT-2's initialisation
+  // alone, the same at every tensor-, pipeline- and expert-parallel size.
+  if (!pipelined_ && base::GroupSize(groups.tp) == 1 && base::GroupSize(groups.ep) == 1 &&
+      base::GroupSize(groups.expert_tp) == 1) {
+    InitialiseFromOneRankSteps(*this, InitLikeGpt2(*this));
+    return;
+  }
+  // The one-rank model (with this model's padded vocabulary) as names and shapes only.
+  parallel::MetaParameters meta;
+  const GptImpl one_rank(options, ModelGroups{},
+                         PaddedVocabSize(options, base::GroupSize(groups.tp)),
+                         {0, options.num_layers}, true, true);
+  InitialiseFromOneRankSteps(*this, InitLikeGpt2(one_rank));
+}
 
 GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,
                  parallel::StageLayers layers, bool first, bool last)
     : tp_(groups.tp), hidden_size_(options.hidden_size), pipelined_(!(first && last)) {
   c10d::ProcessGroup* tp = groups.tp;
-  // The layers allocate zeros and draw nothing: the generator's draws are GPT-2's
-  // initialisation alone, the same at every tensor- and pipeline-parallel size. The last stage
-  // holds its own copy of the word embedding for the tied head.
+  // The last stage holds its own copy of the word embedding for the tied head.
   if (first || last) {
     wte_ = register_module(kWordEmbedding, parallel::VocabParallelEmbedding(
                                                padded_vocab_size, options.hidden_size, tp));
@@ -160,16 +173,6 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t
         blocks->register_module(std::to_string(i), Block(options, groups, moe, &moe_stats())));
   }
   if (last) ln_f_ = register_module("ln_f", Norm(options.hidden_size));
-  const bool whole = first && last;
-  if (whole && base::GroupSize(tp) == 1 && base::GroupSize(groups.ep) == 1 &&
-      base::GroupSize(groups.expert_tp) == 1) {
-    InitialiseLikeGpt2(*this);
-  } else {
-    // The one-rank model's weights (with this model's padded vocabulary), this rank's slice.
-    const GptImpl one_rank(options, ModelGroups{}, padded_vocab_size, {0, options.num_layers}, true,
-                           true);
-    CopyFromOneRankModel(*this, one_rank);
-  }
   if (last) register_module("lm_head", TiedHead(wte_));
 }
 

@@ -36,9 +36,10 @@ parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp) 
   return StageLayersOf(num_layers, base::GroupSize(pp), base::GroupRank(pp));
 }
 
-void CopyFromOneRankModel(torch::nn::Module& model, const torch::nn::Module& one_rank) {
-  const absl::Status copied = parallel::CopyFromWholeModel(model, one_rank);
-  TORCH_INTERNAL_ASSERT(copied.ok(), copied.ToString());
+void InitialiseFromOneRankSteps(torch::nn::Module& model,
+                                const std::vector<parallel::WholeInitStep>& steps) {
+  const absl::Status initialised = parallel::InitialiseFromWholeSteps(model, steps);
+  TORCH_INTERNAL_ASSERT(initialised.ok(), initialised.ToString());
 }
 
 std::map<std::string, parallel::TensorLayout> LanguageModel::Layouts() const {

@@ -19,6 +19,7 @@
 #include "ATen/core/Tensor.h"
 #include "parallel/layout.h"
 #include "parallel/pipeline_parallel/schedules.h"
+#include "parallel/tensor_parallel/layers.h"
 #include "torch/nn/module.h"
 
 namespace c10d {
@@ -68,11 +69,14 @@ struct StageParameters {
 parallel::StageLayers StageLayersOf(int64_t num_layers, int64_t stages, int64_t stage);
 parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp);
 
-// Megatron's master-weight initialisation: copies into each parameter of `model` its block of
-// the parameter of the same name in `one_rank` (the same model built on one rank from the same
-// seed, with `model`'s padded vocabulary), so that the weights do not depend on the layout.
-// Requires: the same names and global shapes (an internal error otherwise).
-void CopyFromOneRankModel(torch::nn::Module& model, const torch::nn::Module& one_rank);
+// Megatron's master-weight initialisation, one parameter at a time: `steps` are the draws of
+// the same model built on one rank (with `model`'s padded vocabulary; built under
+// parallel::MetaParameters, it takes no memory), and each rank keeps its blocks of them
+// (parallel::InitialiseFromWholeSteps), so that the weights do not depend on the layout.
+// Extra memory: the largest parameter. Requires: steps whose names and shapes fit `model` (an
+// internal error otherwise).
+void InitialiseFromOneRankSteps(torch::nn::Module& model,
+                                const std::vector<parallel::WholeInitStep>& steps);
 
 class LanguageModel : public torch::nn::Module {
  public:

@@ -11,6 +11,7 @@
 #include "models/gated_mlp.h"
 #include "models/hf_config.h"
 #include "models/tied_head.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -69,24 +70,24 @@ class DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLayer);
 
-// HF's initialisation (initializer_range 0.02), module by module in registration order: the
-// embedding and every linear layer's weight N(0, 0.02), biases zero; RMSNorms keep their ones.
-void InitialiseLikeHf(torch::nn::Module& model) {
-  at::NoGradGuard no_grad;
-  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-    torch::nn::Module& module = *item.value();
-    const bool drawn = dynamic_cast<parallel::ColumnParallelLinearImpl*>(&module) != nullptr ||
-                       dynamic_cast<parallel::RowParallelLinearImpl*>(&module) != nullptr ||
-                       dynamic_cast<parallel::VocabParallelEmbeddingImpl*>(&module) != nullptr;
+// HF's initialisation (initializer_range 0.02) of the one-rank model `one_rank`, module by
+// module in registration order: the embedding and every linear layer's weight N(0, 0.02),
+// biases zero; RMSNorms keep their ones.
+std::vector<parallel::WholeInitStep> InitLikeHf(const torch::nn::Module& one_rank) {
+  std::vector<parallel::WholeInitStep> steps;
+  for (const auto& item : one_rank.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    const torch::nn::Module& module = *item.value();
+    const bool drawn =
+        dynamic_cast<const parallel::ColumnParallelLinearImpl*>(&module) != nullptr ||
+        dynamic_cast<const parallel::RowParallelLinearImpl*>(&module) != nullptr ||
+        dynamic_cast<const parallel::VocabParallelEmbeddingImpl*>(&module) != nullptr;
     if (!drawn) continue;
-    for (auto& parameter : module.named_parameters(/*recurse=*/false)) {
-      if (parameter.key() == "weight") {
-        parameter.value().normal_(0.0, 0.02);
-      } else {
-        parameter.value().zero_();
-      }
+    for (const auto& parameter : module.named_parameters(/*recurse=*/false)) {
+      steps.push_back({item.key() + "." + parameter.key(), parameter.value().sizes().vec(),
+                       parameter.value().scalar_type(), parameter.key() == "weight" ? 0.02 : 0.0});
     }
   }
+  return steps;
 }
 
 }  // namespace
@@ -117,7 +118,20 @@ StageParameters CountLlamaStageParameters(const ModelOptions& options,
 LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups)
     : LlamaImpl(options, groups, PaddedVocabSize(options, base::GroupSize(groups.tp)),
                 StageLayersOf(options.num_layers, groups.pp), base::GroupRank(groups.pp) == 0,
-                base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {}
+                base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {
+  // The layers allocate and draw nothing: the draws are the one-rank model's initialisation
+  // alone, the same at every layout.
+  if (first_ && last_ && base::GroupSize(groups.tp) == 1) {
+    InitialiseFromOneRankSteps(*this, InitLikeHf(*this));
+    return;
+  }
+  // The one-rank model (with this model's padded vocabulary) as names and shapes only.
+  parallel::MetaParameters meta;
+  const LlamaImpl one_rank(options, ModelGroups{},
+                           PaddedVocabSize(options, base::GroupSize(groups.tp)),
+                           {0, options.num_layers}, true, true);
+  InitialiseFromOneRankSteps(*this, InitLikeHf(one_rank));
+}
 
 LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
                      int64_t padded_vocab_size, parallel::StageLayers layers, bool first, bool last)
@@ -129,8 +143,6 @@ LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
   TORCH_INTERNAL_ASSERT(options.family != ModelFamily::kGpt && options.num_moe_experts == 0);
   const bool tied = !options.untie_embeddings_and_output_weights;
   auto body = register_module(kBody, std::make_shared<torch::nn::Module>());
-  // The layers allocate zeros and draw nothing: the draws are the one-rank model's
-  // initialisation alone, the same at every layout.
   if (first || (last && tied)) {
     embed_tokens_ = body->register_module(
         kEmbedding,
@@ -149,14 +161,6 @@ LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
           "lm_head", parallel::ColumnParallelLinear(options.hidden_size, padded_vocab_size,
                                                     groups.tp, /*bias=*/false));
     }
-  }
-  if (first && last && base::GroupSize(groups.tp) == 1) {
-    InitialiseLikeHf(*this);
-  } else {
-    // The one-rank model's weights (with this model's padded vocabulary), this rank's slice.
-    LlamaImpl one_rank(options, ModelGroups{}, padded_vocab_size, {0, options.num_layers}, true,
-                       true);
-    CopyFromOneRankModel(*this, one_rank);
   }
 }
 

@@ -60,6 +60,8 @@ class LlamaImpl : public LanguageModel {
   std::vector<std::string> VocabParameters() const override;
 
  private:
+  // The modules of the stage holding `layers` (and the embedding if `first`, the head if
+  // `last`), with `padded_vocab_size` rows of vocabulary; their parameters as allocated.
   LlamaImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,
             parallel::StageLayers layers, bool first, bool last);
   // The RoPE tables for `seq` positions in `like`'s dtype on its device (kept for the next

@@ -2,6 +2,7 @@
 
 #include "ATen/ATen.h"
 #include "base/collectives.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/mappings.h"
 
 namespace keel::models {
@@ -9,7 +10,7 @@ namespace keel::models {
 RmsNormImpl::RmsNormImpl(int64_t size, double eps, c10d::ProcessGroup* partial_over)
     : eps_(eps),
       partial_over_(base::GroupSize(partial_over) > 1 ? partial_over : nullptr),
-      weight_(register_parameter("weight", at::ones({size}))) {}
+      weight_(register_parameter("weight", parallel::NewParameter({size}, 1.0))) {}
 
 at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
   const at::Tensor wide = x.to(at::kFloat);

@@ -4,6 +4,7 @@
 
 #include "ATen/ATen.h"
 #include "c10/util/Exception.h"
+#include "parallel/parameters.h"
 #include "torch/csrc/autograd/custom_function.h"
 
 namespace keel::parallel {
@@ -33,7 +34,7 @@ TopKRouterImpl::TopKRouterImpl(int64_t hidden_size, const RouterOptions& options
   TORCH_CHECK(options.moe_router_topk >= 1 && options.moe_router_topk <= options.num_moe_experts,
               "moe_router_topk (", options.moe_router_topk, ") must be in [1, num_moe_experts (",
               options.num_moe_experts, ")]");
-  weight_ = register_parameter("weight", at::zeros({options.num_moe_experts, hidden_size}));
+  weight_ = register_parameter("weight", NewParameter({options.num_moe_experts, hidden_size}));
 }
 
 Routing TopKRouterImpl::forward(const at::Tensor& tokens) {

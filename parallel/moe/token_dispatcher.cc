@@ -9,6 +9,7 @@
 #include "base/collectives.h"
 #include "c10/util/Exception.h"
 #include "parallel/comm_timers.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -103,8 +104,8 @@ SequentialMlpImpl::SequentialMlpImpl(int64_t num_experts, int64_t hidden_size,
               base::GroupSize(expert_tp), ")");
   const int64_t local = num_experts / base::GroupSize(ep);
   const int64_t ffn = ffn_hidden_size / base::GroupSize(expert_tp);
-  fc1_ = register_parameter("fc1", at::zeros({local, hidden_size, ffn}));
-  fc2_ = register_parameter("fc2", at::zeros({local, ffn, hidden_size}));
+  fc1_ = register_parameter("fc1", NewParameter({local, hidden_size, ffn}));
+  fc2_ = register_parameter("fc2", NewParameter({local, ffn, hidden_size}));
 }
 
 at::Tensor SequentialMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "base/collectives.h"
 #include "base/torch_compat.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -39,6 +40,26 @@ std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& mo
   return layouts;
 }
 
+// Copies into `target` (the parameter `name` of a model with `layouts`) its block of the whole
+// model's `source`. Requires: a NoGradGuard.
+absl::Status CopyBlock(const std::string& name, at::Tensor& target,
+                       const std::map<std::string, TensorLayout>& layouts,
+                       const at::Tensor& source) {
+  auto it = layouts.find(name);
+  const bool fits = it == layouts.end() ? source.sizes() == target.sizes()
+                                        : source.sizes().vec() == it->second.global_shape;
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", name, "': the whole model's is [", absl::StrJoin(source.sizes(), ", "),
+        "], this model's block is [", absl::StrJoin(target.sizes(), ", "), "]",
+        it == layouts.end()
+            ? ""
+            : absl::StrCat(" of [", absl::StrJoin(it->second.global_shape, ", "), "]")));
+  }
+  target.copy_(it == layouts.end() ? source : BlockOf(source, it->second, target.sizes()));
+  return absl::OkStatus();
+}
+
 absl::Status CopyFromWholeModel(torch::nn::Module& model, const torch::nn::Module& whole) {
   const std::map<std::string, TensorLayout> layouts = ParameterLayouts(model);
   const auto sources = whole.named_parameters(/*recurse=*/true);
@@ -49,20 +70,29 @@ absl::Status CopyFromWholeModel(torch::nn::Module& model, const torch::nn::Modul
       return absl::InvalidArgumentError(
           absl::StrCat("the whole model has no parameter '", item.key(), "'"));
     }
-    at::Tensor& target = item.value();
-    auto it = layouts.find(item.key());
-    const bool fits = it == layouts.end() ? source->sizes() == target.sizes()
-                                          : source->sizes().vec() == it->second.global_shape;
-    if (!fits) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", item.key(), "': the whole model's is [",
-          absl::StrJoin(source->sizes(), ", "), "], this model's block is [",
-          absl::StrJoin(target.sizes(), ", "), "]",
-          it == layouts.end()
-              ? ""
-              : absl::StrCat(" of [", absl::StrJoin(it->second.global_shape, ", "), "]")));
+    if (absl::Status copied = CopyBlock(item.key(), item.value(), layouts, *source); !copied.ok()) {
+      return copied;
     }
-    target.copy_(it == layouts.end() ? *source : BlockOf(*source, it->second, target.sizes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InitialiseFromWholeSteps(torch::nn::Module& model,
+                                      const std::vector<WholeInitStep>& steps) {
+  const std::map<std::string, TensorLayout> layouts = ParameterLayouts(model);
+  auto targets = model.named_parameters(/*recurse=*/true);
+  at::NoGradGuard no_grad;
+  for (const WholeInitStep& step : steps) {
+    at::Tensor* target = targets.find(step.name);
+    const at::TensorOptions options = at::TensorOptions().dtype(step.dtype);
+    // Another stage's parameter is drawn all the same, so that the later draws line up.
+    if (step.std <= 0 && target == nullptr) continue;
+    const at::Tensor whole = step.std > 0 ? at::empty(step.shape, options).normal_(0.0, step.std)
+                                          : at::zeros(step.shape, options);
+    if (target == nullptr) continue;
+    if (absl::Status copied = CopyBlock(step.name, *target, layouts, whole); !copied.ok()) {
+      return copied;
+    }
   }
   return absl::OkStatus();
 }
@@ -72,8 +102,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t input_size, int64_t o
                                                    bool gather_output)
     : input_size_(input_size), output_size_(output_size), tp_(tp), gather_output_(gather_output) {
   weight_ =
-      register_parameter("weight", at::zeros({output_size / base::GroupSize(tp), input_size}));
-  if (bias) bias_ = register_parameter("bias", at::zeros({output_size / base::GroupSize(tp)}));
+      register_parameter("weight", NewParameter({output_size / base::GroupSize(tp), input_size}));
+  if (bias) bias_ = register_parameter("bias", NewParameter({output_size / base::GroupSize(tp)}));
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
@@ -97,8 +127,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t input_size, int64_t output_
       tp_(tp),
       input_is_parallel_(input_is_parallel) {
   weight_ =
-      register_parameter("weight", at::zeros({output_size, input_size / base::GroupSize(tp)}));
-  if (bias) bias_ = register_parameter("bias", at::zeros({output_size}));
+      register_parameter("weight", NewParameter({output_size, input_size / base::GroupSize(tp)}));
+  if (bias) bias_ = register_parameter("bias", NewParameter({output_size}));
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
@@ -119,7 +149,7 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
                                                        c10d::ProcessGroup* tp)
     : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim), tp_(tp) {
   weight_ = register_parameter("weight",
-                               at::zeros({num_embeddings / base::GroupSize(tp), embedding_dim}));
+                               NewParameter({num_embeddings / base::GroupSize(tp), embedding_dim}));
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {

@@ -2,9 +2,10 @@
 // each holds its slice of the weights of the whole layer and reports each parameter's layout
 // over the mesh (parallel::TensorLayout), so clipping, the gradient syncs and checkpoints
 // handle them as the whole tensors they are. With no group (nullptr) or a group of one they
-// compute what the ordinary layer does. The layers allocate zeros: a model copies its weights
-// in, as Megatron's master-weight initialisation does, from a whole model
-// (CopyFromWholeModel), so the weights at tp = N are exactly the tp = 1 weights, sliced.
+// compute what the ordinary layer does. The layers allocate zeros (parallel/parameters.h) and
+// draw nothing: a model gets its weights, as Megatron's master-weight initialisation does, from
+// a whole model (CopyFromWholeModel) or from the whole model's draws one parameter at a time
+// (InitialiseFromWholeSteps), so the weights at tp = N are exactly the tp = 1 weights, sliced.
 //
 //   ColumnParallelLinear fc(hidden, ffn, tp);        // weight [ffn / tp, hidden]
 //   RowParallelLinear proj(ffn, hidden, tp);         // weight [hidden, ffn / tp]
@@ -16,9 +17,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
+#include "c10/core/ScalarType.h"
 #include "parallel/layout.h"
 #include "torch/nn/module.h"
 #include "torch/nn/pimpl.h"
@@ -47,6 +50,24 @@ std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& mo
 // block.
 [[nodiscard]] absl::Status CopyFromWholeModel(torch::nn::Module& model,
                                               const torch::nn::Module& whole);
+
+// One parameter of a whole model's initialisation, in the order of its draws: its name, shape
+// and dtype, and its values: N(0, std) from the default generator for std > 0, zeros for 0.
+struct WholeInitStep {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  double std = 0.0;
+};
+
+// What CopyFromWholeModel copies from a whole model initialised by `steps` (the parameters they
+// leave out keep `model`'s values), computed one parameter at a time: each step's whole tensor
+// is drawn, this rank's block of it copied into `model`'s parameter of that name (if `model`
+// holds one: another pipeline stage's is drawn and dropped), and freed. Extra memory: the
+// largest parameter. Errors: kInvalidArgument as CopyFromWholeModel's, for a parameter of
+// `model` whose block does not fit its step's shape.
+[[nodiscard]] absl::Status InitialiseFromWholeSteps(torch::nn::Module& model,
+                                                    const std::vector<WholeInitStep>& steps);
 
 // Y = X A^T + b with A's rows (the output features) split over `tp`: weight [out / tp, in],
 // bias [out / tp]. The input is whole on every rank; the output is this rank's features, or

@@ -6,21 +6,25 @@
 // tensor is exchanged.
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/comm_timers.h"
 #include "parallel/layout.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/layers.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
+#include "torch/utils.h"
 
 namespace keel::parallel {
 namespace {
@@ -145,6 +149,61 @@ const at::Tensor& Tokens() {
   static const at::Tensor* const tokens =
       new at::Tensor(at::arange(12, at::kLong).mul(7).remainder(16).view({2, 6}));
   return *tokens;
+}
+
+// A model built under MetaParameters takes no memory; its names and shapes are the steps of
+// the whole model's initialisation. Run one parameter at a time on two ranks (a step of a
+// parameter neither holds, another pipeline stage's, drawn first), they give each rank its
+// block of the whole model initialised in place by the same draws.
+TEST(TensorParallelLayersTest, InitialisingFromWholeStepsGivesTheWholeModelsBlocks) {
+  std::vector<WholeInitStep> steps = {{"elsewhere.weight", {3, 5}, at::kFloat, 0.5}};
+  {
+    MetaParameters meta;
+    const Tiny described = OneRank();
+    for (const auto& item : described->named_parameters()) {
+      EXPECT_TRUE(item.value().is_meta()) << item.key();
+      const bool weight = absl::EndsWith(item.key(), "weight");
+      steps.push_back({item.key(), item.value().sizes().vec(), at::kFloat, weight ? 0.02 : 0.0});
+    }
+  }
+  EXPECT_FALSE(OneRank()->parameters()[0].is_meta());
+  Tiny whole = OneRank();
+  {
+    at::NoGradGuard no_grad;
+    torch::manual_seed(5);
+    auto params = whole->named_parameters();
+    for (const WholeInitStep& step : steps) {
+      at::Tensor drawn = at::empty(step.shape);
+      if (params.contains(step.name)) drawn = params[step.name];
+      step.std > 0 ? drawn.normal_(0.0, step.std) : drawn.zero_();
+    }
+  }
+  std::mutex generator;  // the ranks are threads sharing the default generator
+  std::vector<std::vector<std::string>> differing(2);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    Tiny model(r.group.get());
+    {
+      std::lock_guard<std::mutex> lock(generator);
+      torch::manual_seed(5);
+      KEEL_RETURN_IF_ERROR(InitialiseFromWholeSteps(*model, steps));
+    }
+    const std::map<std::string, TensorLayout> layouts = ParameterLayouts(*model);
+    const auto whole_params = whole->named_parameters();
+    for (const auto& item : model->named_parameters()) {
+      at::Tensor expected = whole_params[item.key()];
+      if (auto it = layouts.find(item.key()); it != layouts.end()) {
+        expected = BlockOf(expected, it->second, item.value().sizes());
+      }
+      if (!at::equal(item.value(), expected)) differing[r.rank].push_back(item.key());
+    }
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(differing, ElementsAre(::testing::IsEmpty(), ::testing::IsEmpty()));
+  steps.back().shape = {2, 2};
+  Tiny model = OneRank();
+  EXPECT_THAT(InitialiseFromWholeSteps(*model, steps),
+              keel::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                      ::testing::HasSubstr(steps.back().name)));
 }
 
 TEST(TensorParallelLayersTest, TwoRanksGiveTheWholeModelsLossAndGradients) {
