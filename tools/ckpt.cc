@@ -53,8 +53,9 @@ ABSL_FLAG(std::string, dtype, "",
           "parameters; else as saved).");
 ABSL_FLAG(std::string, config_from, "",
           "export-safetensors: a Hugging Face directory whose config.json keys other than the "
-          "model's (token ids, generation settings) the exported config.json keeps; empty: the "
-          "run's model.pretrained_path when it holds a config.json.");
+          "model's (token ids, generation settings) the exported config.json keeps, and whose "
+          "tokenizer and generation_config.json files are copied beside it; empty: the run's "
+          "model.pretrained_path when it holds a config.json.");
 
 namespace keel::tools {
 namespace {
@@ -370,15 +371,27 @@ absl::StatusOr<std::optional<at::ScalarType>> ExportDtype(const std::optional<Js
   return std::nullopt;
 }
 
+// A Hugging Face directory's files beside the weights and config.json that an export takes
+// along from the directory its config.json builds on: the tokenizer and generation settings.
+constexpr const char* kHfCompanionFiles[] = {"generation_config.json",
+                                             "merges.txt",
+                                             "special_tokens_map.json",
+                                             "tokenizer.json",
+                                             "tokenizer.model",
+                                             "tokenizer_config.json",
+                                             "vocab.json"};
+
 // What the export of a trainer's Llama-style model adds to its tensors: config.json (over
 // --config_from's, or the run's pretrained directory's) and the unpadded vocabulary. Prints
-// where config.json's other keys came from; leaves `options` alone for the GPT.
-absl::Status AddHfModel(const Json& trainer_config, checkpoint::HfExportOptions& options) {
+// where config.json's other keys came from, and returns that directory (empty: none); leaves
+// `options` alone for the GPT.
+absl::StatusOr<std::string> AddHfModel(const Json& trainer_config,
+                                       checkpoint::HfExportOptions& options) {
   KEEL_ASSIGN_OR_RETURN(const recipe::SavedModel saved, recipe::ReadSavedModel(trainer_config));
   if (saved.options.family == models::ModelFamily::kGpt) {
     std::cout << "model.family gpt: Keel's tensor names, no config.json (no Hugging Face class "
                  "has the GPT's layout)\n";
-    return absl::OkStatus();
+    return std::string();
   }
   if (saved.model_save_format == checkpoint::SerializationFormat::kSafetensors) {
     return absl::FailedPreconditionError(
@@ -405,7 +418,21 @@ absl::Status AddHfModel(const Json& trainer_config, checkpoint::HfExportOptions&
             << (base_dir.empty() ? ""
                                  : absl::StrCat(", other keys from ", base_dir, "/config.json"))
             << "\n";
-  return absl::OkStatus();
+  return base_dir;
+}
+
+// Copies kHfCompanionFiles that `from` holds into `to`; their names.
+absl::StatusOr<std::vector<std::string>> CopyCompanionFiles(const std::string& from,
+                                                            const std::string& to) {
+  std::vector<std::string> copied;
+  for (const char* name : kHfCompanionFiles) {
+    const std::string source = base::JoinPath(from, name);
+    if (!base::PathExists(source)) continue;
+    KEEL_ASSIGN_OR_RETURN(const std::string contents, base::ReadFile(source));
+    KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(to, name), contents));
+    copied.push_back(name);
+  }
+  return copied;
 }
 
 absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string& out) {
@@ -414,11 +441,16 @@ absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string&
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
   KEEL_ASSIGN_OR_RETURN(const std::optional<Json> trainer_config, TrainerConfig(dir));
   KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(trainer_config, absl::GetFlag(FLAGS_dtype)));
+  std::string base_dir;
   if (trainer_config.has_value() && options.object == recipe::kModelState) {
-    KEEL_RETURN_IF_ERROR(AddHfModel(*trainer_config, options));
+    KEEL_ASSIGN_OR_RETURN(base_dir, AddHfModel(*trainer_config, options));
   }
   KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,
                         checkpoint::ExportHfSafetensors(dir, out, options));
+  if (!base_dir.empty()) {
+    KEEL_ASSIGN_OR_RETURN(const std::vector<std::string> copied, CopyCompanionFiles(base_dir, out));
+    result.files.insert(result.files.end(), copied.begin(), copied.end());
+  }
   std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size
             << " bytes) of \"" << options.object << "\""
             << (options.dtype ? absl::StrCat(" in ", c10::toString(*options.dtype)) : "") << " to "

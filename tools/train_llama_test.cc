@@ -10,6 +10,7 @@
 // optimizer's the same or within 1e-7; the test asks TraceBounds' defaults (1e-6, 1e-4, 1e-3).
 // A family's fields are refused on the GPT, and what the configuration cannot build is named.
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -131,28 +132,34 @@ TEST(TrainLlamaTest, StartsFromAHuggingFaceDirectoryAtEveryLayout) {
 
 // Hugging Face -> Keel at tp=2 (the 131-row vocabulary padded to 132 and split) -> Hugging Face:
 // with the learning rate 0, config.json and model.safetensors come back byte for byte, tied
-// (no lm_head in the file) and untied (lm_head unpadded too).
+// (no lm_head in the file) and untied (lm_head unpadded too), and the tokenizer's files beside
+// them are copied.
 TEST(TrainLlamaTest, ExportsWhatItLoadedByteForByte) {
   for (const std::string name : {"llama_tied", "llama_gqa_untied"}) {
     SCOPED_TRACE(name);
+    const std::string original = NewTempDir(name + "_hf");
+    for (const char* file : {"config.json", "model.safetensors"}) {
+      std::filesystem::copy("testdata/hf_parity/" + name + "/" + file, original + "/" + file);
+    }
+    std::ofstream(original + "/tokenizer_config.json") << "{\"model_max_length\": 16}\n";
+    std::vector<std::string> pretrained = Pretrained(name);
+    pretrained[0] = "model.pretrained_path=" + original;
     const std::string run_dir = NewTempDir(name);
     Subprocess ranks = LaunchTrain(
         2,
-        SameSamplesRun(
-            run_dir, 3,
-            With(Pretrained(name),
-                 {"distributed.tensor_model_parallel_size=2", "step_scheduler.local_batch_size=8",
-                  "optimizer.lr=0", "lr_scheduler.max_lr=0", "lr_scheduler.min_lr=0"})),
+        SameSamplesRun(run_dir, 3,
+                       With(pretrained, {"distributed.tensor_model_parallel_size=2",
+                                         "step_scheduler.local_batch_size=8", "optimizer.lr=0",
+                                         "lr_scheduler.max_lr=0", "lr_scheduler.min_lr=0"})),
         run_dir + "/stderr");
     ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
     const std::string out = run_dir + "/hf";
     const TensorShapes exported =
         ExportedTensors(absl::GetFlag(FLAGS_ckpt), LatestCheckpoint(run_dir), out);
     EXPECT_EQ(exported.at("model.embed_tokens.weight").second, (std::vector<int64_t>{131, 64}));
-    const std::string original = "testdata/hf_parity/" + name;
-    EXPECT_EQ(ReadFileOrFail(out + "/config.json"), ReadFileOrFail(original + "/config.json"));
-    EXPECT_EQ(ReadFileOrFail(out + "/model.safetensors"),
-              ReadFileOrFail(original + "/model.safetensors"));
+    for (const char* file : {"config.json", "model.safetensors", "tokenizer_config.json"}) {
+      EXPECT_EQ(ReadFileOrFail(out + "/" + file), ReadFileOrFail(original + "/" + file)) << file;
+    }
   }
 }
 

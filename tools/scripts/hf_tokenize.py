@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Tokenizes text with a Hugging Face model's own tokenizer into a Megatron indexed dataset
+(PREFIX.bin, PREFIX.idx) that Keel's trainer reads with data.prefix, plus PREFIX.tokenizer.json,
+the record tools:preprocess writes (the trainer checks that model.vocab_size covers it).
+
+    .venv/bin/python tools/scripts/hf_tokenize.py --model=hf/Llama-3.2-1B --output_prefix=data/notes \\
+        notes/*.txt
+    .venv/bin/python tools/scripts/hf_tokenize.py --model=hf/Qwen3-0.6B --output_prefix=data/chat \\
+        --jsonl --json_key=text --append_eod chat.jsonl
+
+Each text FILE is one document whose non-empty lines are its sequences (as tools:preprocess
+--tokenizer_model reads files); with --jsonl each line of a FILE is a JSON object and its
+--json_key text one document of one sequence. --append_eod ends every document with the
+tokenizer's EOS id. No special tokens are added otherwise (no BOS). Tokens are uint16 when the
+vocabulary has fewer than 65500 ids, else int32, as Megatron's and Keel's writers choose. The
+index is Megatron's MMIDIDX version 1 (megatron/core/datasets/indexed_dataset.py), written last,
+so a dataset without its .idx is unfinished.
+
+Exit status: 0 written; 1 a file cannot be read or holds no text; 2 bad usage.
+Needs transformers (tools/bootstrap.sh puts it in .venv); reads the tokenizer offline.
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+from typing import List
+
+# Megatron's DType codes (indexed_dataset.py) for the two token types written here.
+_UINT16, _INT32 = 8, 4
+
+
+def _documents(paths: List[str], jsonl: bool, key: str):
+    """Each document as its list of sequences (strings)."""
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            if not jsonl:
+                lines = [line.rstrip("\n") for line in f if line.strip()]
+                if lines:
+                    yield lines
+                continue
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{number}: not JSON ({e})")
+                if not isinstance(record, dict) or not isinstance(record.get(key), str):
+                    raise ValueError(f"{path}:{number}: no string field '{key}'")
+                if record[key]:
+                    yield [record[key]]
+
+
+def write_dataset(prefix: str, documents, vocab_size: int, record: dict) -> dict:
+    """Writes PREFIX.bin, then `record` as PREFIX.tokenizer.json, then PREFIX.idx (tools:preprocess's
+    order: the index last); returns counts."""
+    import numpy as np
+    dtype, code = (np.uint16, _UINT16) if vocab_size < 65500 else (np.int32, _INT32)
+    sizes, document_index = [], [0]
+    tokens = 0
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    with open(prefix + ".bin.tmp", "wb") as bin_file:
+        for document in documents:
+            for sequence in document:
+                array = np.asarray(sequence, dtype=dtype)
+                bin_file.write(array.tobytes(order="C"))
+                sizes.append(len(sequence))
+                tokens += len(sequence)
+            document_index.append(len(sizes))
+    if not sizes:
+        os.remove(prefix + ".bin.tmp")
+        raise ValueError("the files hold no text")
+    pointers = np.zeros(len(sizes), dtype=np.int64)
+    pointers[1:] = np.cumsum(np.asarray(sizes[:-1], dtype=np.int64) * np.dtype(dtype).itemsize)
+    with open(prefix + ".idx.tmp", "wb") as idx:
+        idx.write(b"MMIDIDX\x00\x00")
+        idx.write(struct.pack("<Q", 1))
+        idx.write(struct.pack("<B", code))
+        idx.write(struct.pack("<Q", len(sizes)))
+        idx.write(struct.pack("<Q", len(document_index)))
+        idx.write(np.asarray(sizes, dtype=np.int32).tobytes())
+        idx.write(pointers.tobytes())
+        idx.write(np.asarray(document_index, dtype=np.int64).tobytes())
+    os.replace(prefix + ".bin.tmp", prefix + ".bin")
+    with open(prefix + ".tokenizer.json.tmp", "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    os.replace(prefix + ".tokenizer.json.tmp", prefix + ".tokenizer.json")
+    os.replace(prefix + ".idx.tmp", prefix + ".idx")
+    return {"documents": len(document_index) - 1, "sequences": len(sizes), "tokens": tokens,
+            "dtype": np.dtype(dtype).name}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a Hugging Face directory with the tokenizer's files")
+    parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, .idx, .tokenizer.json")
+    parser.add_argument("--jsonl", action="store_true", help="FILEs are JSONL, one document per line")
+    parser.add_argument("--json_key", default="text", help="with --jsonl: the text's key (default text)")
+    parser.add_argument("--append_eod", action="store_true", help="end each document with the EOS id")
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    args = parser.parse_args(argv)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        print(f"hf_tokenize: {e}; run tools/bootstrap.sh and use .venv/bin/python", file=sys.stderr)
+        return 2
+    if not os.path.isdir(args.model):
+        print(f"hf_tokenize: --model={args.model}: no such directory", file=sys.stderr)
+        return 2
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
+    except Exception as e:  # transformers raises OSError or ValueError for a directory without one
+        print(f"hf_tokenize: --model={args.model}: no tokenizer transformers can load "
+              f"({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+    eos = tokenizer.eos_token_id
+    if args.append_eod and eos is None:
+        print(f"hf_tokenize: --append_eod: the tokenizer of {args.model} has no EOS token", file=sys.stderr)
+        return 2
+    vocab_size = len(tokenizer)
+
+    def encoded():
+        for document in _documents(args.files, args.jsonl, args.json_key):
+            ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in document]
+            if args.append_eod:
+                ids[-1] = ids[-1] + [eos]
+            yield ids
+
+    record = {"tokenizer_model": os.path.abspath(args.model), "vocab_size": vocab_size,
+              "eos_id": -1 if eos is None else eos, "append_eod": args.append_eod}
+    try:
+        counts = write_dataset(args.output_prefix, encoded(), vocab_size, record)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        print(f"hf_tokenize: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output_prefix}.bin and .idx: {counts['documents']} documents, "
+          f"{counts['sequences']} sequences, {counts['tokens']} tokens ({counts['dtype']}, vocabulary "
+          f"{vocab_size}{'' if eos is None else f', EOS {eos}'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
