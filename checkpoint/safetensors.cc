@@ -583,9 +583,8 @@ absl::StatusOr<at::Tensor> ReadSafetensorsBlock(const std::string& path,
       header.entries.empty() ? header.data_start : header.data_start + header.entries.back().end;
   if (file.size != expected_size) {
     return absl::DataLossError(absl::StrCat(path, " is ", file.size,
-                                            " bytes; its header ("
-                                            "read before) makes it ",
-                                            expected_size));
+                                            " bytes; the header read before makes it ",
+                                            expected_size, ": the file changed"));
   }
   KEEL_ASSIGN_OR_RETURN(at::Tensor block, Allocate(path, entry, shape));
   if (block.numel() == 0) return block;

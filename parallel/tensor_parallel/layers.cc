@@ -40,6 +40,8 @@ std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& mo
   return layouts;
 }
 
+namespace {
+
 // Copies into `target` (the parameter `name` of a model with `layouts`) its block of the whole
 // model's `source`. Requires: a NoGradGuard.
 absl::Status CopyBlock(const std::string& name, at::Tensor& target,
@@ -59,6 +61,8 @@ absl::Status CopyBlock(const std::string& name, at::Tensor& target,
   target.copy_(it == layouts.end() ? source : BlockOf(source, it->second, target.sizes()));
   return absl::OkStatus();
 }
+
+}  // namespace
 
 absl::Status CopyFromWholeModel(torch::nn::Module& model, const torch::nn::Module& whole) {
   const std::map<std::string, TensorLayout> layouts = ParameterLayouts(model);
