@@ -11,28 +11,64 @@
 namespace keel::models {
 namespace {
 
-// ModelOptions' fields by the config.json keys they come from.
+// config.json's keys (transformers' names).
+constexpr char kModelType[] = "model_type";
+constexpr char kVocabSize[] = "vocab_size";
+constexpr char kHiddenSize[] = "hidden_size";
+constexpr char kIntermediateSize[] = "intermediate_size";
+constexpr char kNumHiddenLayers[] = "num_hidden_layers";
+constexpr char kNumAttentionHeads[] = "num_attention_heads";
+constexpr char kNumKeyValueHeads[] = "num_key_value_heads";
+constexpr char kHeadDim[] = "head_dim";
+constexpr char kRopeParameters[] = "rope_parameters";
+constexpr char kRopeScaling[] = "rope_scaling";
+constexpr char kRopeTheta[] = "rope_theta";
+constexpr char kRopeType[] = "rope_type";
+constexpr char kFactor[] = "factor";
+constexpr char kLowFreqFactor[] = "low_freq_factor";
+constexpr char kHighFreqFactor[] = "high_freq_factor";
+constexpr char kOriginalMaxPositionEmbeddings[] = "original_max_position_embeddings";
+constexpr char kRmsNormEps[] = "rms_norm_eps";
+constexpr char kTieWordEmbeddings[] = "tie_word_embeddings";
+constexpr char kSlidingWindow[] = "sliding_window";
+constexpr char kUseSlidingWindow[] = "use_sliding_window";
+constexpr char kHiddenAct[] = "hidden_act";
+constexpr char kAttentionBias[] = "attention_bias";
+constexpr char kMlpBias[] = "mlp_bias";
+constexpr char kPartialRotaryFactor[] = "partial_rotary_factor";
+constexpr char kMaxPositionEmbeddings[] = "max_position_embeddings";
+constexpr char kArchitectures[] = "architectures";
+constexpr char kDtype[] = "dtype";
+constexpr char kLayerTypes[] = "layer_types";
+// The values Keel builds of "rope_type" and "hidden_act".
+constexpr char kDefaultRope[] = "default";
+constexpr char kLlama3Rope[] = "llama3";
+constexpr char kSilu[] = "silu";
+
+// ModelOptions' fields by the config.json keys they come from (`block`: the object holding the
+// key, none for the top level).
 struct HfKey {
   const char* field;
   const char* key;
+  const char* block = nullptr;
 };
 constexpr HfKey kHfKeys[] = {
-    {"family", "model_type"},
-    {"vocab_size", "vocab_size"},
-    {"hidden_size", "hidden_size"},
-    {"ffn_hidden_size", "intermediate_size"},
-    {"num_layers", "num_hidden_layers"},
-    {"num_attention_heads", "num_attention_heads"},
-    {"num_query_groups", "num_key_value_heads"},
-    {"kv_channels", "head_dim"},
-    {"rotary_base", "rope_parameters.rope_theta"},
-    {"rope_scaling_factor", "rope_parameters.factor"},
-    {"rope_low_freq_factor", "rope_parameters.low_freq_factor"},
-    {"rope_high_freq_factor", "rope_parameters.high_freq_factor"},
-    {"rope_original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"},
-    {"norm_epsilon", "rms_norm_eps"},
-    {"untie_embeddings_and_output_weights", "tie_word_embeddings"},
-    {"window_size", "sliding_window"},
+    {"family", kModelType},
+    {"vocab_size", kVocabSize},
+    {"hidden_size", kHiddenSize},
+    {"ffn_hidden_size", kIntermediateSize},
+    {"num_layers", kNumHiddenLayers},
+    {"num_attention_heads", kNumAttentionHeads},
+    {"num_query_groups", kNumKeyValueHeads},
+    {"kv_channels", kHeadDim},
+    {"rotary_base", kRopeTheta, kRopeParameters},
+    {"rope_scaling_factor", kFactor, kRopeParameters},
+    {"rope_low_freq_factor", kLowFreqFactor, kRopeParameters},
+    {"rope_high_freq_factor", kHighFreqFactor, kRopeParameters},
+    {"rope_original_max_position_embeddings", kOriginalMaxPositionEmbeddings, kRopeParameters},
+    {"norm_epsilon", kRmsNormEps},
+    {"untie_embeddings_and_output_weights", kTieWordEmbeddings},
+    {"window_size", kSlidingWindow},
 };
 
 // Reads the keys of one config.json, naming the file and the key in every error.
@@ -90,13 +126,13 @@ class Keys {
 };
 
 absl::StatusOr<ModelFamily> FamilyOf(const Keys& keys) {
-  KEEL_ASSIGN_OR_RETURN(const std::string model_type, keys.Text(keys.config(), "model_type", ""));
+  KEEL_ASSIGN_OR_RETURN(const std::string model_type, keys.Text(keys.config(), kModelType, ""));
   ModelFamily family;
   std::string unused;
   if (model_type == "gpt" || !AbslParseFlag(model_type, &family, &unused)) {
-    return keys.Error("model_type", absl::StrCat("is \"", model_type,
-                                                 "\"; Keel builds \"llama\", \"qwen2\", "
-                                                 "\"qwen3\" and \"mistral\""));
+    return keys.Error(kModelType, absl::StrCat("is \"", model_type,
+                                               "\"; Keel builds \"llama\", \"qwen2\", "
+                                               "\"qwen3\" and \"mistral\""));
   }
   return family;
 }
@@ -106,39 +142,39 @@ absl::StatusOr<ModelFamily> FamilyOf(const Keys& keys) {
 absl::Status ReadRope(const Keys& keys, ModelOptions& options) {
   const base::Json& config = keys.config();
   const base::Json empty = base::Json::object();
-  const bool v5 = keys.Has("rope_parameters");
-  const base::Json& block = v5 ? config.at("rope_parameters")
-                               : (keys.Has("rope_scaling") ? config.at("rope_scaling") : empty);
-  const std::string block_key = v5 ? "rope_parameters" : "rope_scaling";
+  const bool v5 = keys.Has(kRopeParameters);
+  const base::Json& block =
+      v5 ? config.at(kRopeParameters) : (keys.Has(kRopeScaling) ? config.at(kRopeScaling) : empty);
+  const std::string block_key = v5 ? kRopeParameters : kRopeScaling;
   if (!block.is_object()) return keys.Mistyped(config, block_key, "an object");
-  KEEL_ASSIGN_OR_RETURN(const double legacy_theta, keys.Number(config, "rope_theta", 10000.0));
-  KEEL_ASSIGN_OR_RETURN(options.rotary_base, keys.Number(block, "rope_theta", legacy_theta));
-  if (v5 && keys.Has("rope_theta") && options.rotary_base != legacy_theta) {
-    return keys.Error("rope_theta", absl::StrCat("is ", legacy_theta, " but rope_parameters' is ",
-                                                 options.rotary_base));
+  KEEL_ASSIGN_OR_RETURN(const double legacy_theta, keys.Number(config, kRopeTheta, 10000.0));
+  KEEL_ASSIGN_OR_RETURN(options.rotary_base, keys.Number(block, kRopeTheta, legacy_theta));
+  if (v5 && keys.Has(kRopeTheta) && options.rotary_base != legacy_theta) {
+    return keys.Error(kRopeTheta, absl::StrCat("is ", legacy_theta, " but rope_parameters' is ",
+                                               options.rotary_base));
   }
   // transformers 4 spelled the type "type" in older files.
-  KEEL_ASSIGN_OR_RETURN(const std::string old_type, keys.Text(block, "type", "default"));
-  KEEL_ASSIGN_OR_RETURN(const std::string rope_type, keys.Text(block, "rope_type", old_type));
-  KEEL_ASSIGN_OR_RETURN(const double partial, keys.Number(block, "partial_rotary_factor", 1.0));
+  KEEL_ASSIGN_OR_RETURN(const std::string old_type, keys.Text(block, "type", kDefaultRope));
+  KEEL_ASSIGN_OR_RETURN(const std::string rope_type, keys.Text(block, kRopeType, old_type));
+  KEEL_ASSIGN_OR_RETURN(const double partial, keys.Number(block, kPartialRotaryFactor, 1.0));
   KEEL_ASSIGN_OR_RETURN(const double partial_top,
-                        keys.Number(config, "partial_rotary_factor", partial));
+                        keys.Number(config, kPartialRotaryFactor, partial));
   if (partial_top != 1.0) {
-    return keys.Error("partial_rotary_factor",
+    return keys.Error(kPartialRotaryFactor,
                       absl::StrCat("is ", partial_top, "; Keel rotates whole heads (1.0)"));
   }
-  if (rope_type == "default") return absl::OkStatus();
-  if (rope_type != "llama3") {
+  if (rope_type == kDefaultRope) return absl::OkStatus();
+  if (rope_type != kLlama3Rope) {
     return keys.Error(
-        block_key + ".rope_type",
+        absl::StrCat(block_key, ".", kRopeType),
         absl::StrCat("is \"", rope_type, "\"; Keel builds \"default\" and \"llama3\""));
   }
-  KEEL_ASSIGN_OR_RETURN(options.rope_scaling_factor, keys.Number(block, "factor", 0.0));
-  KEEL_ASSIGN_OR_RETURN(options.rope_low_freq_factor, keys.Number(block, "low_freq_factor", 1.0));
-  KEEL_ASSIGN_OR_RETURN(options.rope_high_freq_factor, keys.Number(block, "high_freq_factor", 4.0));
+  KEEL_ASSIGN_OR_RETURN(options.rope_scaling_factor, keys.Number(block, kFactor, 0.0));
+  KEEL_ASSIGN_OR_RETURN(options.rope_low_freq_factor, keys.Number(block, kLowFreqFactor, 1.0));
+  KEEL_ASSIGN_OR_RETURN(options.rope_high_freq_factor, keys.Number(block, kHighFreqFactor, 4.0));
   KEEL_ASSIGN_OR_RETURN(
       const double original,
-      keys.Number(block, "original_max_position_embeddings",
+      keys.Number(block, kOriginalMaxPositionEmbeddings,
                   static_cast<double>(options.rope_original_max_position_embeddings)));
   options.rope_original_max_position_embeddings = static_cast<int64_t>(original);
   if (options.rope_scaling_factor <= 0 ||
@@ -162,40 +198,39 @@ absl::StatusOr<ModelOptions> HfConfigToOptions(const base::Json& config,
   ModelOptions options;
   options.make_vocab_size_divisible_by = 1;
   KEEL_ASSIGN_OR_RETURN(options.family, FamilyOf(keys));
-  KEEL_ASSIGN_OR_RETURN(options.vocab_size, keys.Size("vocab_size", std::nullopt));
-  KEEL_ASSIGN_OR_RETURN(options.hidden_size, keys.Size("hidden_size", std::nullopt));
-  KEEL_ASSIGN_OR_RETURN(options.ffn_hidden_size, keys.Size("intermediate_size", std::nullopt));
-  KEEL_ASSIGN_OR_RETURN(options.num_layers, keys.Size("num_hidden_layers", std::nullopt));
-  KEEL_ASSIGN_OR_RETURN(options.num_attention_heads,
-                        keys.Size("num_attention_heads", std::nullopt));
+  KEEL_ASSIGN_OR_RETURN(options.vocab_size, keys.Size(kVocabSize, std::nullopt));
+  KEEL_ASSIGN_OR_RETURN(options.hidden_size, keys.Size(kHiddenSize, std::nullopt));
+  KEEL_ASSIGN_OR_RETURN(options.ffn_hidden_size, keys.Size(kIntermediateSize, std::nullopt));
+  KEEL_ASSIGN_OR_RETURN(options.num_layers, keys.Size(kNumHiddenLayers, std::nullopt));
+  KEEL_ASSIGN_OR_RETURN(options.num_attention_heads, keys.Size(kNumAttentionHeads, std::nullopt));
   KEEL_ASSIGN_OR_RETURN(options.num_query_groups,
-                        keys.Size("num_key_value_heads", options.num_attention_heads));
+                        keys.Size(kNumKeyValueHeads, options.num_attention_heads));
   // Qwen2 has no head_dim: always hidden_size / heads.
   KEEL_ASSIGN_OR_RETURN(options.kv_channels,
-                        keys.Size("head_dim", options.hidden_size / options.num_attention_heads));
-  KEEL_ASSIGN_OR_RETURN(options.norm_epsilon, keys.Number(config, "rms_norm_eps", 1e-6));
-  KEEL_ASSIGN_OR_RETURN(const bool tied, keys.Flag("tie_word_embeddings", false));
+                        keys.Size(kHeadDim, options.hidden_size / options.num_attention_heads));
+  KEEL_ASSIGN_OR_RETURN(options.norm_epsilon, keys.Number(config, kRmsNormEps, 1e-6));
+  KEEL_ASSIGN_OR_RETURN(const bool tied, keys.Flag(kTieWordEmbeddings, false));
   options.untie_embeddings_and_output_weights = !tied;
-  KEEL_ASSIGN_OR_RETURN(const std::string act, keys.Text(config, "hidden_act", "silu"));
-  if (act != "silu")
-    return keys.Error("hidden_act",
+  KEEL_ASSIGN_OR_RETURN(const std::string act, keys.Text(config, kHiddenAct, kSilu));
+  if (act != kSilu)
+    return keys.Error(kHiddenAct,
                       absl::StrCat("is \"", act, "\"; Keel's MLP is SwiGLU (\"silu\")"));
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+  for (const char* bias : {kAttentionBias, kMlpBias}) {
     KEEL_ASSIGN_OR_RETURN(const bool on, keys.Flag(bias, false));
     if (on) return keys.Error(bias, "is true; Keel builds these layers without biases");
   }
   KEEL_RETURN_IF_ERROR(ReadRope(keys, options));
   if (options.family == ModelFamily::kMistral) {
-    if (keys.Has("sliding_window")) {
-      KEEL_ASSIGN_OR_RETURN(options.window_size, keys.Size("sliding_window", std::nullopt));
+    if (keys.Has(kSlidingWindow)) {
+      KEEL_ASSIGN_OR_RETURN(options.window_size, keys.Size(kSlidingWindow, std::nullopt));
     }
   } else if (options.family != ModelFamily::kLlama) {
-    KEEL_ASSIGN_OR_RETURN(const bool sliding, keys.Flag("use_sliding_window", false));
+    KEEL_ASSIGN_OR_RETURN(const bool sliding, keys.Flag(kUseSlidingWindow, false));
     if (sliding)
-      return keys.Error("use_sliding_window", "is true; Keel builds Qwen's full attention only");
+      return keys.Error(kUseSlidingWindow, "is true; Keel builds Qwen's full attention only");
   }
   if (options.num_attention_heads % options.num_query_groups != 0) {
-    return keys.Error("num_key_value_heads",
+    return keys.Error(kNumKeyValueHeads,
                       absl::StrCat("is ", options.num_query_groups,
                                    ", which does not divide num_attention_heads (",
                                    options.num_attention_heads, ")"));
@@ -212,61 +247,61 @@ absl::StatusOr<base::Json> OptionsToHfConfig(const ModelOptions& options, const 
         "qwen2, qwen3 and mistral without experts"));
   }
   if (!base.is_object()) base = base::Json::object();
-  base["model_type"] = AbslUnparseFlag(options.family);
-  base["vocab_size"] = options.vocab_size;
-  base["hidden_size"] = options.hidden_size;
-  base["intermediate_size"] = options.ffn_hidden_size;
-  base["num_hidden_layers"] = options.num_layers;
-  base["num_attention_heads"] = options.num_attention_heads;
-  base["num_key_value_heads"] = KvHeads(options);
+  base[kModelType] = AbslUnparseFlag(options.family);
+  base[kVocabSize] = options.vocab_size;
+  base[kHiddenSize] = options.hidden_size;
+  base[kIntermediateSize] = options.ffn_hidden_size;
+  base[kNumHiddenLayers] = options.num_layers;
+  base[kNumAttentionHeads] = options.num_attention_heads;
+  base[kNumKeyValueHeads] = KvHeads(options);
   // Qwen2's class has no head_dim: it is hidden_size / heads unless a file says otherwise.
   if (options.family != ModelFamily::kQwen2 ||
       HeadDim(options) != options.hidden_size / options.num_attention_heads) {
-    base["head_dim"] = HeadDim(options);
+    base[kHeadDim] = HeadDim(options);
   }
-  base["hidden_act"] = "silu";
-  base["rms_norm_eps"] = options.norm_epsilon;
-  base["tie_word_embeddings"] = !options.untie_embeddings_and_output_weights;
-  base["dtype"] = dtype;
-  if (!base.contains("max_position_embeddings")) {
-    base["max_position_embeddings"] = options.max_sequence_length;
+  base[kHiddenAct] = kSilu;
+  base[kRmsNormEps] = options.norm_epsilon;
+  base[kTieWordEmbeddings] = !options.untie_embeddings_and_output_weights;
+  base[kDtype] = dtype;
+  if (!base.contains(kMaxPositionEmbeddings)) {
+    base[kMaxPositionEmbeddings] = options.max_sequence_length;
   }
-  base::Json rope = {{"rope_theta", options.rotary_base}, {"rope_type", "default"}};
+  base::Json rope = {{kRopeTheta, options.rotary_base}, {kRopeType, kDefaultRope}};
   if (options.rope_scaling_factor > 0) {
-    rope["rope_type"] = "llama3";
-    rope["factor"] = options.rope_scaling_factor;
-    rope["low_freq_factor"] = options.rope_low_freq_factor;
-    rope["high_freq_factor"] = options.rope_high_freq_factor;
-    rope["original_max_position_embeddings"] = options.rope_original_max_position_embeddings;
+    rope[kRopeType] = kLlama3Rope;
+    rope[kFactor] = options.rope_scaling_factor;
+    rope[kLowFreqFactor] = options.rope_low_freq_factor;
+    rope[kHighFreqFactor] = options.rope_high_freq_factor;
+    rope[kOriginalMaxPositionEmbeddings] = options.rope_original_max_position_embeddings;
   }
-  base["rope_parameters"] = std::move(rope);
-  base.erase("rope_theta");  // transformers 4's spelling, replaced by rope_parameters
-  base.erase("rope_scaling");
+  base[kRopeParameters] = std::move(rope);
+  base.erase(kRopeTheta);  // transformers 4's spelling, replaced by rope_parameters
+  base.erase(kRopeScaling);
   switch (options.family) {
     case ModelFamily::kLlama:
-      base["architectures"] = {"LlamaForCausalLM"};
-      base["attention_bias"] = false;
-      base["mlp_bias"] = false;
+      base[kArchitectures] = {"LlamaForCausalLM"};
+      base[kAttentionBias] = false;
+      base[kMlpBias] = false;
       break;
     case ModelFamily::kMistral:
-      base["architectures"] = {"MistralForCausalLM"};
-      base["sliding_window"] =
+      base[kArchitectures] = {"MistralForCausalLM"};
+      base[kSlidingWindow] =
           options.window_size > 0 ? base::Json(options.window_size) : base::Json(nullptr);
       break;
     case ModelFamily::kQwen2:  // full attention in every layer, as Keel builds Qwen
     case ModelFamily::kQwen3:
-      base["architectures"] = {options.family == ModelFamily::kQwen2 ? "Qwen2ForCausalLM"
-                                                                     : "Qwen3ForCausalLM"};
-      base["use_sliding_window"] = false;
+      base[kArchitectures] = {options.family == ModelFamily::kQwen2 ? "Qwen2ForCausalLM"
+                                                                    : "Qwen3ForCausalLM"};
+      base[kUseSlidingWindow] = false;
       break;
     case ModelFamily::kGpt:
       break;  // refused above
   }
   // A base of another depth has per-layer types that no longer fit: transformers derives them.
-  if (base.contains("layer_types") &&
-      (!base["layer_types"].is_array() ||
-       base["layer_types"].size() != static_cast<size_t>(options.num_layers))) {
-    base.erase("layer_types");
+  if (base.contains(kLayerTypes) &&
+      (!base[kLayerTypes].is_array() ||
+       base[kLayerTypes].size() != static_cast<size_t>(options.num_layers))) {
+    base.erase(kLayerTypes);
   }
   return base;
 }
@@ -279,7 +314,9 @@ std::map<std::string, int64_t> HfVocabRows(const ModelOptions& options) {
 
 std::string HfKeyOf(const std::string& field) {
   for (const HfKey& entry : kHfKeys) {
-    if (field == entry.field) return entry.key;
+    if (field == entry.field) {
+      return entry.block == nullptr ? entry.key : absl::StrCat(entry.block, ".", entry.key);
+    }
   }
   return "";
 }
