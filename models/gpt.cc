@@ -11,7 +11,6 @@
 #include "models/tied_head.h"
 #include "parallel/moe/router.h"
 #include "parallel/moe/token_dispatcher.h"
-#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -139,17 +138,13 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups)
               base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {
   // The layers allocate and draw nothing: the generator's draws are GPT-2's initialisation
   // alone, the same at every tensor-, pipeline- and expert-parallel size.
-  if (!pipelined_ && base::GroupSize(groups.tp) == 1 && base::GroupSize(groups.ep) == 1 &&
-      base::GroupSize(groups.expert_tp) == 1) {
-    InitialiseFromOneRankSteps(*this, InitLikeGpt2(*this));
-    return;
-  }
-  // The one-rank model (with this model's padded vocabulary) as names and shapes only.
-  parallel::MetaParameters meta;
-  const GptImpl one_rank(options, ModelGroups{},
-                         PaddedVocabSize(options, base::GroupSize(groups.tp)),
-                         {0, options.num_layers}, true, true);
-  InitialiseFromOneRankSteps(*this, InitLikeGpt2(one_rank));
+  const bool whole = !pipelined_ && base::GroupSize(groups.tp) == 1 &&
+                     base::GroupSize(groups.ep) == 1 && base::GroupSize(groups.expert_tp) == 1;
+  InitialiseAsOneRankModel(*this, whole, InitLikeGpt2, [&] {
+    return std::unique_ptr<torch::nn::Module>(
+        new GptImpl(options, ModelGroups{}, PaddedVocabSize(options, base::GroupSize(groups.tp)),
+                    {0, options.num_layers}, true, true));
+  });
 }
 
 GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,

@@ -5,6 +5,7 @@
 #include "absl/status/statusor.h"
 #include "base/collectives.h"
 #include "c10/util/Exception.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/layers.h"
 
 namespace keel::models {
@@ -36,8 +37,16 @@ parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp) 
   return StageLayersOf(num_layers, base::GroupSize(pp), base::GroupRank(pp));
 }
 
-void InitialiseFromOneRankSteps(torch::nn::Module& model,
-                                const std::vector<parallel::WholeInitStep>& steps) {
+void InitialiseAsOneRankModel(
+    torch::nn::Module& model, bool whole, const InitPlan& plan,
+    const std::function<std::unique_ptr<torch::nn::Module>()>& build_one_rank) {
+  std::vector<parallel::WholeInitStep> steps;
+  if (whole) {
+    steps = plan(model);
+  } else {
+    const parallel::MetaParameters meta;
+    steps = plan(*build_one_rank());
+  }
   const absl::Status initialised = parallel::InitialiseFromWholeSteps(model, steps);
   TORCH_INTERNAL_ASSERT(initialised.ok(), initialised.ToString());
 }

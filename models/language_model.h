@@ -10,7 +10,9 @@
 #define KEEL_MODELS_LANGUAGE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -69,14 +71,19 @@ struct StageParameters {
 parallel::StageLayers StageLayersOf(int64_t num_layers, int64_t stages, int64_t stage);
 parallel::StageLayers StageLayersOf(int64_t num_layers, c10d::ProcessGroup* pp);
 
-// Megatron's master-weight initialisation, one parameter at a time: `steps` are the draws of
-// the same model built on one rank (with `model`'s padded vocabulary; built under
-// parallel::MetaParameters, it takes no memory), and each rank keeps its blocks of them
-// (parallel::InitialiseFromWholeSteps), so that the weights do not depend on the layout.
-// Extra memory: the largest parameter. Requires: steps whose names and shapes fit `model` (an
-// internal error otherwise).
-void InitialiseFromOneRankSteps(torch::nn::Module& model,
-                                const std::vector<parallel::WholeInitStep>& steps);
+// A family's initialisation of its one-rank model: the draws, parameter by parameter in order.
+using InitPlan = std::function<std::vector<parallel::WholeInitStep>(const torch::nn::Module&)>;
+
+// Megatron's master-weight initialisation, one parameter at a time: `plan` of `model` itself
+// when it is `whole` (the one-rank model), else of the same model on one rank that
+// `build_one_rank` builds (with `model`'s padded vocabulary) under parallel::MetaParameters,
+// names and shapes without memory; each rank keeps its blocks of the draws
+// (parallel::InitialiseFromWholeSteps), so that the weights do not depend on the layout. Extra
+// memory: the largest parameter. Requires: a one-rank model whose names and shapes fit `model`
+// (an internal error otherwise).
+void InitialiseAsOneRankModel(
+    torch::nn::Module& model, bool whole, const InitPlan& plan,
+    const std::function<std::unique_ptr<torch::nn::Module>()>& build_one_rank);
 
 class LanguageModel : public torch::nn::Module {
  public:

@@ -11,7 +11,6 @@
 #include "models/gated_mlp.h"
 #include "models/hf_config.h"
 #include "models/tied_head.h"
-#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -121,16 +120,12 @@ LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups)
                 base::GroupRank(groups.pp) == base::GroupSize(groups.pp) - 1) {
   // The layers allocate and draw nothing: the draws are the one-rank model's initialisation
   // alone, the same at every layout.
-  if (first_ && last_ && base::GroupSize(groups.tp) == 1) {
-    InitialiseFromOneRankSteps(*this, InitLikeHf(*this));
-    return;
-  }
-  // The one-rank model (with this model's padded vocabulary) as names and shapes only.
-  parallel::MetaParameters meta;
-  const LlamaImpl one_rank(options, ModelGroups{},
-                           PaddedVocabSize(options, base::GroupSize(groups.tp)),
-                           {0, options.num_layers}, true, true);
-  InitialiseFromOneRankSteps(*this, InitLikeHf(one_rank));
+  InitialiseAsOneRankModel(
+      *this, first_ && last_ && base::GroupSize(groups.tp) == 1, InitLikeHf, [&] {
+        return std::unique_ptr<torch::nn::Module>(new LlamaImpl(
+            options, ModelGroups{}, PaddedVocabSize(options, base::GroupSize(groups.tp)),
+            {0, options.num_layers}, true, true));
+      });
 }
 
 LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
