@@ -321,8 +321,10 @@ std::string HfKeyOf(const std::string& field) {
   return "";
 }
 
+std::string HfConfigPath(const std::string& directory) { return directory + "/config.json"; }
+
 absl::StatusOr<ModelOptions> ReadHfConfig(const std::string& directory) {
-  const std::string path = directory + "/config.json";
+  const std::string path = HfConfigPath(directory);
   KEEL_ASSIGN_OR_RETURN(const base::Json config, base::ReadJsonFile(path));
   return HfConfigToOptions(config, path);
 }

@@ -38,6 +38,9 @@ inline constexpr char kHfOutputWeight[] = "lm_head.weight";
 // the two RoPE spellings disagreeing) or for sizes that are not positive.
 [[nodiscard]] absl::StatusOr<ModelOptions> ReadHfConfig(const std::string& directory);
 
+// "<directory>/config.json": the file that makes a directory a Hugging Face model's.
+std::string HfConfigPath(const std::string& directory);
+
 // The config.json of the Llama-style model `options` describes, with its floating-point
 // tensors in `dtype` ("float32" or "bfloat16"): `base` (the config.json of the model a
 // fine-tune started from, whose other keys, such as token ids, are kept; an empty object for

@@ -401,12 +401,12 @@ absl::StatusOr<std::string> AddHfModel(const Json& trainer_config,
   }
   std::string base_dir = absl::GetFlag(FLAGS_config_from);
   if (base_dir.empty() && !saved.pretrained_path.empty() &&
-      base::PathExists(base::JoinPath(saved.pretrained_path, "config.json"))) {
+      base::PathExists(models::HfConfigPath(saved.pretrained_path))) {
     base_dir = saved.pretrained_path;
   }
   Json base = Json::object();
   if (!base_dir.empty()) {
-    KEEL_ASSIGN_OR_RETURN(base, base::ReadJsonFile(base::JoinPath(base_dir, "config.json")));
+    KEEL_ASSIGN_OR_RETURN(base, base::ReadJsonFile(models::HfConfigPath(base_dir)));
   }
   const at::ScalarType dtype = options.dtype.value_or(at::kFloat);
   KEEL_ASSIGN_OR_RETURN(
@@ -415,8 +415,9 @@ absl::StatusOr<std::string> AddHfModel(const Json& trainer_config,
                                 std::move(base)));
   options.unpadded_rows = models::HfVocabRows(saved.options);
   std::cout << "config.json: model.family " << models::AbslUnparseFlag(saved.options.family)
-            << (base_dir.empty() ? ""
-                                 : absl::StrCat(", other keys from ", base_dir, "/config.json"))
+            << (base_dir.empty()
+                    ? ""
+                    : absl::StrCat(", other keys from ", models::HfConfigPath(base_dir)))
             << "\n";
   return base_dir;
 }

@@ -78,7 +78,7 @@ absl::StatusOr<OneRankModel> FromCheckpoint(const std::string& step_dir) {
 }  // namespace
 
 absl::StatusOr<OneRankModel> LoadOneRankModel(const std::string& path) {
-  if (base::PathExists(base::JoinPath(path, "config.json"))) return FromHuggingFace(path);
+  if (base::PathExists(models::HfConfigPath(path))) return FromHuggingFace(path);
   if (base::PathExists(checkpoint::ManifestPath(path))) return FromCheckpoint(path);
   if (!base::PathExists(path)) {
     return absl::NotFoundError(absl::StrCat(path, " does not exist"));

@@ -36,7 +36,7 @@ absl::Status Require(bool ok, absl::string_view field, int64_t value, absl::stri
 absl::Status ReadPretrainedConfig(const ModelConfig& config, models::ModelOptions& model) {
   const std::string& directory = config.pretrained_path();
   std::error_code error;
-  if (directory.empty() || !std::filesystem::exists(directory + "/config.json", error)) {
+  if (directory.empty() || !std::filesystem::exists(models::HfConfigPath(directory), error)) {
     return absl::OkStatus();
   }
   KEEL_ASSIGN_OR_RETURN(const models::ModelOptions pretrained, models::ReadHfConfig(directory));
