@@ -53,6 +53,8 @@ try:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    import megatron_indexed  # beside this script
 except ImportError as e:  # pragma: no cover - environment problem, reported plainly
     print(f"hf_parity: {e}; this script needs torch, transformers and safetensors "
           "(run tools/bootstrap.sh and use .venv/bin/python)", file=sys.stderr)
@@ -466,38 +468,12 @@ def cmd_check_export(args) -> int:
     return finish(0 if ok else 1, **result)
 
 
-# Megatron's MMIDIDX dtype codes (megatron/core/datasets/indexed_dataset.py DType).
-_INDEX_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32",
-                 8: "uint16"}
-
-
 def _read_tokens(prefix: str, count: int) -> torch.Tensor:
-    """The first `count` tokens of the dataset's sequences laid end to end, as int64."""
-    import numpy as np
-    for suffix in (".idx", ".bin"):
-        if not os.path.isfile(prefix + suffix):
-            raise BadInput(f"--data_prefix={prefix}: no {prefix + suffix}")
-    with open(prefix + ".idx", "rb") as f:
-        header = f.read(9 + 8 + 1 + 8 + 8)
-        if len(header) < 34 or header[:9] != b"MMIDIDX\x00\x00":
-            raise BadInput(f"{prefix}.idx: not a Megatron index (magic {header[:9]!r})")
-        code = header[17]
-        sequences = int.from_bytes(header[18:26], "little")
-        if code not in _INDEX_DTYPES:
-            raise BadInput(f"{prefix}.idx: unknown dtype code {code}")
-        sizes = np.frombuffer(f.read(4 * sequences), dtype=np.int32)
-        pointers = np.frombuffer(f.read(8 * sequences), dtype=np.int64)
-    dtype = np.dtype(_INDEX_DTYPES[code])
-    data = np.memmap(prefix + ".bin", dtype=np.uint8, mode="r")
-    pieces, have = [], 0
-    for size, pointer in zip(sizes, pointers):
-        if have >= count:
-            break
-        pieces.append(np.frombuffer(data[pointer:pointer + int(size) * dtype.itemsize], dtype=dtype))
-        have += int(size)
-    if have < count:
-        raise BadInput(f"--data_prefix={prefix}: {have} tokens, {count} needed")
-    return torch.from_numpy(np.concatenate(pieces)[:count].astype(np.int64))
+    """The first `count` tokens of the dataset at `prefix`, end to end (megatron_indexed.py)."""
+    try:
+        return torch.from_numpy(megatron_indexed.read_tokens(prefix, count))
+    except ValueError as e:
+        raise BadInput(f"--data_prefix={prefix}: {e}")
 
 
 def _read_keel_eval(path: str):

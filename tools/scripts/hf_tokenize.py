@@ -23,13 +23,8 @@ Needs transformers (tools/bootstrap.sh puts it in .venv); reads the tokenizer of
 import argparse
 import json
 import os
-import struct
 import sys
 from typing import List
-
-# Megatron's DType codes (indexed_dataset.py) for the two token types written here.
-_UINT16, _INT32 = 8, 4
-
 
 def _documents(paths: List[str], jsonl: bool, key: str):
     """Each document as its list of sequences (strings)."""
@@ -53,46 +48,6 @@ def _documents(paths: List[str], jsonl: bool, key: str):
                     yield [record[key]]
 
 
-def write_dataset(prefix: str, documents, vocab_size: int, record: dict) -> dict:
-    """Writes PREFIX.bin, then `record` as PREFIX.tokenizer.json, then PREFIX.idx (tools:preprocess's
-    order: the index last); returns counts."""
-    import numpy as np
-    dtype, code = (np.uint16, _UINT16) if vocab_size < 65500 else (np.int32, _INT32)
-    sizes, document_index = [], [0]
-    tokens = 0
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    with open(prefix + ".bin.tmp", "wb") as bin_file:
-        for document in documents:
-            for sequence in document:
-                array = np.asarray(sequence, dtype=dtype)
-                bin_file.write(array.tobytes(order="C"))
-                sizes.append(len(sequence))
-                tokens += len(sequence)
-            document_index.append(len(sizes))
-    if not sizes:
-        os.remove(prefix + ".bin.tmp")
-        raise ValueError("the files hold no text")
-    pointers = np.zeros(len(sizes), dtype=np.int64)
-    pointers[1:] = np.cumsum(np.asarray(sizes[:-1], dtype=np.int64) * np.dtype(dtype).itemsize)
-    with open(prefix + ".idx.tmp", "wb") as idx:
-        idx.write(b"MMIDIDX\x00\x00")
-        idx.write(struct.pack("<Q", 1))
-        idx.write(struct.pack("<B", code))
-        idx.write(struct.pack("<Q", len(sizes)))
-        idx.write(struct.pack("<Q", len(document_index)))
-        idx.write(np.asarray(sizes, dtype=np.int32).tobytes())
-        idx.write(pointers.tobytes())
-        idx.write(np.asarray(document_index, dtype=np.int64).tobytes())
-    os.replace(prefix + ".bin.tmp", prefix + ".bin")
-    with open(prefix + ".tokenizer.json.tmp", "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
-    os.replace(prefix + ".tokenizer.json.tmp", prefix + ".tokenizer.json")
-    os.replace(prefix + ".idx.tmp", prefix + ".idx")
-    return {"documents": len(document_index) - 1, "sequences": len(sizes), "tokens": tokens,
-            "dtype": np.dtype(dtype).name}
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,6 +60,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         from transformers import AutoTokenizer
+
+        import megatron_indexed
     except ImportError as e:
         print(f"hf_tokenize: {e}; run tools/bootstrap.sh and use .venv/bin/python", file=sys.stderr)
         return 2
@@ -133,7 +90,8 @@ def main(argv=None) -> int:
     record = {"tokenizer_model": os.path.abspath(args.model), "vocab_size": vocab_size,
               "eos_id": -1 if eos is None else eos, "append_eod": args.append_eod}
     try:
-        counts = write_dataset(args.output_prefix, encoded(), vocab_size, record)
+        counts = megatron_indexed.write(args.output_prefix, encoded(),
+                                        megatron_indexed.token_dtype(vocab_size), record)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         print(f"hf_tokenize: {e}", file=sys.stderr)
         return 1
