@@ -1,5 +1,5 @@
 // Causal self-attention, forward and backward: base::CausalAttention (LibTorch's fused
-// scaled_dot_product_attention on 2.x) beside the explicit masked softmax it replaced
+// scaled_dot_product_attention) beside the explicit masked softmax
 // (CausalAttentionExplicit: [batch, heads, seq, seq] scores, a mask, a softmax), on the
 // attention shapes of the default trainer run and of the GPT that docs/performance.md trains
 // on a GPU. The *_cuda cases run the same on the GPU (and in bfloat16), and skip without one.
@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "base/torch_compat.h"
+#include "base/attention.h"
+#include "base/attention_reference.h"
 #include "benchmark/benchmark.h"
 #include "torch/cuda.h"
 

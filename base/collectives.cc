@@ -46,8 +46,7 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes
   std::vector<std::string> gathered(world);
   KEEL_RETURN_IF_ERROR(
       CallTorch(absl::StatusCode::kUnavailable, absl::StrCat("all-gathering ", context), [&] {
-        // Lengths first, then the payloads padded to the longest (list-based all-gather: the
-        // only form Gloo offers on LibTorch 1.13).
+        // Lengths first, then the payloads padded to the longest (list-based all-gather).
         std::vector<at::Tensor> length = {
             at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
         std::vector<std::vector<at::Tensor>> lengths(1);

@@ -2,13 +2,9 @@
 
 #include <stdlib.h>
 
-#include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <memory>
 #include <mutex>
-#include <set>
-#include <sstream>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -16,13 +12,8 @@
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 #include "torch/version.h"
 
-#if TORCH_VERSION_MAJOR >= 2
-#include "torch/csrc/autograd/profiler_kineto.h"
-#endif
-
-#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
-    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6) && TORCH_VERSION_MAJOR < 3
-#error "Keel supports LibTorch 1.13 and 2.6 or later (see third_party/libtorch/workspace.bzl)"
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 6)
+#error "Keel supports LibTorch 2.6 or later (see third_party/libtorch/workspace.bzl)"
 #endif
 
 #ifdef KEEL_LIBTORCH_HAS_CUDA
@@ -39,8 +30,7 @@
 namespace keel::base {
 namespace {
 
-#if TORCH_VERSION_MAJOR >= 2
-// LibTorch 2.x records collectives in a process-wide flight recorder whose first record of a
+// LibTorch records collectives in a process-wide flight recorder whose first record of a
 // group inserts it into a map before taking the recorder's lock
 // (FlightRecorder::recordWithResetEnabled, c10d/FlightRecorderDetail.hpp, as of 2.11): two
 // threads starting collectives on new groups at once corrupt the map (a segfault seen in Keel's
@@ -56,8 +46,8 @@ void TurnOffFlightRecorderUnlessSet() {
   });
 }
 
-// In 2.x a backend serves a ProcessGroup, here one whose only backend is `backend`, for
-// tensors of `device`. (In 1.13 the backend is the group.)
+// A backend serves a ProcessGroup, here one whose only backend is `backend`, for tensors of
+// `device`.
 c10::intrusive_ptr<c10d::ProcessGroup> AsProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                       int rank, int size,
                                                       c10d::ProcessGroup::BackendType type,
@@ -68,25 +58,18 @@ c10::intrusive_ptr<c10d::ProcessGroup> AsProcessGroup(const c10::intrusive_ptr<c
   group->setBackend(device, type, std::move(backend));
   return group;
 }
-#endif
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, const std::string& hostname) {
-#if TORCH_VERSION_MAJOR >= 2
   TurnOffFlightRecorderUnlessSet();
-#endif
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
-#if TORCH_VERSION_MAJOR >= 2
   return AsProcessGroup(store, rank, size, c10d::ProcessGroup::BackendType::GLOO,
                         c10::DeviceType::CPU, gloo);
-#else
-  return gloo;
-#endif
 }
 
 bool HasNccl() {
@@ -101,18 +84,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateNcclProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout) {
 #ifdef KEEL_HAS_NCCL
-#if TORCH_VERSION_MAJOR >= 2
   TurnOffFlightRecorderUnlessSet();
-#endif
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
-#if TORCH_VERSION_MAJOR >= 2
   return AsProcessGroup(store, rank, size, c10d::ProcessGroup::BackendType::NCCL,
                         c10::DeviceType::CUDA, nccl);
-#else
-  return nccl;
-#endif
 #else
   TORCH_CHECK(false,
               "NCCL is not available: build with --config=cuda against a CUDA LibTorch "
@@ -140,38 +117,7 @@ c10::intrusive_ptr<c10d::Store> CreateTcpStore(const std::string& host, int port
 }
 
 OptimizerStateKey OptimizerStateKeyOf(const at::Tensor& param) {
-#if TORCH_VERSION_MAJOR >= 2
   return param.unsafeGetTensorImpl();
-#else
-  std::ostringstream key;  // what 1.13's c10::guts::to_string does with the pointer
-  key << param.unsafeGetTensorImpl();
-  return key.str();
-#endif
-}
-
-void ForeachMulInPlace(at::TensorList tensors, const at::Tensor& scalar) {
-#if (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1) || TORCH_VERSION_MAJOR > 2
-  at::_foreach_mul_(tensors, scalar);
-#else
-  for (const at::Tensor& tensor : tensors) tensor.mul_(scalar);
-#endif
-}
-
-bool HasFusedAdamW() { return TORCH_VERSION_MAJOR >= 2; }
-
-bool GlooCarriesBFloat16() { return TORCH_VERSION_MAJOR >= 2; }
-
-void FusedAdamWStep(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                    at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                    at::TensorList steps, double lr, double beta1, double beta2,
-                    double weight_decay, double eps, bool amsgrad) {
-#if TORCH_VERSION_MAJOR >= 2
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2,
-                    weight_decay, eps, amsgrad, /*maximize=*/false);
-#else
-  TORCH_CHECK(false, "the fused AdamW step needs LibTorch 2.x (ATen's _fused_adamw_); this is ",
-              TORCH_VERSION);
-#endif
 }
 
 void SetCudaMatmulTf32(bool enabled) {
@@ -182,76 +128,6 @@ void SetCudaMatmulTf32(bool enabled) {
 #else
   at::globalContext().setAllowTF32CuBLAS(enabled);
 #endif
-}
-
-bool HasProfiler() { return TORCH_VERSION_MAJOR >= 2; }
-
-void StartProfiler(bool cuda) {
-#if TORCH_VERSION_MAJOR >= 2
-  using torch::profiler::impl::ActivityType;
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (cuda) activities.insert(ActivityType::CUDA);
-  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
-#else
-  TORCH_CHECK(false, "profiling needs LibTorch 2.x; this is ", TORCH_VERSION);
-#endif
-}
-
-std::vector<ProfiledEvent> StopProfiler(const std::string& trace_path) {
-#if TORCH_VERSION_MAJOR >= 2
-  std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
-      torch::autograd::profiler::disableProfiler();
-  if (!trace_path.empty()) result->save(trace_path);
-  std::vector<ProfiledEvent> events;
-  for (const torch::autograd::profiler::KinetoEvent& event : result->events()) {
-    events.push_back(
-        {event.name(), event.deviceType() != c10::DeviceType::CPU, event.durationNs()});
-  }
-  return events;
-#else
-  TORCH_CHECK(false, "profiling needs LibTorch 2.x; this is ", TORCH_VERSION);
-#endif
-}
-
-at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                          /*is_causal=*/true);
-#else
-  return CausalAttentionExplicit(q, k, v);
-#endif
-}
-
-at::Tensor SlidingWindowAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  int64_t window) {
-  const int64_t seq = q.size(-2);
-  if (window >= seq) return CausalAttention(q, k, v);
-  const at::Tensor positions = at::arange(seq, q.options().dtype(at::kLong));
-  const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);  // i - j
-  const at::Tensor attends = behind.ge(0).logical_and(behind.lt(window));
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, attends);
-#else
-  const at::Tensor scores =
-      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  return at::matmul(
-      at::softmax(
-          scores.masked_fill(attends.logical_not(), -std::numeric_limits<float>::infinity()), -1),
-      v);
-#endif
-}
-
-at::Tensor CausalAttentionExplicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t seq = q.size(-2);
-  const at::Tensor above_diagonal =
-      at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(/*diagonal=*/1);
-  const at::Tensor scores =
-      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  return at::matmul(
-      at::softmax(scores.masked_fill(above_diagonal, -std::numeric_limits<float>::infinity()), -1),
-      v);
 }
 
 void ReleaseCachedCudaMemory() {

@@ -14,7 +14,6 @@
 #include "absl/strings/strip.h"
 #include "base/collectives.h"
 #include "base/status.h"
-#include "base/torch_compat.h"
 #include "gradients/internal/norm_kernels.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -59,10 +58,13 @@ at::Tensor Scratch(int64_t n) {
 
 // NeMo's term g.abs().div(scale).square().sum(float64) (or .pow(p) for p != 2). On the CPU
 // ATen's sum widens a float32 input to float64 before it reduces, so for a contiguous float32
-// CPU gradient one pass writes those float64 values into a reused buffer and the same
-// reduction runs over them: bit-identical, without the four temporaries.
+// CPU gradient of at least one dimension one pass writes those float64 values into a reused
+// buffer and the same reduction runs over them: bit-identical, without the four temporaries.
+// A 0-d gradient divided by the 0-d float64 scale is promoted to float64 (two 0-d operands
+// promote as tensors of one category), so it keeps ATen's ops.
 at::Tensor ScaledPowerSum(const at::Tensor& g, const at::Tensor& scale, double norm_type) {
-  if (norm_type == 2.0 && g.scalar_type() == at::kFloat && g.is_cpu() && g.is_contiguous()) {
+  if (norm_type == 2.0 && g.scalar_type() == at::kFloat && g.is_cpu() && g.is_contiguous() &&
+      g.dim() > 0) {
     at::Tensor squares = Scratch(g.numel()).view(g.sizes());
     // ATen divides by the float64 0-d scale cast to float32 (exact: it is a float32's max).
     internal::ScaledSquares(g, static_cast<float>(scale.item<double>()),
@@ -201,7 +203,7 @@ void ForeachScaleGrads(const std::vector<at::Tensor>& grads, double max_norm,
                        const at::Tensor& total) {
   const at::Tensor coef = (total + 1e-6).reciprocal().mul(max_norm).clamp_max(1.0);
   for (const std::vector<at::Tensor>& batch : ByDeviceAndDtype(grads)) {
-    base::ForeachMulInPlace(batch, coef.to(batch.front().device()));
+    at::_foreach_mul_(batch, coef.to(batch.front().device()));
   }
 }
 
@@ -221,7 +223,7 @@ void ScaleGrads(const std::vector<at::Tensor>& grads, double max_norm, const at:
       g.mul_(coef.to(g.device()));
     }
   }
-  if (!batched.empty()) base::ForeachMulInPlace(batched, coef);
+  if (!batched.empty()) at::_foreach_mul_(batched, coef);
 }
 
 // The p-norm over the pipeline stages of each stage's total (every stage joins, whatever

@@ -59,6 +59,27 @@ TEST(ClipGradNormTest, OneAndInfinityNormsOverSeveralParameters) {
   EXPECT_EQ(Grad(params[1])[0], -3.0);  // max_norm above the norm: coefficient clamped to 1
 }
 
+// NeMo's |g| / scale of a 0-d float32 gradient and the 0-d float64 scale promotes to float64
+// (two 0-d tensors promote as one category); of a 1-d one it stays float32. With g = 0.1f,
+// h = [0.3f] (scale 0.3f): total = 0.3f * sqrt((0.1f / 0.3f)^2 in float64 + 1). The float32
+// quotient would move the total by about 1e-8 relative, far outside the tolerance, which
+// allows only for sqrt's last bit.
+TEST(ClipGradNormTest, AZeroDimensionalGradientIsScaledInFloat64) {
+  at::Tensor g = at::zeros({}, at::kFloat).requires_grad_(true);
+  g.mutable_grad() = at::full({}, 0.1f, at::kFloat);
+  std::vector<NamedParameter> params = {{"g", g}, WithGrad("h", {0.3})};
+  KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(100.0, params));
+  const double scale = static_cast<double>(0.3f);
+  const double term = static_cast<double>(0.1f) / scale;
+  const double expected = scale * std::sqrt(term * term + 1.0);
+  EXPECT_NEAR(norm.item<double>(), expected, expected * 1e-15);
+  const float term_in_float32 = 0.1f / 0.3f;
+  EXPECT_GT(
+      std::abs(expected -
+               scale * std::sqrt(static_cast<double>(term_in_float32 * term_in_float32) + 1.0)),
+      expected * 1e-12);
+}
+
 TEST(ClipGradNormTest, AbsentMaxNormSkipsEverythingAndReturnsZero) {
   std::vector<NamedParameter> params = {WithGrad("w", {30.0, 40.0})};
   KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor norm, ClipGradNorm(std::nullopt, params));

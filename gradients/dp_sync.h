@@ -5,9 +5,8 @@
 // PrepareForFinalBackward() averages the gradients over the group in buckets whose
 // all-reduce starts from gradient hooks while backward is still running, as PyTorch DDP does.
 //
-// Not c10d's Reducer: Debian 1.13's reducer.hpp includes a header it does not ship
-// (distributed/autograd/context/context.h), and the constructor changed in 2.x. So buckets are
-// Keel's own, filled from Tensor::register_hook, whose API is the same in 1.13 and 2.x.
+// Not c10d's Reducer, whose constructor is internal to PyTorch and changes between versions:
+// the buckets are Keel's own, filled from Tensor::register_hook.
 //
 //   KEEL_ASSIGN_OR_RETURN(auto sync, DataParallelGradSync::Create(*model, *dp_group));
 //   sync->PrepareForGradAccumulation();

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/collectives.h"
 #include "base/status.h"
-#include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "gradients/internal/grad_buckets.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
@@ -95,10 +94,8 @@ absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
         for (const Bucket& bucket : sync->buckets_->buckets()) {
           const at::ScalarType dtype =
               sync->buckets_->params()[bucket.params.front()].scalar_type();
-          // LibTorch 1.13's Gloo cannot move bf16: the float32 bucket holds its values exactly.
-          const bool carried = native || dtype != at::kBFloat16 || base::GlooCarriesBFloat16();
           sync->gather_buffers_.push_back(
-              dtype == bucket.flat.scalar_type() || !carried
+              dtype == bucket.flat.scalar_type()
                   ? bucket.flat
                   : at::empty_like(bucket.flat, bucket.flat.options().dtype(dtype)));
         }

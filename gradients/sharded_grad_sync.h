@@ -62,12 +62,11 @@ struct ParamShard {
 // DataParallelGradSync) are cut into one contiguous part per rank, at the row boundary nearest
 // to an equal split, so each rank's part of a parameter is a block of whole rows: a rank holds
 // about 1/N of every bucket, within a row per part. The parts are padded to the largest, so
-// NCCL reduce-scatters and all-gathers each bucket as one flat buffer; where the backend has
-// no reduce-scatter (Gloo in LibTorch 1.13) the bucket is all-reduced and each rank keeps its
-// part, the same sums, and each part is broadcast from its rank in place. With main gradients
-// in another dtype than the parameters' (float32 for bf16), the parameters are all-gathered
-// from buffers of their own dtype, as Megatron's separate parameter and gradient buffers (in
-// the float32 buckets where the group cannot carry bf16: Gloo in LibTorch 1.13).
+// NCCL reduce-scatters and all-gathers each bucket as one flat buffer; over Gloo the bucket is
+// all-reduced and each rank keeps its part, the same sums, and each part is broadcast from its
+// rank in place. With main gradients in another dtype than the parameters' (float32 for bf16),
+// the parameters are all-gathered from buffers of their own dtype, as Megatron's separate
+// parameter and gradient buffers.
 //
 // Requires: as DataParallelGradSync; no 0-d parameter (view it as shape [1]).
 class ShardedGradSync {

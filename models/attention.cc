@@ -1,8 +1,8 @@
 #include "models/attention.h"
 
 #include "ATen/ATen.h"
+#include "base/attention.h"
 #include "base/collectives.h"
-#include "base/torch_compat.h"
 
 namespace keel::models {
 

@@ -12,7 +12,6 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
-#include "base/torch_compat.h"
 #include "gmock/gmock.h"
 #include "gradients/parameters.h"
 #include "gtest/gtest.h"
@@ -160,7 +159,6 @@ TEST(DataParallelOptimizerTest, ShardedAndUnshardedStepAlike) {
 // 7.5e-9 on one weight of about 1 after 3 steps, the only difference). The replicas agree to the
 // bit.
 TEST(DataParallelOptimizerTest, TheFusedAdamWStepsShardsAsWholeParameters) {
-  if (!base::HasFusedAdamW()) GTEST_SKIP() << "LibTorch 1.13 has no fused AdamW";
   KEEL_ASSERT_OK_AND_ASSIGN(const BothPaths paths, TrainBothPaths(AdamW(/*fused=*/true)));
   const auto& [whole, sharded, descriptions] = paths;
   for (int rank = 0; rank < 2; ++rank) {

@@ -134,8 +134,7 @@ absl::Status RunRank(testing::Rank& r, bool sharded, const std::string& path) {
     } else {
       KEEL_RETURN_IF_ERROR(sync->Wait());
       adamw->step();
-      // Gradients freed, as DistributedOptimizer::ZeroGrad and torch 2.x's zero_grad do (1.13's
-      // zeroes them in place, keeping 128 MiB through the next forward).
+      // Gradients freed, as DistributedOptimizer::ZeroGrad and torch's zero_grad do.
       for (at::Tensor& p : model.parameters()) p.mutable_grad().reset();
     }
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - begin;

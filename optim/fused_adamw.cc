@@ -36,11 +36,6 @@ absl::StatusOr<std::unique_ptr<FusedAdamW>> FusedAdamW::Create(std::vector<at::T
 
 absl::StatusOr<std::unique_ptr<FusedAdamW>> FusedAdamW::Create(
     std::vector<OptimizerParamGroup> groups, AdamWOptions defaults) {
-  if (!base::HasFusedAdamW()) {
-    return absl::FailedPreconditionError(
-        "the fused AdamW needs LibTorch 2.x (ATen's _fused_adamw_), which this build lacks; use "
-        "torch::optim::AdamW (optimizer.fused: false)");
-  }
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::vector<at::Tensor>& params = groups[g].params();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -101,10 +96,11 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     }
     for (auto& [key, batch] : batches) {
       if (!batch.increments.empty()) at::_foreach_add_(batch.increments, 1.0);
-      base::FusedAdamWStep(batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
-                           batch.max_exp_avg_sqs, batch.steps, options.lr(),
-                           std::get<0>(options.betas()), std::get<1>(options.betas()),
-                           options.weight_decay(), options.eps(), options.amsgrad());
+      at::_fused_adamw_(batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
+                        batch.max_exp_avg_sqs, batch.steps, options.lr(),
+                        std::get<0>(options.betas()), std::get<1>(options.betas()),
+                        options.weight_decay(), options.eps(), options.amsgrad(),
+                        /*maximize=*/false);
     }
   }
   return loss;

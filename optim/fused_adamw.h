@@ -27,9 +27,9 @@ namespace keel::optim {
 
 class FusedAdamW : public torch::optim::AdamW {
  public:
-  // AdamW over `params` with `defaults`. Errors: kFailedPrecondition on a LibTorch without
-  // _fused_adamw_ (1.13); kInvalidArgument for a parameter that is not a contiguous
-  // floating-point tensor (the kernel reads each one as a flat array), naming its position.
+  // AdamW over `params` with `defaults`. Errors: kInvalidArgument for a parameter that is not
+  // a contiguous floating-point tensor (the kernel reads each one as a flat array), naming its
+  // position.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FusedAdamW>> Create(
       std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults = {});
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FusedAdamW>> Create(

@@ -1,7 +1,7 @@
-// c10d process groups without torch.distributed's global state, for LibTorch 1.13 and 2.x
-// alike: the rendezvous store of a torchrun launch (torch/distributed/rendezvous.py's env://
-// handler), Gloo and NCCL groups over a store (what new_group builds), and the device a backend
-// computes on. DeviceMesh builds every group of a layout from these.
+// c10d process groups without torch.distributed's global state: the rendezvous store of a torchrun
+// launch (torch/distributed/rendezvous.py's env:// handler), Gloo and NCCL groups over a store
+// (what new_group builds), and the device a backend computes on. DeviceMesh builds every group of a
+// layout from these.
 //
 //   KEEL_ASSIGN_OR_RETURN(keel::parallel::WorkerEnv env, keel::parallel::ReadWorkerEnv());
 //   const std::chrono::seconds timeout(60);

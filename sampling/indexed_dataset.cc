@@ -15,8 +15,8 @@
 namespace keel::sampling {
 namespace {
 
-// The LibTorch type holding a token type as is; nullopt for uint16 (none in LibTorch 1.13).
-std::optional<at::ScalarType> TorchTypeOf(TokenDtype dtype) {
+// The LibTorch type holding a token type as is.
+at::ScalarType TorchTypeOf(TokenDtype dtype) {
   switch (dtype) {
     case TokenDtype::kUint8:
       return at::kByte;
@@ -33,9 +33,9 @@ std::optional<at::ScalarType> TorchTypeOf(TokenDtype dtype) {
     case TokenDtype::kFloat32:
       return at::kFloat;
     case TokenDtype::kUint16:
-      return std::nullopt;
+      return at::kUInt16;
   }
-  return std::nullopt;
+  return at::kByte;  // unreachable: Open checked the dtype code
 }
 
 }  // namespace
@@ -84,16 +84,11 @@ absl::Span<const uint8_t> IndexedDataset::bin_bytes() const { return bin_->bytes
 
 at::Tensor IndexedDataset::TokensAt(int64_t byte_offset, int64_t count) const {
   uint8_t* data = bin_->mutable_data() + byte_offset;
-  if (std::optional<at::ScalarType> type = TorchTypeOf(dtype_)) {
-    if (count == 0) return at::empty({0}, at::TensorOptions().dtype(*type));
-    // The deleter owns a reference to the mapping: the tensor keeps it alive.
-    return at::from_blob(
-        data, {count}, [keep = bin_](void*) {}, at::TensorOptions().dtype(*type));
-  }
-  at::Tensor widened = at::empty({count}, at::TensorOptions().dtype(at::kInt));
-  int32_t* out = widened.data_ptr<int32_t>();
-  for (int64_t i = 0; i < count; ++i) out[i] = internal::Load<uint16_t>(data + 2 * i);
-  return widened;
+  const at::TensorOptions options = at::TensorOptions().dtype(TorchTypeOf(dtype_));
+  if (count == 0) return at::empty({0}, options);
+  // The deleter owns a reference to the mapping: the tensor keeps it alive.
+  return at::from_blob(
+      data, {count}, [keep = bin_](void*) {}, options);
 }
 
 absl::StatusOr<at::Tensor> IndexedDataset::Get(int64_t index, int64_t offset,

@@ -62,9 +62,9 @@ class IndexedDataset {
 
   // Megatron's get(idx, offset, length): `length` tokens (default: to the end) of sequence
   // `index` from token `offset`, as a 1-D tensor sharing the mapping (writes to it are
-  // private copy-on-write pages). Its dtype is the file's, except uint16, which LibTorch 1.13
-  // lacks: those tokens are copied into an int32 tensor. Errors: kOutOfRange for an index,
-  // offset or length outside the sequence.
+  // private copy-on-write pages) in the file's dtype (uint16 as at::kUInt16, which few
+  // operators take beyond copies: convert with .to(at::kLong)). Errors: kOutOfRange for an
+  // index, offset or length outside the sequence.
   [[nodiscard]] absl::StatusOr<at::Tensor> Get(int64_t index, int64_t offset = 0,
                                                std::optional<int64_t> length = std::nullopt) const;
 

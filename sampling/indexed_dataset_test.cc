@@ -118,7 +118,7 @@ TEST(IndexedDatasetTest, TensorsShareTheMappingAndOutliveTheDataset) {
   EXPECT_THAT(ToVector(again), ElementsAre(5, 6));
 }
 
-TEST(IndexedDatasetTest, Uint16IsWidenedToInt32) {
+TEST(IndexedDatasetTest, Uint16IsAZeroCopyUInt16Tensor) {
   const std::string prefix = TempPrefix("uint16");
   KEEL_ASSERT_OK_AND_ASSIGN(auto writer, IndexedDatasetWriter::Create(prefix, TokenDtype::kUint16));
   KEEL_ASSERT_OK(writer.AddItem({0, 65535, 40000}));
@@ -126,7 +126,8 @@ TEST(IndexedDatasetTest, Uint16IsWidenedToInt32) {
   KEEL_ASSERT_OK(writer.Finalize());
   KEEL_ASSERT_OK_AND_ASSIGN(IndexedDataset dataset, IndexedDataset::Open(prefix));
   KEEL_ASSERT_OK_AND_ASSIGN(at::Tensor tokens, dataset.Get(0));
-  EXPECT_EQ(tokens.scalar_type(), at::kInt);
+  EXPECT_EQ(tokens.scalar_type(), at::kUInt16);
+  EXPECT_EQ(static_cast<const uint8_t*>(tokens.data_ptr()), dataset.bin_bytes().data());
   EXPECT_THAT(ToVector(tokens), ElementsAre(0, 65535, 40000));
 }
 

@@ -39,13 +39,9 @@ struct FakeGpuAllocator final : c10::Allocator {
                                   kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
     return {data, data, &FreeHostMemory, c10::Device(kType, index)};
   }
-  // LibTorch 1.13 declares allocate const, 2.x not: one of these overrides it, the other is an
-  // overload of no use.
-  c10::DataPtr allocate(size_t bytes) const { return Allocate(bytes); }
-  c10::DataPtr allocate(size_t bytes) { return Allocate(bytes); }
+  c10::DataPtr allocate(size_t bytes) override { return Allocate(bytes); }
   c10::DeleterFnPtr raw_deleter() const override { return &FreeHostMemory; }
-  // A pure virtual function of LibTorch 2.x's Allocator; unknown to 1.13's.
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
 };

@@ -4,7 +4,8 @@
 # .venv/ (git-ignored), whose torch/ folder is the LibTorch Bazel uses unless KEEL_LIBTORCH
 # names another (third_party/libtorch/workspace.bzl), and whose torchrun and Python the tests
 # and the Python baselines use; with it, the pinned transformers and safetensors that
-# tools/scripts/hf_parity.py records testdata/hf_parity/ with.
+# tools/scripts/hf_parity.py records testdata/hf_parity/ with, and pybind11 for the Megatron
+# helpers that tools/scripts/gpt_index_benchmark.py compiles.
 # Idempotent: what is already present is reported and left alone; safe to run twice.
 set -euo pipefail
 
@@ -14,9 +15,6 @@ readonly PACKAGES=(
   bazel-rules-java    # @rules_java for offline Bazel
   build-essential     # g++ and the C++ standard library
   python3-venv        # the project-local environment that holds PyTorch 2.11 (.venv)
-  libtorch-dev        # LibTorch 1.13.1 (CPU): the second CI leg, exact parity with the golden files
-  python3-torch       # torchrun and Python of LibTorch 1.13.1, for that leg's tests
-  libopenblas0-pthread  # OpenBLAS as libblas.so.3: LibTorch 1.13's sgemm is ~15x slower on the reference BLAS
   libgloo-dev         # Gloo headers that c10d's ProcessGroupGloo.hpp includes (the wheel has none)
   libabsl-dev         # Abseil (status, strings, flags)
   libprotobuf-dev     # protobuf runtime (checkpoint manifests, configs)
@@ -31,19 +29,21 @@ readonly PACKAGES=(
   python3-sentencepiece  # the Python baseline of tools/scripts/preprocess_benchmark.sh
   clang               # clang++ for libFuzzer builds (sampling/index_format_fuzz_test.cc)
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang
-  python3-numpy       # numpy's RandomState: the cross-checks and Megatron baseline of tools/scripts/gpt_index_benchmark.py
-  python3-pybind11    # compiles Megatron-LM's helpers.cpp for tools/scripts/gpt_index_benchmark.py
+  python3-dev         # Python.h for Megatron-LM's helpers.cpp, which tools/scripts/gpt_index_benchmark.py compiles
 )
 
 # What .venv holds: PyPI's torch 2.11.0 (CUDA 13.0, with its nvidia-* libraries: cuDNN, NCCL,
 # cuBLAS, ...) and numpy, which torch's Python side imports; transformers (the newest PyPI release
-# when it was pinned, checked with this torch) and safetensors, for tools/scripts/hf_parity.py.
+# when it was pinned, checked with this torch) and safetensors, for tools/scripts/hf_parity.py;
+# pybind11 for tools/scripts/gpt_index_benchmark.py.
 # pip adds what they depend on (huggingface_hub, tokenizers, ...) at the versions it resolves.
 readonly TORCH_VERSION=2.11.0
 readonly TRANSFORMERS_VERSION=5.24.0
 readonly SAFETENSORS_VERSION=0.8.0
+readonly PYBIND11_VERSION=3.1.0
 readonly PYTHON_PACKAGES=("torch==${TORCH_VERSION}" "numpy==2.3.5"
-                          "transformers==${TRANSFORMERS_VERSION}" "safetensors==${SAFETENSORS_VERSION}")
+                          "transformers==${TRANSFORMERS_VERSION}" "safetensors==${SAFETENSORS_VERSION}"
+                          "pybind11==${PYBIND11_VERSION}")
 
 sudo_cmd=()
 if [[ "$(id -u)" != 0 ]]; then sudo_cmd=(sudo); fi
@@ -70,12 +70,12 @@ fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${repo_root}/.venv"
 has_torch="import sys, torch, numpy; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')"
-has_hf="import sys, transformers, safetensors; sys.exit(transformers.__version__ != '${TRANSFORMERS_VERSION}' or safetensors.__version__ != '${SAFETENSORS_VERSION}')"
+has_hf="import sys, transformers, safetensors, pybind11; sys.exit(transformers.__version__ != '${TRANSFORMERS_VERSION}' or safetensors.__version__ != '${SAFETENSORS_VERSION}' or pybind11.__version__ != '${PYBIND11_VERSION}')"
 if "${venv}/bin/python" -c "${has_torch}" 2>/dev/null && "${venv}/bin/python" -c "${has_hf}" 2>/dev/null; then
-  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}, transformers ${TRANSFORMERS_VERSION} and safetensors ${SAFETENSORS_VERSION} already"
+  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}, transformers ${TRANSFORMERS_VERSION}, safetensors ${SAFETENSORS_VERSION} and pybind11 ${PYBIND11_VERSION} already"
 elif "${venv}/bin/python" -c "${has_torch}" 2>/dev/null; then
   # torch==2.11.0 is already satisfied, so pip leaves torch as it is and adds the rest.
-  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}; installing transformers ${TRANSFORMERS_VERSION} and safetensors ${SAFETENSORS_VERSION}"
+  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}; installing transformers ${TRANSFORMERS_VERSION}, safetensors ${SAFETENSORS_VERSION} and pybind11 ${PYBIND11_VERSION}"
   "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check "${PYTHON_PACKAGES[@]}"
 else
   echo "bootstrap: installing ${PYTHON_PACKAGES[*]} from PyPI into ${venv} (about 3 GiB)"

@@ -61,9 +61,9 @@ absl::StatusOr<at::Tensor> EndToEnd(const sampling::IndexedDataset& data, int64_
   for (int64_t i = 0; i < data.size() && have < count; ++i) {
     KEEL_ASSIGN_OR_RETURN(at::Tensor sequence, data.Get(i));
     have += sequence.numel();
-    pieces.push_back(std::move(sequence));
+    pieces.push_back(sequence.to(at::kLong));
   }
-  return at::cat(pieces).narrow(0, 0, count).to(at::kLong);
+  return at::cat(pieces).narrow(0, 0, count);
 }
 
 // Every token must be an id of the model's vocabulary.

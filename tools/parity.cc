@@ -5,11 +5,18 @@
 //   bazel run //tools:parity                                   # every component, vendored cases
 //   bazel run //tools:parity -- --component=param_scheduler --cases=my.json --out=out.json
 //
-// A case whose inputs Keel refuses gets `actual: {"error": "<message>"}`.
+// A case whose inputs Keel refuses gets `actual: {"error": "<message>"}`. The tool runs on the
+// CPU kernels the golden files were recorded with (ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2; see
+// testdata/golden/README.md), re-executing itself with them set when they are not.
+#include <stdio.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -88,6 +95,28 @@ absl::StatusOr<Json> RunCases(const Component& component, const std::string& cas
   return file;
 }
 
+// What testdata/golden/README.md says the cases were recorded on: ATen's AVX2 kernels (float
+// reductions sum in the order of their vector width) and MKL's AVX2 code path (its float64 sqrt
+// rounds otherwise on wider instruction sets).
+constexpr std::pair<const char*, const char*> kRecordingKernels[] = {
+    {"ATEN_CPU_CAPABILITY", "avx2"}, {"MKL_CBWR", "AVX2"}};
+
+// Sets kRecordingKernels and re-executes this program when one was missing or different, so
+// that LibTorch and MKL read them before their first kernel. Returns only when both were set
+// already, or when the re-execution failed (then kernels stay the machine's).
+void RunOnRecordingKernels(char** argv) {
+  bool set = true;
+  for (const auto& [name, value] : kRecordingKernels) {
+    const char* current = std::getenv(name);
+    if (current != nullptr && std::strcmp(current, value) == 0) continue;
+    ::setenv(name, value, /*overwrite=*/1);
+    set = false;
+  }
+  if (set) return;
+  ::execv("/proc/self/exe", argv);
+  ::perror("parity: re-executing with ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2");
+}
+
 absl::Status Main(const std::string& argv0) {
   const std::string selected = absl::GetFlag(FLAGS_component);
   std::vector<const Component*> components;
@@ -137,6 +166,7 @@ absl::Status Main(const std::string& argv0) {
 }  // namespace keel::tools
 
 int main(int argc, char** argv) {
+  keel::tools::RunOnRecordingKernels(argv);
   absl::SetProgramUsageMessage(
       "Runs Keel on golden-format cases and writes them back with `actual` beside `expected`.");
   absl::ParseCommandLine(argc, argv);

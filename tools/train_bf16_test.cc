@@ -9,9 +9,6 @@
 // difference (bf16 runs of two layouts, measured: losses 1-2% apart there, gradient norms
 // 37-82%), where the test would compare the spike, not the layouts.
 //
-// Debian's LibTorch 1.13 has a Gloo that cannot carry bf16 tensors: the trainer refuses bf16
-// with tensor, pipeline or expert parallelism there (options_test), and those cases skip.
-//
 // Bounds, measured over 30 steps under LibTorch 2.11 and asked with about 4x margin:
 // - bf16 against float32 (one rank): first loss 2.4e-5 relative (the forward rounds to bf16's
 //   8 mantissa bits), later losses 4.6e-4, gradient norms 2.4e-3; asked 1e-4, 2e-3, 1e-2.
@@ -33,7 +30,6 @@
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
-#include "base/torch_compat.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
@@ -99,9 +95,6 @@ TEST(TrainBf16Test, TheLayoutDoesNotChangeTheNumbers) {
                                Layout{"tp2", "distributed.tensor_model_parallel_size=2"},
                                Layout{"pp2", "distributed.pipeline_model_parallel_size=2"}}) {
     SCOPED_TRACE(layout.name);
-    if (layout.name != "dp2_sharded" && !base::GlooCarriesBFloat16()) {
-      GTEST_SKIP() << "LibTorch 1.13's Gloo cannot carry bf16 activations";
-    }
     const std::string run_dir = NewTempDir(layout.name);
     RunToEnd(run_dir, 2, kSteps, AtLr1e3({kBf16, layout.assignment}));
     ExpectLayoutInvariant(reference, run_dir, kDenseLayouts);
@@ -109,9 +102,6 @@ TEST(TrainBf16Test, TheLayoutDoesNotChangeTheNumbers) {
 }
 
 TEST(TrainBf16Test, ExpertParallelismDoesNotChangeTheNumbers) {
-  if (!base::GlooCarriesBFloat16()) {
-    GTEST_SKIP() << "LibTorch 1.13's Gloo cannot carry bf16 activations";
-  }
   const std::vector<std::string> moe =
       AtLr1e3({kBf16, "model.num_moe_experts=4", "model.moe_router_topk=2",
                "model.moe_aux_loss_coeff=0.01"});

@@ -185,16 +185,9 @@ std::optional<std::string> WhyNoTorchrun() {
   return keel::testing::WhyNotExecutable(Absolute(absl::GetFlag(FLAGS_torchrun)));
 }
 
-Subprocess TorchrunTrain(
-    int ranks, const std::vector<std::string>& args,
-    const std::string& stderr_path) {  // Debian's torch 1.13 on Python 3.11 cannot parse the
-                                       // default --redirects/--tee of 0 (its
-  // Std flag enum iterates without its zero member): send stdout to files and tee it back.
-  // 1.13 spells the flag --no_python; 2.x takes it as well as --no-python.
-  std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_torchrun)),
-                                   "--no_python",
-                                   "--redirects=1",
-                                   "--tee=1",
+Subprocess TorchrunTrain(int ranks, const std::vector<std::string>& args,
+                         const std::string& stderr_path) {
+  std::vector<std::string> argv = {Absolute(absl::GetFlag(FLAGS_torchrun)), "--no-python",
                                    absl::StrCat("--nproc_per_node=", ranks),
                                    absl::StrCat("--master_port=", keel::testing::FreeTcpPort()),
                                    Absolute(absl::GetFlag(FLAGS_train))};

@@ -12,17 +12,31 @@ struct Spelling {
   absl::string_view name;
 };
 
-// Every dtype that safetensors and LibTorch 1.13 share.
+// Every dtype that safetensors and LibTorch 2.6 share (the float8 formats as safetensors'
+// Python side maps them: E4M3 is torch's float8_e4m3fn).
 constexpr Spelling kSpellings[] = {
-    {at::kBool, "BOOL"}, {at::kByte, "U8"},    {at::kChar, "I8"},          {at::kShort, "I16"},
-    {at::kInt, "I32"},   {at::kLong, "I64"},   {at::kHalf, "F16"},         {at::kBFloat16, "BF16"},
-    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kComplexFloat, "C64"},
+    {at::kBool, "BOOL"},
+    {at::kByte, "U8"},
+    {at::kChar, "I8"},
+    {at::kShort, "I16"},
+    {at::kUInt16, "U16"},
+    {at::kInt, "I32"},
+    {at::kUInt32, "U32"},
+    {at::kLong, "I64"},
+    {at::kUInt64, "U64"},
+    {at::kHalf, "F16"},
+    {at::kBFloat16, "BF16"},
+    {at::kFloat, "F32"},
+    {at::kDouble, "F64"},
+    {at::kComplexFloat, "C64"},
+    {at::kFloat8_e5m2, "F8_E5M2"},
+    {at::kFloat8_e4m3fn, "F8_E4M3"},
+    {at::kFloat8_e5m2fnuz, "F8_E5M2FNUZ"},
+    {at::kFloat8_e4m3fnuz, "F8_E4M3FNUZ"},
 };
 
-// safetensors spellings with no LibTorch 1.13 dtype (tensor.rs, `Dtype`).
-constexpr absl::string_view kWithoutTorchDtype[] = {
-    "U16", "U32", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2",
-};
+// safetensors spellings with no LibTorch 2.6 dtype (tensor.rs, `Dtype`).
+constexpr absl::string_view kWithoutTorchDtype[] = {"F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"};
 
 std::string Supported() {
   std::string out;
@@ -49,7 +63,7 @@ absl::StatusOr<at::ScalarType> ParseDtype(absl::string_view name) {
   for (absl::string_view other : kWithoutTorchDtype) {
     if (other == name) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "dtype \"", name, "\" has no LibTorch 1.13 equivalent; supported: ", Supported()));
+          "dtype \"", name, "\" has no LibTorch equivalent; supported: ", Supported()));
     }
   }
   return absl::InvalidArgumentError(

@@ -15,12 +15,13 @@
 
 namespace keel::checkpoint::internal {
 
-// The safetensors spelling of `dtype`: BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64 or C64
-// (ComplexFloat). Errors: kInvalidArgument for any other dtype, listing the supported ones.
+// The safetensors spelling of `dtype`: BOOL, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16,
+// F32, F64, C64 (ComplexFloat) or a float8 (F8_E5M2, F8_E4M3 for Float8_e4m3fn, and their FNUZ
+// forms). Errors: kInvalidArgument for any other dtype, listing the supported ones.
 [[nodiscard]] absl::StatusOr<std::string> DtypeName(at::ScalarType dtype);
 
 // The inverse of DtypeName. Errors: kInvalidArgument for an unknown spelling or one that
-// LibTorch 1.13 cannot hold (U16, U32, U64, F8_*, F6_*, F4), listing the supported ones.
+// LibTorch cannot hold (F8_E8M0, F6_*, F4), listing the supported ones.
 [[nodiscard]] absl::StatusOr<at::ScalarType> ParseDtype(absl::string_view name);
 
 }  // namespace keel::checkpoint::internal

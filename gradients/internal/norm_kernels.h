@@ -10,7 +10,8 @@ namespace keel::gradients::internal {
 // Writes float64((|g[i]| / scale)^2) into out[0, g.numel()), the quotient and the square
 // rounded to float32 as ATen's abs, div (by a float64 0-d tensor, cast to float32 first) and
 // square round them, so the values equal g.abs().div(scale).square().to(float64) bit for bit.
-// Requires: g float32, contiguous, on the CPU; `out` holds g.numel() doubles.
+// Requires: g float32 of one or more dimensions (a 0-d one divides in float64), contiguous, on
+// the CPU; `out` holds g.numel() doubles.
 void ScaledSquares(const at::Tensor& g, float scale, double* out);
 
 // The sum of g[i]^2, each square and each block of 8192 elements accumulated in float32

@@ -134,7 +134,7 @@ class ParallelSelfAttentionImpl : public torch::nn::Module {
   // Requires: tp's size divides num_heads, which divides hidden_size.
   ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads, c10d::ProcessGroup* tp);
   // `x` [batch, seq, hidden] whole; each position attends to itself and the positions before
-  // it (base::CausalAttention: a fused kernel on LibTorch 2.x). Returns [batch, seq, hidden],
+  // it (base::CausalAttention: LibTorch's fused kernel). Returns [batch, seq, hidden],
   // whole.
   at::Tensor forward(const at::Tensor& x);
 

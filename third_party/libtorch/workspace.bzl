@@ -2,10 +2,10 @@
 
 Where LibTorch comes from (`find_libtorch`):
   1. $KEEL_LIBTORCH: a folder with include/ and lib/ (a PyTorch wheel's torch/ folder, or a
-     LibTorch archive from pytorch.org, unpacked), or /usr for Debian's libtorch-dev.
+     LibTorch archive from pytorch.org, unpacked).
   2. <keel>/.venv/lib/python3.*/site-packages/torch: PyTorch 2.11.0 from PyPI, which
      tools/bootstrap.sh installs.
-Supported: LibTorch 1.13 and 2.6 or later, built with the C++11 ABI; anything else fails here,
+Supported: LibTorch 2.6 or later, built with the C++11 ABI; anything else fails here,
 naming the version. Only LibTorch's own header folders are exposed (never a wheel's bundled
 protobuf or pybind11), and its libraries are linked by their real paths with an rpath to
 their folder, so that a wheel's libtorch_cuda.so finds nvidia/*/lib through its own $ORIGIN
@@ -17,7 +17,6 @@ load("@bazel_tools//tools/build_defs/repo:utils.bzl", "maybe")
 
 _HEADER_DIRS = ["torch", "ATen", "c10", "caffe2"]
 _VERSION_HEADERS = ["torch/headeronly/version.h", "torch/csrc/api/include/torch/version.h"]
-_DEBIAN_MULTIARCH = "lib/x86_64-linux-gnu"
 
 def _bootstrapped_torch(rctx):
     """<keel>/.venv/lib/python3.*/site-packages/torch, or None."""
@@ -50,8 +49,6 @@ def find_libtorch(rctx):
             return None
     root = str(rctx.path(root).realpath)
     lib_dir = root + "/lib"
-    if not rctx.path(lib_dir + "/libtorch.so").exists and rctx.path(root + "/" + _DEBIAN_MULTIARCH + "/libtorch.so").exists:
-        lib_dir = root + "/" + _DEBIAN_MULTIARCH
     parent = rctx.path(root).dirname
     site_packages = str(parent) if parent.basename in ["site-packages", "dist-packages"] else None
     return struct(root = root, include_dir = root + "/include", lib_dir = lib_dir, site_packages = site_packages, origin = origin)
@@ -75,7 +72,7 @@ def _check(rctx, found):
     where = "LibTorch at %s (%s)" % (found.root, found.origin)
     for name in _HEADER_DIRS:
         if not rctx.path(found.include_dir + "/" + name).exists:
-            fail("%s has no include/%s: KEEL_LIBTORCH must name a folder with include/ and lib/ (a wheel's torch/ folder or an unpacked LibTorch archive), or /usr for Debian's libtorch-dev" % (where, name))
+            fail("%s has no include/%s: KEEL_LIBTORCH must name a folder with include/ and lib/ (a wheel's torch/ folder or an unpacked LibTorch archive)" % (where, name))
     for lib in ["libtorch.so", "libtorch_cpu.so", "libc10.so"]:
         if not rctx.path(found.lib_dir + "/" + lib).exists:
             fail("%s has no %s in %s" % (where, lib, found.lib_dir))
@@ -83,8 +80,8 @@ def _check(rctx, found):
     if not version:
         fail("%s: no TORCH_VERSION_MAJOR/MINOR/PATCH in include/{%s}" % (where, ",".join(_VERSION_HEADERS)))
     major, minor, patch = version
-    if (major, minor) != (1, 13) and (major, minor) < (2, 6):
-        fail("%s is version %d.%d.%d; Keel supports LibTorch 1.13 and 2.6 or later (2.0 to 2.5 lack c10d's ProcessGroup(store, rank, size) with per-device backends)" % (where, major, minor, patch))
+    if (major, minor) < (2, 6):
+        fail("%s is version %d.%d.%d; Keel supports LibTorch 2.6 or later" % (where, major, minor, patch))
 
     # Keel links Debian's C++ libraries (Abseil, protobuf), built with the C++11 ABI, so
     # LibTorch's std::string must be std::__cxx11::basic_string too: libc10.so says which.
@@ -98,8 +95,8 @@ def _python(rctx, found, version):
     if found.site_packages and found.site_packages.endswith("/site-packages"):
         # <prefix>/lib/pythonX.Y/site-packages/torch: a venv or an installation under <prefix>.
         candidate = str(rctx.path(found.site_packages).dirname.dirname.dirname) + "/bin/python3"
-    elif found.site_packages or found.lib_dir.endswith(_DEBIAN_MULTIARCH):
-        candidate = "/usr/bin/python3"  # Debian's python3-torch (dist-packages)
+    elif found.site_packages:
+        candidate = "/usr/bin/python3"  # a system Python's dist-packages
     else:
         return None, "LibTorch at %s is not part of a Python installation (an unpacked LibTorch archive): the tests that need torchrun are skipped" % found.root
     if not rctx.path(candidate).exists:
@@ -107,7 +104,7 @@ def _python(rctx, found, version):
     result = rctx.execute([candidate, "-c", "import torch; print(torch.__version__)"])
     expected = "%d.%d." % (version[0], version[1])
     if result.return_code != 0 or not result.stdout.startswith(expected):
-        return None, "%s cannot import torch %sx (got: %s%s); install the PyTorch of LibTorch %s (tools/bootstrap.sh, or Debian's python3-torch for /usr)" % (
+        return None, "%s cannot import torch %sx (got: %s%s); install the PyTorch of LibTorch %s (tools/bootstrap.sh)" % (
             candidate,
             expected,
             result.stdout.strip(),

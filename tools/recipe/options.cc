@@ -14,7 +14,6 @@
 #include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
-#include "base/torch_compat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "models/hf_config.h"
@@ -157,11 +156,6 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
   if (config.has_eps()) options.eps = config.eps();
   if (config.has_weight_decay()) options.weight_decay = config.weight_decay();
   if (config.has_fused()) options.fused = config.fused();
-  if (options.fused.value_or(false) && !base::HasFusedAdamW()) {
-    return absl::InvalidArgumentError(
-        "optimizer.fused (true) needs LibTorch 2.x (ATen's _fused_adamw_), which this build "
-        "lacks; allowed: false or unset");
-  }
   return absl::OkStatus();
 }
 
@@ -212,11 +206,6 @@ absl::Status ReadLogging(const LoggingConfig& config, LoggingOptions& options) {
                                options.profile_steps, "must be >= 0 (0: no profile)"));
   KEEL_RETURN_IF_ERROR(Require(options.profile_after_step >= 0, "logging.profile_after_step",
                                options.profile_after_step, "must be >= 0"));
-  if (options.profile_steps > 0 && !base::HasProfiler()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logging.profile_steps (", options.profile_steps,
-                     ") needs LibTorch 2.x (its profiler's C++ API); allowed with this build: 0"));
-  }
   return absl::OkStatus();
 }
 
@@ -521,18 +510,6 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
         "CPU: false");
   }
   options.bf16 = config.model().bf16();
-  if (const parallel::ModelParallelOptions& p = options.distributed.parallel;
-      options.bf16 && options.distributed.backend == parallel::Backend::kGloo &&
-      !base::GlooCarriesBFloat16() &&
-      (p.tensor_model_parallel_size > 1 || p.pipeline_model_parallel_size > 1 ||
-       p.expert_model_parallel_size > 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.bf16 (true) with tensor_model_parallel_size ", p.tensor_model_parallel_size,
-        ", pipeline_model_parallel_size ", p.pipeline_model_parallel_size,
-        " and expert_model_parallel_size ", p.expert_model_parallel_size,
-        ": this build's LibTorch (1.13) has a Gloo that cannot carry the bf16 activations; "
-        "allowed with it: model.bf16 with data parallelism alone, or model.bf16 false"));
-  }
   if (const std::optional<bool> in_fp32 = options.distributed.grad_reduce_in_fp32;
       in_fp32.has_value() && !options.bf16) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -7,7 +7,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "base/torch_compat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
@@ -143,7 +142,7 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
 }
 
 // optimizer.fused (torch.optim.AdamW's): unset by default (the trainer picks per device), as
-// set otherwise; true needs a LibTorch with the fused kernel. model.tf32 goes with a GPU backend.
+// set otherwise. model.tf32 goes with a GPU backend.
 TEST(ReadOptionsTest, PrecisionAndKernelChoices) {
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
   EXPECT_EQ(options.optimizer.fused, std::nullopt);
@@ -152,14 +151,8 @@ TEST(ReadOptionsTest, PrecisionAndKernelChoices) {
   EXPECT_EQ(options.logging.profile_after_step, 5);
   KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"optimizer.fused=false"}));
   EXPECT_EQ(options.optimizer.fused, false);
-  if (base::HasFusedAdamW()) {
-    KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"optimizer.fused=true"}));
-    EXPECT_EQ(options.optimizer.fused, true);
-  } else {
-    EXPECT_THAT(Read({"optimizer.fused=true"}),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("optimizer.fused (true) needs LibTorch 2.x")));
-  }
+  KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"optimizer.fused=true"}));
+  EXPECT_EQ(options.optimizer.fused, true);
   KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"model.tf32=true", "distributed.backend=nccl"}));
   EXPECT_TRUE(options.tf32);
   EXPECT_EQ(ConfigFingerprint(options)["tf32"], true);
@@ -187,8 +180,8 @@ TEST(ReadOptionsTest, SavedModelIsTheRunsModel) {
 }
 
 // model.bf16 (Megatron's bf16): off by default; distributed.grad_reduce_in_fp32 unset (true
-// under bf16) or as set; on the CPU with model parallelism only where Gloo carries bf16.
-TEST(ReadOptionsTest, Bf16IsOptInAndChecksWhatCarriesIt) {
+// under bf16) or as set; on the CPU with model parallelism too (Gloo carries bf16).
+TEST(ReadOptionsTest, Bf16IsOptIn) {
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
   EXPECT_FALSE(options.bf16);
   EXPECT_EQ(ConfigFingerprint(options)[kBf16Field], false);
@@ -199,14 +192,7 @@ TEST(ReadOptionsTest, Bf16IsOptInAndChecksWhatCarriesIt) {
   EXPECT_EQ(ConfigFingerprint(options)[kBf16Field], true);
   const std::vector<std::string> tp2 = {"model.bf16=true",
                                         "distributed.tensor_model_parallel_size=2"};
-  if (base::GlooCarriesBFloat16()) {
-    KEEL_EXPECT_OK(Read(tp2).status());
-  } else {
-    EXPECT_THAT(Read(tp2), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    HasSubstr("model.bf16 (true) with tensor_model_parallel_size "
-                                              "2, pipeline_model_parallel_size 1 and "
-                                              "expert_model_parallel_size 1: this build's")));
-  }
+  KEEL_EXPECT_OK(Read(tp2).status());
 }
 
 // data.paths: NeMo's defaults (no validation windows: data.split gives the validation split,

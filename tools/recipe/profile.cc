@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,10 +11,36 @@
 #include "base/files.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "torch/csrc/autograd/profiler_kineto.h"
 #include "torch/cuda.h"
 
 namespace keel::tools::recipe {
 namespace {
+
+// Starts LibTorch's profiler (Kineto) for this process's operators and, with `cuda`, the
+// kernels they launch. Throws c10::Error when a profiler is already on.
+void StartProfiler(bool cuda) {
+  using torch::profiler::impl::ActivityType;
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (cuda) activities.insert(ActivityType::CUDA);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+}
+
+// Stops the profiler, writes its Chrome trace to `trace_path` and returns the events. Throws
+// c10::Error when none is on.
+std::vector<ProfiledEvent> StopProfiler(const std::string& trace_path) {
+  std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
+      torch::autograd::profiler::disableProfiler();
+  result->save(trace_path);
+  std::vector<ProfiledEvent> events;
+  for (const torch::autograd::profiler::KinetoEvent& event : result->events()) {
+    events.push_back(
+        {event.name(), event.deviceType() != c10::DeviceType::CPU, event.durationNs()});
+  }
+  return events;
+}
 
 struct Total {
   uint64_t ns = 0;
@@ -40,12 +68,12 @@ std::string TopRows(const std::map<std::string, Total>& totals, double wall_seco
 
 }  // namespace
 
-std::string SummarizeProfile(const std::vector<base::ProfiledEvent>& events, double wall_seconds,
+std::string SummarizeProfile(const std::vector<ProfiledEvent>& events, double wall_seconds,
                              int64_t steps, int top) {
   std::map<std::string, Total> device, host;
   uint64_t busy_ns = 0;
   int64_t launches = 0;
-  for (const base::ProfiledEvent& event : events) {
+  for (const ProfiledEvent& event : events) {
     Total& total = (event.on_device ? device : host)[event.name];
     total.ns += event.duration_ns;
     ++total.calls;
@@ -78,7 +106,7 @@ absl::Status StepProfiler::BeforeStep(int64_t step) {
   }
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "starting the profiler", [&] {
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-    base::StartProfiler(/*cuda=*/device_.is_cuda());
+    StartProfiler(/*cuda=*/device_.is_cuda());
   }));
   start_ = std::chrono::steady_clock::now();
   return absl::OkStatus();
@@ -88,12 +116,12 @@ absl::Status StepProfiler::AfterStep(int64_t step, std::ostream& log) {
   const int64_t last = options_.profile_after_step + options_.profile_steps;
   if (options_.profile_steps == 0 || step != last) return absl::OkStatus();
   const std::string trace = base::JoinPath(run_dir_, "profile.json");
-  std::vector<base::ProfiledEvent> events;
+  std::vector<ProfiledEvent> events;
   double seconds = 0.0;
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "profiling the steps", [&] {
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    events = base::StopProfiler(trace);
+    events = StopProfiler(trace);
   }));
   log << "profile of steps " << options_.profile_after_step + 1 << "-" << last << " ("
       << options_.profile_steps << " steps, " << seconds << " s; trace: " << trace << ")\n"

@@ -19,15 +19,22 @@
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
-#include "base/torch_compat.h"
 #include "tools/recipe/options.h"
 
 namespace keel::tools::recipe {
 
+// One operator call or kernel of a profile: its name, whether it ran on a device (a kernel, a
+// device copy or set), and how long it took.
+struct ProfiledEvent {
+  std::string name;
+  bool on_device = false;
+  uint64_t duration_ns = 0;
+};
+
 // The summary of `events` recorded over `steps` steps that took `wall_seconds`: the `top` device
 // kernels by total time (with the share of the wall time the device was busy), then the `top`
 // host operators ("aten::...") by total time, which includes the operators they call.
-std::string SummarizeProfile(const std::vector<base::ProfiledEvent>& events, double wall_seconds,
+std::string SummarizeProfile(const std::vector<ProfiledEvent>& events, double wall_seconds,
                              int64_t steps, int top = 15);
 
 class StepProfiler {

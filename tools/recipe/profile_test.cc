@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "base/torch_compat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/files.h"
@@ -20,7 +19,7 @@ using ::testing::Not;
 TEST(SummarizeProfileTest, RanksKernelsAndOperatorsPerStepAndShareOfTheWallTime) {
   // Two steps in 10 ms: a 2 ms kernel three times and a 1 ms copy once (7 ms busy: 3.5 ms a
   // step, 70%); an operator of 3 ms twice.
-  const std::vector<base::ProfiledEvent> events = {
+  const std::vector<ProfiledEvent> events = {
       {"gemm", true, 2'000'000},   {"aten::mm", false, 3'000'000}, {"gemm", true, 2'000'000},
       {"memcpy", true, 1'000'000}, {"aten::mm", false, 3'000'000}, {"gemm", true, 2'000'000},
   };
@@ -36,7 +35,7 @@ TEST(SummarizeProfileTest, RanksKernelsAndOperatorsPerStepAndShareOfTheWallTime)
 }
 
 TEST(SummarizeProfileTest, KeepsTheTopRowsOnly) {
-  std::vector<base::ProfiledEvent> events;
+  std::vector<ProfiledEvent> events;
   for (int i = 1; i <= 5; ++i) events.push_back({"op" + std::to_string(i), false, 1000u * i});
   const std::string summary = SummarizeProfile(events, 1.0, 1, /*top=*/2);
   EXPECT_THAT(summary, HasSubstr("op5"));
@@ -46,7 +45,6 @@ TEST(SummarizeProfileTest, KeepsTheTopRowsOnly) {
 }
 
 TEST(StepProfilerTest, ProfilesTheConfiguredStepsOnTheCpu) {
-  if (!base::HasProfiler()) GTEST_SKIP() << "profiling needs LibTorch 2.x";
   const std::string dir = keel::testing::NewTempDir("profile");
   LoggingOptions options;
   options.profile_steps = 2;

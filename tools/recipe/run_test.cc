@@ -16,7 +16,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/torch_compat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
@@ -126,7 +125,6 @@ TEST(RunTest, TrainsToMaxStepsThenResumesWhereItStopped) {
 // (its kernel rounds differently: the losses agree to float32 rounding, amplified over 6
 // steps), and a resume continues its step counts from the checkpoint, bit for bit.
 TEST(RunTest, TheFusedAdamWTrainsAndResumesBitIdentically) {
-  if (!base::HasFusedAdamW()) GTEST_SKIP() << "LibTorch 1.13 has no fused AdamW";
   const std::string dir = keel::testing::NewTempDir("fused");
   auto fused = [&](const std::string& run_dir, int64_t steps) {
     TrainOptions options = SmallOptions(dir + run_dir, steps);

@@ -138,7 +138,6 @@ void HangWatchdog::Publish() {
     const std::string state = Encode(WallClock::now());
     lock.unlock();
     try {
-      std::lock_guard<std::mutex> store_lock(*store_mutex_);
       store_->set(key, std::vector<uint8_t>(state.begin(), state.end()));
     } catch (const std::exception&) {
       // The store is gone (its host ended): the collectives fail on their own.
@@ -191,9 +190,8 @@ struct Gathered {
 // Every rank's state, read by the first rank to ask (the reporter); the others wait, at most
 // `wait`, until it has read them, so that the rank serving the store (rank 0 under
 // tools:launch) does not end the store under the reporter.
-void Gather(c10d::Store* store, std::mutex& store_mutex, int world_size,
-            std::chrono::milliseconds wait, const std::shared_ptr<Gathered>& out) {
-  std::lock_guard<std::mutex> store_lock(store_mutex);
+void Gather(c10d::Store* store, int world_size, std::chrono::milliseconds wait,
+            const std::shared_ptr<Gathered>& out) {
   const std::string reported = absl::StrCat(kKeyPrefix, "reported");
   bool reporter = true;
   std::vector<std::optional<RankState>> states(world_size);
@@ -247,9 +245,8 @@ std::string HangWatchdog::Report(double stalled_seconds) {
   std::vector<std::string> errors(world_size_);
   if (store_ != nullptr) {
     auto gathered = std::make_shared<Gathered>();
-    std::thread([store = store_, store_mutex = store_mutex_, world = world_size_,
-                 wait = options_.store_wait / 2, gathered] {
-      Gather(store, *store_mutex, world, wait, gathered);
+    std::thread([store = store_, world = world_size_, wait = options_.store_wait / 2, gathered] {
+      Gather(store, world, wait, gathered);
     }).detach();
     std::unique_lock<std::mutex> lock(gathered->mutex);
     if (!gathered->done_cv.wait_for(lock, options_.store_wait, [&] { return gathered->done; })) {

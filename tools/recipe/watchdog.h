@@ -106,10 +106,6 @@ class HangWatchdog {
   std::chrono::system_clock::time_point entered_wall_;
   // The longest a phase has lasted, for the derived timeout.
   std::chrono::steady_clock::duration longest_{};
-  // One store operation at a time from the watchdog's threads (LibTorch 1.13's TCPStore
-  // client is not safe to share between threads); shared with a report's reader, which may
-  // outlive the watchdog.
-  std::shared_ptr<std::mutex> store_mutex_ = std::make_shared<std::mutex>();
   std::thread watcher_;
   std::thread publisher_;
 };

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Keel's GPT index build beside Megatron-LM's own builder, on the same data, in one run.
 
 Writes two indexed datasets with Megatron's IndexedDatasetBuilder, then builds the train,
@@ -11,11 +11,11 @@ the two caches are byte for byte the same files, that Keel loads Megatron's cach
 writing anything and Megatron loads Keel's (no rebuild), and that both serve the same first
 samples of every split.
 
-  /usr/bin/python3 tools/scripts/gpt_index_benchmark.py --megatron=/path/to/Megatron-LM \
+  .venv/bin/python tools/scripts/gpt_index_benchmark.py --megatron=/path/to/Megatron-LM \
       --samples=100000000                    # from the repository root
 
-Needs Debian's python3-numpy, python3-torch, python3-pybind11 and g++ (tools/bootstrap.sh),
-and a Megatron-LM checkout (nothing of it is copied into Keel).
+Needs tools/bootstrap.sh's .venv (torch, numpy, pybind11), Debian's python3-dev and g++, and a
+Megatron-LM checkout (nothing of it is copied into Keel).
 """
 import argparse
 import json
@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -117,7 +118,7 @@ def prepare_megatron(checkout, work):
     datasets = os.path.join(root, "megatron", "core", "datasets")
     includes = subprocess.check_output([sys.executable, "-m", "pybind11", "--includes"],
                                        text=True).split()
-    suffix = subprocess.check_output(["python3-config", "--extension-suffix"], text=True).strip()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
     # Megatron's own build line (megatron/core/datasets/Makefile).
     subprocess.check_call(["g++", "-O3", "-Wall", "-shared", "-std=c++17", "-fPIC", *includes,
                            "helpers.cpp", "-o", "helpers_cpp" + suffix], cwd=datasets)

@@ -1,9 +1,11 @@
-// CausalAttention against the explicit masked softmax it replaces on LibTorch 2.x.
-#include "base/torch_compat.h"
+// CausalAttention and SlidingWindowAttention against the explicit masked softmax.
+#include "base/attention.h"
 
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/core/grad_mode.h"
+#include "base/attention_reference.h"
 #include "gtest/gtest.h"
 
 namespace keel::base {
