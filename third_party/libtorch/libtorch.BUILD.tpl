@@ -16,10 +16,15 @@ cc_library(
     linkopts = [
         %{linkopts},
     ],
-    deps = [%{torch_deps}] + select({
-        "%{cuda_enabled}": [":cuda_build_check"],
+    # --config=cuda promises GPU code: against a LibTorch without CUDA every target that needs
+    # LibTorch is incompatible (the constraint's name says why), instead of quietly compiling
+    # none. Compatibility is decided at analysis: it changes no compile action, so a
+    # --config=cuda build reuses the plain build's objects.
+    target_compatible_with = select({
+        "%{cuda_enabled}": [%{cuda_constraint}],
         "//conditions:default": [],
     }),
+    deps = [%{torch_deps}],
 )
 
 # c10d (process groups, stores). USE_C10D_GLOO turns on ProcessGroupGloo.hpp, whose <gloo/...>
@@ -32,16 +37,11 @@ cc_library(
     deps = [%{c10d_deps}],
 )
 
-# --config=cuda promises GPU code: against a LibTorch without CUDA it fails instead of quietly
-# compiling none.
-cc_library(
-    name = "cuda_build_check",
-    hdrs = [":cuda_build_check_h"],
-)
-
+# Fails against a LibTorch without CUDA, saying so; //third_party/libtorch:cuda_build_check
+# runs it in --config=cuda builds of //... (which skip incompatible targets silently).
 genrule(
-    name = "cuda_build_check_h",
-    outs = ["cuda_build_check.h"],
+    name = "cuda_build_check",
+    outs = ["cuda_build_check.txt"],
     cmd = "%{cuda_build_check}",
 )
 

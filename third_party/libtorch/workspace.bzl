@@ -149,6 +149,11 @@ def _libtorch_impl(rctx):
         "%{torch_deps}": '"@local_cuda//:cudart"' if has_cuda else "",
         "%{c10d_defines}": '"USE_C10D_GLOO", "USE_C10D_NCCL"' if has_cuda else '"USE_C10D_GLOO"',
         "%{c10d_deps}": '":torch", "@local_nccl//:nccl_headers"' if has_cuda else '":torch"',
+        "%{cuda_constraint}": "" if has_cuda else '"@%s//%s:%s"' % (
+            rctx.attr._needs_cuda.workspace_name,
+            rctx.attr._needs_cuda.package,
+            rctx.attr._needs_cuda.name,
+        ),
         "%{cuda_build_check}": "touch $@" if has_cuda else (
             "echo '--config=cuda needs a LibTorch with CUDA; %s (%s) has no lib/libtorch_cuda.so' >&2; exit 1" %
             (found.root.replace("'", ""), found.origin.replace("'", ""))
@@ -169,6 +174,7 @@ _libtorch = repository_rule(
     attrs = {
         "_build_tpl": attr.label(default = Label("//third_party/libtorch:libtorch.BUILD.tpl")),
         "_cuda_enabled": attr.label(default = Label("//third_party/cuda:enabled")),
+        "_needs_cuda": attr.label(default = Label("//third_party/cuda:needs_a_libtorch_with_cuda")),
     },
 )
 

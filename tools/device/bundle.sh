@@ -6,7 +6,10 @@
 # binaries were linked against the same PyTorch wheel (2.11, CUDA 13), and
 # `tools/device/check.sh --prebuilt=.device-bundle` points the loader at the machine's copies.
 # It saves the machine the build (a bazel, a sysroot and some minutes of its time); check.sh
-# without --prebuilt builds there instead (tools/device/pack.sh).
+# without --prebuilt builds there instead (tools/device/pack.sh). The bundle is then checked
+# here, before any device time is spent: every binary finds every library it loads (the
+# bundle's, then the wheel's, as check.sh points the loader), and check.sh --prebuilt's GPU
+# tests run (their GPU cases skip without a GPU).
 #
 #   tools/device/bundle.sh [OUTDIR]
 set -euo pipefail
@@ -25,7 +28,7 @@ TARGETS=(
   //checkpoint:checkpoint_gpu_test
   //checkpoint:checkpoint_benchmark
   //base:attention_benchmark
-  //base:torch_compat_test
+  //base:attention_test
 )
 OPT=(--config=cuda -c opt)
 bazel build "${OPT[@]}" "${TARGETS[@]}"
@@ -69,3 +72,19 @@ strip --strip-debug "$OUT"/lib/lib*_S*.so 2>/dev/null || true
 } >"$OUT/MANIFEST"
 du -sh "$OUT"/bin "$OUT"/lib >&2
 cat "$OUT/MANIFEST"
+
+# The check, with the loader path check.sh --prebuilt sets on the device.
+torch="$ROOT/.venv/lib/python3.11/site-packages/torch"
+library_path="$OUT/lib:$torch/lib"
+for lib in "$torch"/../nvidia/*/lib; do library_path+=:$(realpath "$lib"); done
+missing=$(find "$OUT/bin" -type f -exec env LD_LIBRARY_PATH="$library_path" ldd {} \; |
+  grep "not found" | sort -u || true)
+if [[ -n "$missing" ]]; then
+  echo "bundle: libraries the binaries load and the device would not find:" >&2
+  echo "$missing" >&2
+  exit 1
+fi
+rm -rf /tmp/keel-device-check
+PYTHON="$ROOT/.venv/bin/python" tools/device/check.sh --prebuilt="$OUT" --phases=gpu_tests \
+  --report=/tmp/keel-device-check/bundle-report.md
+echo "bundle: checked here (every library found; the GPU tests pass, their GPU cases skipped)"

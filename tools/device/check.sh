@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Checks Keel on a lent GPU machine (no Java, Bazel, apt or network) in one command: unpacks what
-# tools/device/pack.sh made, builds `--config=cuda -c opt //...`, runs the GPU tests, trains the
-# default run on the GPU over NCCL beside the same run on the CPU, runs the whole suite, then the
-# GPU benchmarks (clipping beside LibTorch's own, the fused attention beside the explicit one, the
-# trainer beside the Python loop on the same GPU, checkpoints beside raw copies), and writes one
-# markdown report: what passed, what failed, the figures.
+# Checks Keel on a lent GPU machine (no Java, Bazel, apt or network) and writes one markdown
+# report: what passed, what failed, the figures.
 #
+#   tools/device/check.sh --prebuilt=.device-bundle        # the check, one call of ~3-4 minutes
+#   tools/device/check.sh --prebuilt=.device-bundle --phases=profile,families,compiled_benchmarks
 #   tools/device/check.sh [--report=FILE] [--phases=LIST] [--deadline=SECONDS] [--prebuilt=DIR]
 #
-# From the repository root, with .bazel-device carried. Phases, in order: build, gpu_tests,
-# train, families, profile, tests, trainer_benchmarks, benchmarks, gpt2_benchmarks,
-# checkpoint_benchmarks
-# (default: all; the slowest and least asked-for last, so that --deadline drops them first).
-# With --prebuilt=DIR (tools/device/bundle.sh's .device-bundle, carried instead) nothing is built
-# there: the bundle's binaries run against the machine's LibTorch, CUDA and NCCL, the GPU tests
-# as plain GoogleTest binaries, and the phases are those less build and tests (the whole suite
-# needs Bazel). A phase that ended in an earlier call on this machine
+# From the repository root. With --prebuilt=DIR (tools/device/bundle.sh's .device-bundle,
+# carried) nothing is built there: the bundle's binaries run against the machine's LibTorch,
+# CUDA and NCCL, the GPU tests as plain GoogleTest binaries. Its default phases are the check a
+# lease is for, in order: gpu_tests; train (the default run on the GPU over NCCL beside the same
+# run on the CPU); benchmarks (clipping and the fused AdamW beside LibTorch's own);
+# trainer_benchmarks (the bf16 trainer beside the Python autocast loop on issue 32's table GPT)
+# and gpt2_benchmarks (the same on GPT-2 124M). The optional phases, for a second call when
+# time is left: profile (LibTorch's profiler over the bf16 step), families (the Llama-style
+# families), compiled_benchmarks (beside torch.compile), attention_benchmarks (the fused
+# attention beside the explicit one) and checkpoint_benchmarks (checkpoints beside raw copies).
+# Without --prebuilt (.bazel-device carried, tools/device/pack.sh) it builds there first and
+# also runs the whole suite: phases build and tests, the default ones and the optional ones,
+# which takes longer than a 15-minute lease. A phase that ended in an earlier call on this machine
 # is not run again, so calls that each fit a time limit continue where the last one stopped;
 # --deadline=S starts no phase after S seconds (its report says which were left). The report
 # (default: $OUT/device-report.md where $OUT is set, else /tmp/keel-device-check/report.md)
@@ -26,8 +29,10 @@ ROOT=$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)
 WORK=/tmp/keel-device-check
 REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
-ALL_PHASES=build,gpu_tests,train,families,profile,tests,trainer_benchmarks,benchmarks,gpt2_benchmarks,checkpoint_benchmarks
-PHASES=$ALL_PHASES
+CHECK_PHASES=gpu_tests,train,benchmarks,trainer_benchmarks,gpt2_benchmarks
+OPTIONAL_PHASES=profile,families,compiled_benchmarks,attention_benchmarks,checkpoint_benchmarks
+ALL_PHASES=build,$CHECK_PHASES,tests,$OPTIONAL_PHASES
+PHASES=
 DEADLINE=0
 PREBUILT=""
 for arg in "$@"; do
@@ -48,7 +53,11 @@ OPT=(--config=cuda -c opt --curses=no --noshow_progress)
 
 # --- the machine, and the packed Bazel (or the prebuilt bundle) ----------------------------
 if [[ -n "$PREBUILT" ]]; then
-  [[ "$PHASES" != "$ALL_PHASES" ]] || PHASES=$(echo ",$PHASES," | sed 's/,build,/,/; s/,tests,/,/; s/^,//; s/,$//')
+  PHASES=${PHASES:-$CHECK_PHASES}
+  if [[ ",$PHASES," == *,build,* || ",$PHASES," == *,tests,* ]]; then
+    note "--prebuilt runs no Bazel: phases build and tests need .bazel-device instead"
+    exit 2
+  fi
   TORCH=$("${PYTHON:-python3}" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   export KEEL_LIBTORCH=$TORCH CC=${CC:-$(command -v gcc || echo none)}
   # The bundle's Debian libraries, then the machine's LibTorch and the CUDA and NCCL beside it.
@@ -58,6 +67,7 @@ if [[ -n "$PREBUILT" ]]; then
   BIN=$PREBUILT/bin
   note "prebuilt: $(head -n 1 "$PREBUILT/MANIFEST")"
 else
+  PHASES=${PHASES:-$ALL_PHASES}
   if ! bash tools/device/unpack.sh >"$WORK/unpack.log" 2>&1; then
     cat "$WORK/unpack.log" >&2
     note "unpacking failed; see $WORK/unpack.log"
@@ -99,7 +109,7 @@ build() { "${BAZEL[@]}" build "${OPT[@]}" -k //...; }
 gpu_tests() {
   local status=0
   if [[ -n "$PREBUILT" ]]; then
-    for test in optim/fused_adamw_test checkpoint/checkpoint_gpu_test base/torch_compat_test; do
+    for test in optim/fused_adamw_test checkpoint/checkpoint_gpu_test base/attention_test; do
       "$BIN/$test" && echo "//${test%/*}:${test##*/} PASSED" || { echo "//${test%/*}:${test##*/} FAILED"; status=1; }
     done
     # The test runs the interpreter by its path (a bare name would be taken for a missing file).
@@ -128,6 +138,16 @@ train() {
   cpu=$(tail -n 1 "$WORK/train_cpu/metrics.jsonl" | sed -n 's/.*"loss": *\([0-9.eE+-]*\).*/\1/p')
   echo "final loss: GPU (NCCL) $gpu, CPU (Gloo) $cpu"
   python3 -c "import sys; g, c = map(float, sys.argv[1:]); sys.exit(abs(g - c) > 1e-3)" "$gpu" "$cpu"
+}
+
+# The default run's byte corpus, which the profile and the trainer benchmarks train on: the
+# train phase's, or one step's on the CPU when that phase ran on another (cold) machine.
+corpus() {
+  if [[ ! -f "$WORK/train_gpu/data/corpus.bin" ]]; then
+    "$BIN/tools/train" --config=tools/recipe/default.textproto --set "run_dir=$WORK/train_gpu" \
+      --set step_scheduler.max_steps=1 >"$WORK/corpus.log" 2>&1 || { cat "$WORK/corpus.log" >&2; return 1; }
+  fi
+  echo "$WORK/train_gpu/data/corpus"
 }
 
 # The Llama-style families on the GPU over NCCL (40 steps each: Llama and Qwen3 in bf16, Mistral
@@ -167,9 +187,11 @@ families() {
 profile_run() {
   local name=$1
   shift
+  local prefix
+  prefix=$(corpus) || return 1
   rm -rf "$WORK/$name"
   "$BIN/tools/train" --config=tools/recipe/default.textproto --set distributed.backend=nccl \
-    --set "run_dir=$WORK/$name" --set "data.prefix=$WORK/train_gpu/data/corpus" \
+    --set "run_dir=$WORK/$name" --set "data.prefix=$prefix" \
     --set model.bf16=true --set step_scheduler.max_steps=10 \
     --set step_scheduler.ckpt_every_steps=1000 --set step_scheduler.val_every_steps=1000 \
     --set step_scheduler.validate_on_checkpoint=false \
@@ -193,29 +215,35 @@ tests() { "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors //...; }
 benchmarks() {
   local status=0
   "$BIN/gradients/clip_grad_norm_benchmark" --benchmark_filter=cuda || status=1
-  "$BIN/base/attention_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/optim/fused_adamw_benchmark" --benchmark_filter=cuda || status=1
   return $status
 }
+
+attention_benchmarks() { "$BIN/base/attention_benchmark" --benchmark_filter=cuda; }
 
 checkpoint_benchmarks() {
   "$BIN/checkpoint/checkpoint_benchmark" --benchmark_filter='cuda|DeviceToHost'
 }
 
-# The trainer beside the Python loop's variants (tools/scripts/gpu_benchmark.sh's pairs: Keel's
-# bf16 beside autocast bf16, and beside it compiled) on the default GPT and issue 32's table GPT;
-# gpt2_benchmarks on GPT-2 124M. (fp32 beside fp32: docs/device-reports/2026-11-27-h100.md.)
-# 12 steps, the first 4 untimed (the compiled model compiles in them).
+# The trainer beside the Python loop (tools/scripts/gpu_benchmark.sh's pairs): Keel's bf16
+# beside autocast bf16 on issue 32's table GPT (trainer_benchmarks) and on GPT-2 124M
+# (gpt2_benchmarks); compiled_benchmarks beside autocast bf16 compiled, on both. (fp32 beside
+# fp32: docs/device-reports/2026-11-27-h100.md.) 12 steps, the first 4 untimed (the compiled
+# model compiles in them).
 trainer_benchmark() {
+  local prefix
+  prefix=$(corpus) || return 1
   tools/scripts/gpu_benchmark.sh --train_bin="$BIN/tools/train" --python="${PYTHON:-python3}" \
-    --prefix="$WORK/train_gpu/data/corpus" --steps=12 --untimed_steps=4 "$@"
+    --prefix="$prefix" --steps=12 --untimed_steps=4 "$@"
 }
 trainer_benchmarks() {
-  trainer_benchmark --shapes=default --pairs=bf16 --work_dir="$WORK/gpu_benchmark_default"
-  trainer_benchmark --shapes=table --pairs=bf16,compiled --work_dir="$WORK/gpu_benchmark_table"
+  trainer_benchmark --shapes=table --pairs=bf16 --work_dir="$WORK/gpu_benchmark_table"
 }
 gpt2_benchmarks() {
-  trainer_benchmark --shapes=gpt2 --pairs=bf16,compiled --work_dir="$WORK/gpu_benchmark_gpt2"
+  trainer_benchmark --shapes=gpt2 --pairs=bf16 --work_dir="$WORK/gpu_benchmark_gpt2"
+}
+compiled_benchmarks() {
+  trainer_benchmark --shapes=table,gpt2 --pairs=compiled --work_dir="$WORK/gpu_benchmark_compiled"
 }
 
 # The report: the machine, each phase's status, the tests' verdicts, the figures.
@@ -275,12 +303,12 @@ report() {
       echo
       grep -E '^final loss|^done at step|tokens/s' "$WORK/train.log" | tail -n 6 | sed 's/^/    /'
     fi
-    for name in trainer_benchmarks gpt2_benchmarks; do
+    for name in trainer_benchmarks gpt2_benchmarks compiled_benchmarks; do
       [[ -f "$WORK/$name.log" ]] || continue
       echo
       sed -n '/^## Keel beside/,/^$/p; /^|/p' "$WORK/$name.log" | awk '!seen[$0]++'
     done
-    for name in benchmarks checkpoint_benchmarks; do
+    for name in benchmarks attention_benchmarks checkpoint_benchmarks; do
       [[ -f "$WORK/$name.log" ]] || continue
       echo
       echo "## $name"
