@@ -11,6 +11,7 @@
 #include "base/files.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "checkpoint/internal/quote.h"
 #include "checkpoint/safetensors.h"
 #include "parallel/layout.h"
 #include "torch/types.h"
@@ -21,21 +22,27 @@ namespace {
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 
+using internal::Quote;
+
+// At most this many problems are listed in one error (a count says how many more).
+constexpr size_t kMaxListedProblems = 20;
+
 // The files of the directory, each with the names of the tensors it holds by the index (empty
-// for the single file: all of them).
+// for the single file: all of them). The single file first, as transformers' from_pretrained
+// looks for it before the index.
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(
     const std::string& directory) {
   if (!base::IsDirectory(directory)) {
     return absl::NotFoundError(absl::StrCat(directory, ": no such directory"));
   }
+  const std::string single = base::JoinPath(directory, kSingleFile);
+  if (base::PathExists(single)) {
+    return std::map<std::string, std::vector<std::string>>{{single, {}}};
+  }
   const std::string index_path = base::JoinPath(directory, kIndexFile);
   if (!base::PathExists(index_path)) {
-    const std::string single = base::JoinPath(directory, kSingleFile);
-    if (!base::PathExists(single)) {
-      return absl::NotFoundError(
-          absl::StrCat(directory, " holds neither ", kSingleFile, " nor ", kIndexFile));
-    }
-    return std::map<std::string, std::vector<std::string>>{{single, {}}};
+    return absl::NotFoundError(
+        absl::StrCat(directory, " holds neither ", kSingleFile, " nor ", kIndexFile));
   }
   absl::StatusOr<base::Json> index = base::ReadJsonFile(index_path);
   if (!index.ok()) return absl::DataLossError(index.status().message());
@@ -48,20 +55,30 @@ absl::StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(
   for (const auto& [name, file] : map->items()) {
     if (!file.is_string()) {
       return absl::DataLossError(
-          absl::StrCat(index_path, ": weight_map[\"", name, "\"] is not a file name"));
+          absl::StrCat(index_path, ": weight_map[", Quote(name), "] is not a file name"));
     }
     const std::string path = base::JoinPath(directory, file.get<std::string>());
     if (!base::PathExists(path)) {
       return absl::NotFoundError(
-          absl::StrCat(index_path, " maps \"", name, "\" to ", path, ", which does not exist"));
+          absl::StrCat(index_path, " maps ", Quote(name), " to ", path, ", which does not exist"));
     }
     files[path].push_back(name);
   }
   return files;
 }
 
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
 std::string Describe(const std::vector<int64_t>& shape, at::ScalarType dtype) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "] ", c10::toString(dtype));
+  return absl::StrCat(ShapeString(shape), " ", c10::toString(dtype));
+}
+
+// Whether a tensor of `in_file` loads into one of `in_model`: the same dtype, or two floating
+// dtypes (converted on the copy, as transformers loads bf16 files into a float32 model).
+bool Loads(at::ScalarType in_file, at::ScalarType in_model) {
+  return in_file == in_model || (c10::isFloatingType(in_file) && c10::isFloatingType(in_model));
 }
 
 // The whole tensor's shape in the model.
@@ -69,11 +86,17 @@ std::vector<int64_t> GlobalShape(const TensorRef& ref) {
   return ref.layout.has_value() ? ref.layout->global_shape : ref.tensor.sizes().vec();
 }
 
-// This rank's block for `ref` of the tensor `entry` of a file, read alone; the rows past the
-// file's (a padded vocabulary's padding) are zeros.
+// This rank's block for `ref` of the tensor `entry` of a file, read alone, in the file's dtype;
+// the rows past the file's (a padded vocabulary's padding) are zeros. Requires: Mismatches
+// found nothing (the entry has the model's rank).
 absl::StatusOr<at::Tensor> ReadBlock(const std::string& path, const SafetensorsHeader& header,
                                      const SafetensorsEntry& entry, const TensorRef& ref) {
   const std::vector<int64_t> shape = ref.tensor.sizes().vec();
+  if (entry.shape.size() != shape.size()) {
+    return absl::InternalError(absl::StrCat(Quote(entry.name), ": ", entry.shape.size(),
+                                            " dimensions in ", path, ", ", shape.size(),
+                                            " in the model"));
+  }
   const std::vector<int64_t> offsets =
       ref.layout.has_value() ? ref.layout->offsets : std::vector<int64_t>(shape.size(), 0);
   if (shape.empty()) return ReadSafetensorsBlock(path, header, entry, offsets, shape);
@@ -91,6 +114,40 @@ absl::StatusOr<at::Tensor> ReadBlock(const std::string& path, const SafetensorsH
   return in_file > 0 ? at::cat({block, zeros}) : zeros;
 }
 
+// The shape `ref` (whose key is `key`) must have in the files: its whole shape, or with the
+// vocabulary's rows without their padding when the files hold those (`unpadded_rows`).
+std::vector<int64_t> ShapeInFiles(const std::string& key, const TensorRef& ref,
+                                  const SafetensorsEntry& entry,
+                                  const std::map<std::string, int64_t>& unpadded_rows) {
+  std::vector<int64_t> shape = GlobalShape(ref);
+  const auto rows = unpadded_rows.find(key);
+  if (rows != unpadded_rows.end() && !shape.empty() && !entry.shape.empty() &&
+      entry.shape[0] == rows->second) {
+    shape[0] = rows->second;
+  }
+  return shape;
+}
+
+// A problem with the tensor `name` of the files that the model holds as `ref` under `key`
+// (`name` itself, or the key a tied weight is tied to), or "" if none.
+std::string Disagreement(const std::string& name, const SafetensorsEntry& entry,
+                         const std::string& key, const TensorRef& ref,
+                         const std::map<std::string, int64_t>& unpadded_rows) {
+  const std::string what =
+      name == key ? Quote(name) : absl::StrCat(Quote(name), " (tied to ", Quote(key), ")");
+  const std::vector<int64_t> shape = ShapeInFiles(key, ref, entry, unpadded_rows);
+  if (entry.shape != shape) {
+    return absl::StrCat(what, ": shape ", ShapeString(entry.shape), " in the files, ",
+                        ShapeString(shape), " in the model");
+  }
+  if (!Loads(entry.dtype, ref.tensor.scalar_type())) {
+    return absl::StrCat(what, ": dtype ", c10::toString(entry.dtype), " in the files, ",
+                        c10::toString(ref.tensor.scalar_type()),
+                        " in the model (a floating dtype loads into any floating dtype)");
+  }
+  return "";
+}
+
 // Every way the files' headers and the model's keys disagree, one line each.
 std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry>& in_files,
                                     const State& expected,
@@ -100,33 +157,35 @@ std::vector<std::string> Mismatches(const std::map<std::string, SafetensorsEntry
   std::vector<std::string> problems;
   for (const auto& [key, ref] : expected.tensors) {
     const auto it = in_files.find(key);
-    std::vector<int64_t> shape = GlobalShape(ref);
-    const auto rows = unpadded_rows.find(key);
-    if (it != in_files.end() && rows != unpadded_rows.end() && !shape.empty() &&
-        !it->second.shape.empty() && it->second.shape[0] == rows->second) {
-      shape[0] = rows->second;  // the vocabulary's rows without the padding
-    }
     if (it == in_files.end()) {
-      problems.push_back(absl::StrCat("missing tensor \"", key, "\" (the model's is ",
-                                      Describe(shape, ref.tensor.scalar_type()), ")"));
-    } else if (it->second.shape != shape) {
-      problems.push_back(absl::StrCat("\"", key, "\": shape [",
-                                      absl::StrJoin(it->second.shape, ", "), "] in the files, [",
-                                      absl::StrJoin(shape, ", "), "] in the model"));
-    } else if (it->second.dtype != ref.tensor.scalar_type()) {
-      problems.push_back(absl::StrCat("\"", key, "\": dtype ", c10::toString(it->second.dtype),
-                                      " in the files, ", c10::toString(ref.tensor.scalar_type()),
-                                      " in the model"));
+      problems.push_back(absl::StrCat("missing tensor ", Quote(key), " (the model's is ",
+                                      Describe(GlobalShape(ref), ref.tensor.scalar_type()), ")"));
+    } else if (std::string problem = Disagreement(key, it->second, key, ref, unpadded_rows);
+               !problem.empty()) {
+      problems.push_back(std::move(problem));
     }
   }
-  for (const auto& [key, entry] : in_files) {
-    if (expected.tensors.count(key) == 0 && tied.count(key) == 0 &&
-        held_elsewhere.count(key) == 0) {
-      problems.push_back(absl::StrCat("unexpected tensor \"", key, "\" (",
+  for (const auto& [name, entry] : in_files) {
+    if (const auto tied_to = tied.find(name); tied_to != tied.end()) {
+      const std::string& key = tied_to->second;
+      if (std::string problem =
+              Disagreement(name, entry, key, expected.tensors.at(key), unpadded_rows);
+          !problem.empty()) {
+        problems.push_back(std::move(problem));
+      }
+    } else if (expected.tensors.count(name) == 0 && held_elsewhere.count(name) == 0) {
+      problems.push_back(absl::StrCat("unexpected tensor ", Quote(name), " (",
                                       Describe(entry.shape, entry.dtype), ")"));
     }
   }
   return problems;
+}
+
+// The first kMaxListedProblems of `problems`, joined, and how many more there are.
+std::string List(const std::vector<std::string>& problems) {
+  if (problems.size() <= kMaxListedProblems) return absl::StrJoin(problems, "; ");
+  return absl::StrCat(absl::StrJoin(problems.begin(), problems.begin() + kMaxListedProblems, "; "),
+                      "; and ", problems.size() - kMaxListedProblems, " more");
 }
 
 }  // namespace
@@ -137,18 +196,24 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(
     const std::map<std::string, int64_t>& unpadded_rows) {
   KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory));
   std::map<std::string, SafetensorsEntry> in_files;
+  std::map<std::string, std::string> file_of;  // tensor name -> the file holding it
   std::map<std::string, SafetensorsHeader> headers;
   for (const auto& [path, indexed] : files) {
     KEEL_ASSIGN_OR_RETURN(headers[path], ReadSafetensorsHeader(path));
-    std::map<std::string, SafetensorsEntry> here;
-    for (const SafetensorsEntry& entry : headers[path].entries) here.emplace(entry.name, entry);
+    for (const SafetensorsEntry& entry : headers[path].entries) {
+      if (const auto [it, first] = file_of.emplace(entry.name, path); !first) {
+        return absl::DataLossError(absl::StrCat(directory, ": tensor ", Quote(entry.name),
+                                                " is in both ", it->second, " and ", path,
+                                                "; a tensor may be in one file only"));
+      }
+      in_files.emplace(entry.name, entry);
+    }
     for (const std::string& name : indexed) {
-      if (here.count(name) == 0) {
-        return absl::DataLossError(absl::StrCat(directory, "/", kIndexFile, " puts \"", name,
-                                                "\" in ", path, ", which does not hold it"));
+      if (const auto it = file_of.find(name); it == file_of.end() || it->second != path) {
+        return absl::DataLossError(absl::StrCat(directory, "/", kIndexFile, " puts ", Quote(name),
+                                                " in ", path, ", which does not hold it"));
       }
     }
-    in_files.merge(here);
   }
   const ModelState state(model, options);
   KEEL_ASSIGN_OR_RETURN(State expected, state.StateDict());
@@ -156,9 +221,9 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(
   if (std::vector<std::string> problems =
           Mismatches(in_files, expected, tied, held_elsewhere, unpadded_rows);
       !problems.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(directory, " does not match the model (", problems.size(),
-                     " problem(s)): ", absl::StrJoin(problems, "; ")));
+    return absl::FailedPreconditionError(absl::StrCat(directory, " does not match the model (",
+                                                      problems.size(),
+                                                      " problem(s)): ", List(problems)));
   }
 
   HfImportResult result;
@@ -182,10 +247,10 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(
   }
   for (const auto& [name, block] : tied_in_files) {
     const TensorRef& ref = expected.tensors.at(tied.at(name));
-    if (!at::equal(block, ref.tensor.cpu())) {
+    if (!at::equal(block.to(ref.tensor.scalar_type()), ref.tensor.cpu())) {
       return absl::FailedPreconditionError(
-          absl::StrCat(directory, ": \"", name, "\" is tied to \"", tied.at(name),
-                       "\" in the model, but the files hold different values for the two"));
+          absl::StrCat(directory, ": ", Quote(name), " is tied to ", Quote(tied.at(name)),
+                       " in the model, but the files hold different values for the two"));
     }
     result.tied_checked.push_back(name);
   }

@@ -1,6 +1,7 @@
 // Loading a model's weights from Hugging Face safetensors: a directory holding
 // "model.safetensors", or "model.safetensors.index.json" and the shards its weight_map names
-// (the layout of the Hub, and what ExportHfSafetensors writes). The keys are ModelState's, so
+// (the layout of the Hub, and what ExportHfSafetensors writes); the single file when it holds
+// both, as transformers' from_pretrained. The keys are ModelState's, so
 // an export of a Keel checkpoint loads back into the same model. Each rank reads the bytes of
 // its own blocks only (ReadSafetensorsBlock): a tensor-parallel rank its slice of each tensor,
 // a pipeline stage its own layers.
@@ -35,18 +36,21 @@ struct HfImportResult {
 // Copies every tensor of the directory into the parameter or buffer of `model` that
 // ModelState(model, options) keys alike, in place. Strict: before anything is copied, every
 // key of the model must be in the files and every tensor of the files must be a key of the
-// model (or a tied lm_head weight) or of `held_elsewhere` (the keys of the other parts of a
-// model split over ranks, such as pipeline stages, which this call leaves alone), with the
-// same shape and dtype. A tensor that options.layouts lays out is compared with its global
-// shape and gets its block. A key of `unpadded_rows` (a padded vocabulary) may hold that many
-// rows in the files (Hugging Face's unpadded vocabulary; the model's padding rows are then
-// zeros) or all the model's.
+// model (or a tied lm_head weight, with the shape of what it is tied to) or of `held_elsewhere`
+// (the keys of the other parts of a model split over ranks, such as pipeline stages, which
+// this call leaves alone), with the same shape, and the same dtype or two floating ones (a
+// bf16 file loads into a float32 model, converted as transformers converts to its dtype). A
+// tensor that options.layouts lays out is compared with its global shape and gets its block.
+// A key of `unpadded_rows` (a padded vocabulary) may hold that many rows in the files (Hugging
+// Face's unpadded vocabulary; the model's padding rows are then zeros) or all the model's.
 // Errors: kNotFound for a missing directory, a directory with neither file, or a shard that
 // the index names but that is missing; kDataLoss for an index that is not a
-// {"weight_map": {name: file}} object or names a tensor its file lacks, and as
-// ReadSafetensorsHeader and ReadSafetensorsFile; kFailedPrecondition naming every missing,
-// unexpected, mis-shaped and mis-typed tensor (with both shapes or dtypes), or a tied lm_head
-// weight that differs from the tensor it is tied to (the model is then partly loaded).
+// {"weight_map": {name: file}} object or names a tensor its file lacks, a tensor in two files
+// (naming both), and as ReadSafetensorsHeader and ReadSafetensorsFile; kFailedPrecondition
+// naming the missing, unexpected, mis-shaped and mis-typed tensors (with both shapes or
+// dtypes; the first 20, and how many more), or a tied lm_head weight that differs from the
+// tensor it is tied to (the model is then partly loaded). Names from the files are quoted as
+// JSON strings, ASCII only, cut after 200 characters.
 [[nodiscard]] absl::StatusOr<HfImportResult> LoadHfSafetensors(
     const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options = {},
     const std::set<std::string>& held_elsewhere = {},

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
@@ -202,7 +203,7 @@ TEST(HfImportTest, EveryMismatchIsNamedAndNothingIsCopied) {
   std::vector<std::pair<std::string, at::Tensor>> tensors = {
       {"wte", source.wte},                   // fine
       {"proj_w", source.w.narrow(0, 0, 3)},  // shape
-      {"scale", at::ones({1}, at::kFloat)},  // dtype: the buffer is float64
+      {"scale", at::ones({1}, at::kLong)},   // dtype: the buffer is float64
       {"extra", at::zeros({2})},             // unexpected
   };                                         // "proj_b" missing
   KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
@@ -214,12 +215,107 @@ TEST(HfImportTest, EveryMismatchIsNamedAndNothingIsCopied) {
                              HasSubstr("missing tensor \"proj_b\" (the model's is [4] Float)"),
                              HasSubstr("\"proj_w\": shape [3, 4] in the files, [4, 4] in the "
                                        "model"),
-                             HasSubstr("\"scale\": dtype Float in the files, Double in the "
-                                       "model"),
+                             HasSubstr("\"scale\": dtype Long in the files, Double in the "
+                                       "model (a floating dtype loads into any floating dtype)"),
                              HasSubstr("unexpected tensor \"extra\" ([2] Float)"))));
   for (const auto& [name, tensor] : Weights(target)) {
     EXPECT_TRUE(at::equal(tensor, before.at(name))) << name;
   }
+}
+
+// Most checkpoints on the Hub are bf16: they load into a float32 model (and a float32 file
+// into a bf16 one) converted on the copy, the tied head checked after the same conversion.
+TEST(HfImportTest, FloatingDtypesLoadConverted) {
+  const std::string dir = NewTempDir("hf_bf16");
+  TinyModel source(8);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(source)) {
+    tensors.emplace_back(name, name == "scale" ? tensor : tensor.to(at::kBFloat16));
+  }
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  TinyModel target(9);
+  KEEL_ASSERT_OK_AND_ASSIGN(HfImportResult result, LoadHfSafetensors(dir, target));
+  EXPECT_THAT(result.tied_checked, ElementsAre("lm_head.weight"));
+  EXPECT_EQ(target.wte.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(target.wte, source.wte.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(at::equal(target.w, source.w.to(at::kBFloat16).to(at::kFloat)));
+}
+
+// A tied head of another shape than what it is tied to (here a 0-d tensor, once a crash) is a
+// mismatch like any other, named with what it is tied to.
+TEST(HfImportTest, ATiedHeadOfAnotherShapeIsNamed) {
+  const std::string dir = NewTempDir("hf_tied_shape");
+  TinyModel source(10);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(source)) {
+    tensors.emplace_back(name, name == "lm_head.weight" ? at::zeros({}) : tensor);
+  }
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  TinyModel target(11);
+  EXPECT_THAT(LoadHfSafetensors(dir, target),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("\"lm_head.weight\" (tied to \"wte\"): shape [] in the files, "
+                                 "[10, 4] in the model")));
+}
+
+// A tensor in two shards is refused naming both files (transformers refuses it too), whatever
+// its shape in the second (a [2, 4] copy once loaded silently, clamped and zero-padded).
+TEST(HfImportTest, ATensorInTwoFilesIsRefusedNamingBoth) {
+  const std::string dir = NewTempDir("hf_duplicate");
+  TinyModel source(12);
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/a.safetensors",
+                                      {{"wte", source.wte}, {"proj_w", source.w}}, {}));
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/b.safetensors",
+                                      {{"proj_b", source.b},
+                                       {"scale", at::ones({1}, at::kDouble)},
+                                       {"wte", source.wte.narrow(0, 0, 2)}},
+                                      {}));
+  keel::testing::WriteFileOrFail(
+      dir + "/model.safetensors.index.json",
+      R"({"weight_map": {"wte": "a.safetensors", "proj_w": "a.safetensors",
+                                     "proj_b": "b.safetensors", "scale": "b.safetensors"}})");
+  TinyModel target(13);
+  const auto before = Weights(target);
+  EXPECT_THAT(LoadHfSafetensors(dir, target),
+              StatusIs(StatusCode::kDataLoss,
+                       HasSubstr("tensor \"wte\" is in both " + dir + "/a.safetensors and " + dir +
+                                 "/b.safetensors; a tensor may be in one file only")));
+  EXPECT_TRUE(at::equal(target.wte, before.at("wte")));
+}
+
+// A directory holding both forms loads the single file, as transformers' from_pretrained does.
+TEST(HfImportTest, TheSingleFileWinsOverAnIndex) {
+  const std::string dir = NewTempDir("hf_both");
+  TinyModel single(14), sharded(15);
+  Export(sharded, dir + "/ckpt", dir + "/hf");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(single)) tensors.emplace_back(name, tensor);
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/hf/model.safetensors", tensors, {}));
+  TinyModel target(16);
+  KEEL_ASSERT_OK_AND_ASSIGN(HfImportResult result, LoadHfSafetensors(dir + "/hf", target));
+  EXPECT_THAT(result.files, ElementsAre(dir + "/hf/model.safetensors"));
+  EXPECT_TRUE(at::equal(target.w, single.w));
+}
+
+// Names from the files are quoted as JSON strings (a newline as \n, nothing raw), cut after 200
+// characters, and at most 20 problems are listed.
+TEST(HfImportTest, NamesFromTheFilesAreQuotedAndTheListIsCut) {
+  const std::string dir = NewTempDir("hf_names");
+  TinyModel source(17);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : Weights(source)) tensors.emplace_back(name, tensor);
+  for (int i = 0; i < 29; ++i)
+    tensors.emplace_back(absl::StrCat("x", i, "\n\x1b[2J"), at::zeros({1}));
+  tensors.emplace_back(std::string(5000, 'y'), at::zeros({1}));
+  KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/model.safetensors", tensors, {}));
+  TinyModel target(18);
+  const absl::Status status = LoadHfSafetensors(dir, target).status();
+  EXPECT_THAT(status, StatusIs(StatusCode::kFailedPrecondition,
+                               AllOf(HasSubstr("(30 problem(s))"), HasSubstr("; and 10 more"),
+                                     HasSubstr("unexpected tensor \"x0\\n\\u001b[2J\""))));
+  EXPECT_EQ(status.message().find('\n'), absl::string_view::npos);
+  EXPECT_EQ(status.message().find('\x1b'), absl::string_view::npos);
+  EXPECT_LT(status.message().size(), 3000u);
 }
 
 TEST(HfImportTest, MissingFilesAndBadIndexesAreNamed) {

@@ -21,6 +21,7 @@
 #include "base/utf8.h"
 #include "checkpoint/internal/dtype.h"
 #include "checkpoint/internal/files.h"
+#include "checkpoint/internal/quote.h"
 #include "nlohmann/json.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -33,21 +34,14 @@ namespace {
 // a header with many tensors would make quadratic.
 using Json = nlohmann::json;
 
+using internal::Excerpt;
+using internal::Quote;
+
 constexpr uint64_t kInt64Max = std::numeric_limits<int64_t>::max();
-constexpr size_t kMaxQuoted = 200;
 
 absl::Status Corrupt(absl::string_view message) {
   return absl::DataLossError(absl::StrCat("safetensors header: ", message));
 }
-
-// `value` as JSON text, ASCII only and cut after kMaxQuoted characters, for messages.
-std::string Excerpt(const Json& value) {
-  std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
-  if (text.size() > kMaxQuoted) text = absl::StrCat(text.substr(0, kMaxQuoted), "...");
-  return text;
-}
-
-std::string Quote(absl::string_view name) { return Excerpt(Json(std::string(name))); }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");

@@ -1,0 +1,21 @@
+#include "checkpoint/internal/quote.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace keel::checkpoint::internal {
+namespace {
+
+constexpr size_t kMaxQuoted = 200;
+
+}  // namespace
+
+std::string Excerpt(const nlohmann::json& value) {
+  std::string text =
+      value.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+  if (text.size() > kMaxQuoted) text = absl::StrCat(text.substr(0, kMaxQuoted), "...");
+  return text;
+}
+
+std::string Quote(absl::string_view text) { return Excerpt(nlohmann::json(std::string(text))); }
+
+}  // namespace keel::checkpoint::internal

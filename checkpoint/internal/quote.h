@@ -1,0 +1,22 @@
+// Names and values from files, in error messages: as JSON text (quotes, escapes), ASCII only
+// and cut after 200 characters, so that a hostile or broken file cannot flood or garble the
+// terminal (a header of thousands of keys, newlines or escape codes in a name).
+#ifndef KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
+#define KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace keel::checkpoint::internal {
+
+// `value` as JSON text, ASCII only, cut after 200 characters ("..." then).
+std::string Excerpt(const nlohmann::json& value);
+
+// `text` as a JSON string, as Excerpt: "model.embed_tokens.weight" with its quotes.
+std::string Quote(absl::string_view text);
+
+}  // namespace keel::checkpoint::internal
+
+#endif  // KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
