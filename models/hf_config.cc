@@ -1,5 +1,6 @@
 #include "models/hf_config.h"
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -40,6 +41,8 @@ constexpr char kMaxPositionEmbeddings[] = "max_position_embeddings";
 constexpr char kArchitectures[] = "architectures";
 constexpr char kDtype[] = "dtype";
 constexpr char kLayerTypes[] = "layer_types";
+// transformers' MistralConfig.sliding_window when config.json has no such key.
+constexpr int64_t kMistralDefaultWindow = 4096;
 // The values Keel builds of "rope_type" and "hidden_act".
 constexpr char kDefaultRope[] = "default";
 constexpr char kLlama3Rope[] = "llama3";
@@ -102,6 +105,16 @@ class Keys {
     if (!object.at(key).is_number()) return Mistyped(object, key, "a number");
     return object.at(key).get<double>();
   }
+  // The number at `key` of `object` (`fallback` when absent or null), which must be > 0 and
+  // finite.
+  absl::StatusOr<double> Positive(const base::Json& object, const std::string& key,
+                                  double fallback) const {
+    KEEL_ASSIGN_OR_RETURN(const double value, Number(object, key, fallback));
+    if (!(value > 0) || !std::isfinite(value)) {
+      return Error(key, absl::StrCat("is ", value, "; it must be a positive finite number"));
+    }
+    return value;
+  }
   absl::StatusOr<bool> Flag(const std::string& key, bool fallback) const {
     if (!Has(key)) return fallback;
     if (!config_.at(key).is_boolean()) return Mistyped(config_, key, "true or false");
@@ -147,8 +160,8 @@ absl::Status ReadRope(const Keys& keys, ModelOptions& options) {
       v5 ? config.at(kRopeParameters) : (keys.Has(kRopeScaling) ? config.at(kRopeScaling) : empty);
   const std::string block_key = v5 ? kRopeParameters : kRopeScaling;
   if (!block.is_object()) return keys.Mistyped(config, block_key, "an object");
-  KEEL_ASSIGN_OR_RETURN(const double legacy_theta, keys.Number(config, kRopeTheta, 10000.0));
-  KEEL_ASSIGN_OR_RETURN(options.rotary_base, keys.Number(block, kRopeTheta, legacy_theta));
+  KEEL_ASSIGN_OR_RETURN(const double legacy_theta, keys.Positive(config, kRopeTheta, 10000.0));
+  KEEL_ASSIGN_OR_RETURN(options.rotary_base, keys.Positive(block, kRopeTheta, legacy_theta));
   if (v5 && keys.Has(kRopeTheta) && options.rotary_base != legacy_theta) {
     return keys.Error(kRopeTheta, absl::StrCat("is ", legacy_theta, " but rope_parameters' is ",
                                                options.rotary_base));
@@ -169,6 +182,7 @@ absl::Status ReadRope(const Keys& keys, ModelOptions& options) {
         absl::StrCat(block_key, ".", kRopeType),
         absl::StrCat("is \"", rope_type, "\"; Keel builds \"default\" and \"llama3\""));
   }
+  // transformers' llama3 checks (modeling_rope_utils.py): every factor positive, high > low.
   KEEL_ASSIGN_OR_RETURN(options.rope_scaling_factor, keys.Number(block, kFactor, 0.0));
   KEEL_ASSIGN_OR_RETURN(options.rope_low_freq_factor, keys.Number(block, kLowFreqFactor, 1.0));
   KEEL_ASSIGN_OR_RETURN(options.rope_high_freq_factor, keys.Number(block, kHighFreqFactor, 4.0));
@@ -176,16 +190,25 @@ absl::Status ReadRope(const Keys& keys, ModelOptions& options) {
       const double original,
       keys.Number(block, kOriginalMaxPositionEmbeddings,
                   static_cast<double>(options.rope_original_max_position_embeddings)));
-  options.rope_original_max_position_embeddings = static_cast<int64_t>(original);
-  if (options.rope_scaling_factor <= 0 ||
-      options.rope_high_freq_factor <= options.rope_low_freq_factor || original < 1) {
+  // Positions are int64 (a double past 2^53 is no longer a whole number of positions): the
+  // range is checked before the conversion.
+  constexpr double kMostPositions = 9007199254740992.0;  // 2^53
+  if (!(options.rope_scaling_factor > 0) || !std::isfinite(options.rope_scaling_factor) ||
+      !(options.rope_low_freq_factor > 0) ||
+      !(options.rope_high_freq_factor > options.rope_low_freq_factor) ||
+      !std::isfinite(options.rope_high_freq_factor) || !(original >= 1) ||
+      !(original <= kMostPositions) || original != std::floor(original)) {
     return keys.Error(
         block_key,
         absl::StrCat("has factor ", options.rope_scaling_factor, ", low_freq_factor ",
                      options.rope_low_freq_factor, ", high_freq_factor ",
                      options.rope_high_freq_factor, " and original_max_position_embeddings ",
-                     original, "; llama3 needs factor > 0, high > low, original >= 1"));
+                     original,
+                     "; llama3 needs factor > 0, low_freq_factor > 0, high_freq_factor > "
+                     "low_freq_factor (all finite) and original_max_position_embeddings a whole "
+                     "number from 1 to 2^53"));
   }
+  options.rope_original_max_position_embeddings = static_cast<int64_t>(original);
   return absl::OkStatus();
 }
 
@@ -205,10 +228,19 @@ absl::StatusOr<ModelOptions> HfConfigToOptions(const base::Json& config,
   KEEL_ASSIGN_OR_RETURN(options.num_attention_heads, keys.Size(kNumAttentionHeads, std::nullopt));
   KEEL_ASSIGN_OR_RETURN(options.num_query_groups,
                         keys.Size(kNumKeyValueHeads, options.num_attention_heads));
-  // Qwen2 has no head_dim: always hidden_size / heads.
-  KEEL_ASSIGN_OR_RETURN(options.kv_channels,
-                        keys.Size(kHeadDim, options.hidden_size / options.num_attention_heads));
-  KEEL_ASSIGN_OR_RETURN(options.norm_epsilon, keys.Number(config, kRmsNormEps, 1e-6));
+  // Without head_dim, each family's class default: Qwen3's is 128, the others' hidden_size //
+  // num_attention_heads (Qwen2's class has no head_dim at all).
+  const int64_t default_head_dim = options.family == ModelFamily::kQwen3
+                                       ? 128
+                                       : options.hidden_size / options.num_attention_heads;
+  if (!keys.Has(kHeadDim) && default_head_dim < 1) {
+    return keys.Error(kHeadDim,
+                      absl::StrCat("is missing, and hidden_size (", options.hidden_size,
+                                   ") // num_attention_heads (", options.num_attention_heads,
+                                   ") is 0: a head needs a width of at least 1"));
+  }
+  KEEL_ASSIGN_OR_RETURN(options.kv_channels, keys.Size(kHeadDim, default_head_dim));
+  KEEL_ASSIGN_OR_RETURN(options.norm_epsilon, keys.Positive(config, kRmsNormEps, 1e-6));
   KEEL_ASSIGN_OR_RETURN(const bool tied, keys.Flag(kTieWordEmbeddings, false));
   options.untie_embeddings_and_output_weights = !tied;
   KEEL_ASSIGN_OR_RETURN(const std::string act, keys.Text(config, kHiddenAct, kSilu));
@@ -221,7 +253,10 @@ absl::StatusOr<ModelOptions> HfConfigToOptions(const base::Json& config,
   }
   KEEL_RETURN_IF_ERROR(ReadRope(keys, options));
   if (options.family == ModelFamily::kMistral) {
-    if (keys.Has(kSlidingWindow)) {
+    // MistralConfig's default window is 4096 when the key is absent; null means none.
+    if (!config.contains(kSlidingWindow)) {
+      options.window_size = kMistralDefaultWindow;
+    } else if (keys.Has(kSlidingWindow)) {
       KEEL_ASSIGN_OR_RETURN(options.window_size, keys.Size(kSlidingWindow, std::nullopt));
     }
   } else if (options.family != ModelFamily::kLlama) {

@@ -78,6 +78,26 @@ TEST(HfConfigTest, DefaultsOfTheKeysAFileLeavesOut) {
   EXPECT_EQ(options.rope_scaling_factor, 0.0);
 }
 
+// Without head_dim or sliding_window, each family's transformers class default: Qwen3's
+// head_dim is 128, the others' hidden_size // num_attention_heads; Mistral's window is 4096
+// when the key is absent, none when it is null.
+TEST(HfConfigTest, EachFamilysClassDefaults) {
+  base::Json qwen3 = Llama();
+  qwen3.erase("head_dim");
+  qwen3["model_type"] = "qwen3";
+  qwen3["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions options, HfConfigToOptions(qwen3, "c"));
+  EXPECT_EQ(options.kv_channels, 128);
+  base::Json mistral = qwen3;
+  mistral["model_type"] = "mistral";
+  KEEL_ASSERT_OK_AND_ASSIGN(options, HfConfigToOptions(mistral, "c"));
+  EXPECT_EQ(options.kv_channels, 16);
+  EXPECT_EQ(options.window_size, 4096);
+  mistral["sliding_window"] = nullptr;
+  KEEL_ASSERT_OK_AND_ASSIGN(options, HfConfigToOptions(mistral, "c"));
+  EXPECT_EQ(options.window_size, 0);
+}
+
 TEST(HfConfigTest, RefusesWhatKeelDoesNotBuildByName) {
   struct Case {
     std::string patch;  // merged into Llama()
@@ -98,7 +118,20 @@ TEST(HfConfigTest, RefusesWhatKeelDoesNotBuildByName) {
            {R"({"num_key_value_heads": 3})", "\"num_key_value_heads\" is 3, which does not divide"},
            {R"({"hidden_size": 0})", "\"hidden_size\" is 0; it must be positive"},
            {R"({"model_type": "qwen2", "use_sliding_window": true})",
-            "\"use_sliding_window\" is true"}}) {
+            "\"use_sliding_window\" is true"},
+           // More heads than hidden units and no head_dim: a head of width 0.
+           {R"({"num_attention_heads": 192, "num_key_value_heads": 192, "head_dim": null})",
+            "\"head_dim\" is missing, and hidden_size (64) // num_attention_heads (192) is 0"},
+           {R"({"rms_norm_eps": -1})", "\"rms_norm_eps\" is -1; it must be a positive finite"},
+           {R"({"rope_parameters": {"rope_type": "default", "rope_theta": 0}})",
+            "\"rope_theta\" is 0; it must be a positive finite"},
+           // Checked before the conversion to int64 (1e30 once became -2^63).
+           {R"({"rope_parameters": {"original_max_position_embeddings": 1e30}})",
+            "original_max_position_embeddings 1e+30; llama3 needs"},
+           {R"({"rope_parameters": {"original_max_position_embeddings": 8.5}})",
+            "original_max_position_embeddings 8.5; llama3 needs"},
+           {R"({"rope_parameters": {"low_freq_factor": 0}})", "low_freq_factor 0, "},
+           {R"({"rope_parameters": {"factor": -4}})", "has factor -4, "}}) {
     SCOPED_TRACE(c.patch);
     base::Json config = Llama();
     config.merge_patch(base::Json::parse(c.patch));
