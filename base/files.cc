@@ -143,10 +143,15 @@ absl::Status WriteFile(const std::string& path, absl::string_view contents) {
   return fd.Close(path);
 }
 
+absl::StatusOr<UniqueFd> CreateFileExclusively(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("removing", path);
+  return OpenFile(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW);
+}
+
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   const std::string temporary = absl::StrCat(path, ".tmp");
   {
-    KEEL_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(temporary, O_WRONLY | O_CREAT | O_TRUNC));
+    KEEL_ASSIGN_OR_RETURN(UniqueFd fd, CreateFileExclusively(temporary));
     KEEL_RETURN_IF_ERROR(WriteAll(fd.get(), contents, temporary));
     if (::fsync(fd.get()) != 0) return ErrnoError("fsync of", temporary);
     KEEL_RETURN_IF_ERROR(fd.Close(temporary));

@@ -77,6 +77,11 @@ class UniqueFd {
 // Creates or truncates `path` and writes `contents` (not fsynced).
 [[nodiscard]] absl::Status WriteFile(const std::string& path, absl::string_view contents);
 
+// A new, empty file at `path` for writing: whatever `path` names (a stale file, a symbolic
+// link) is removed first, never written through, and the file is created exclusively
+// (O_EXCL | O_NOFOLLOW: a link planted in between fails the call instead of being followed).
+[[nodiscard]] absl::StatusOr<UniqueFd> CreateFileExclusively(const std::string& path);
+
 // Replaces `path` with `contents` durably and atomically: a temporary sibling "<path>.tmp" is
 // written and fsynced, renamed over `path`, and the directory fsynced. A crash leaves either
 // the old or the new contents.

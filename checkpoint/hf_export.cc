@@ -1,6 +1,7 @@
 #include "checkpoint/hf_export.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -88,6 +89,48 @@ std::string ConfigText(const base::Json& config) {
   return nlohmann::json::parse(config.dump()).dump(2) + "\n";
 }
 
+// Writes the export of `tensors` into `output_dir`, naming each file in result.files once it
+// is written (config.json first, the index last).
+absl::Status WriteExport(const std::vector<ExportedTensor>& tensors, CheckpointReader& reader,
+                         const HfExportOptions& options,
+                         const std::function<at::ScalarType(at::ScalarType)>& written,
+                         const std::string& output_dir, HfExportResult& result) {
+  if (options.config.has_value()) {
+    KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kConfigName),
+                                                   ConfigText(*options.config)));
+    result.files.push_back(kConfigName);
+  }
+
+  const std::vector<std::vector<const ExportedTensor*>> files =
+      AssignToFiles(tensors, options.max_shard_bytes);
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  base::Json weight_map = base::Json::object();
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string file_name =
+        files.size() == 1 ? kSingleFileName
+                          : absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
+    std::vector<std::pair<std::string, at::Tensor>> contents;
+    for (const ExportedTensor* tensor : files[f]) {
+      KEEL_ASSIGN_OR_RETURN(at::Tensor whole, reader.ReadTensor(tensor->name));
+      if (tensor->rows >= 0) whole = whole.narrow(0, 0, tensor->rows);
+      contents.emplace_back(tensor->key, whole.to(written(whole.scalar_type())));
+      weight_map[tensor->key] = file_name;
+      result.total_size += tensor->bytes;
+      ++result.num_tensors;
+    }
+    KEEL_RETURN_IF_ERROR(
+        WriteSafetensorsFile(base::JoinPath(output_dir, file_name), contents, metadata));
+    result.files.push_back(file_name);
+  }
+  if (files.size() == 1) return absl::OkStatus();
+  const base::Json index = {{"metadata", {{"total_size", result.total_size}}},
+                            {"weight_map", std::move(weight_map)}};
+  KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kIndexName),
+                                                 absl::StrCat(index.dump(2), "\n")));
+  result.files.push_back(kIndexName);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint_path,
@@ -141,39 +184,14 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
   KEEL_RETURN_IF_ERROR(base::MakeDirectories(output_dir));
   KEEL_RETURN_IF_ERROR(CheckNoExport(output_dir));
   HfExportResult result;
-  if (options.config.has_value()) {
-    KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kConfigName),
-                                                   ConfigText(*options.config)));
-    result.files.push_back(kConfigName);
-  }
-
-  const std::vector<std::vector<const ExportedTensor*>> files =
-      AssignToFiles(tensors, options.max_shard_bytes);
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  base::Json weight_map = base::Json::object();
-  for (size_t f = 0; f < files.size(); ++f) {
-    const std::string file_name =
-        files.size() == 1 ? kSingleFileName
-                          : absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
-    std::vector<std::pair<std::string, at::Tensor>> contents;
-    for (const ExportedTensor* tensor : files[f]) {
-      KEEL_ASSIGN_OR_RETURN(at::Tensor whole, reader->ReadTensor(tensor->name));
-      if (tensor->rows >= 0) whole = whole.narrow(0, 0, tensor->rows);
-      contents.emplace_back(tensor->key, whole.to(written(whole.scalar_type())));
-      weight_map[tensor->key] = file_name;
-      result.total_size += tensor->bytes;
-      ++result.num_tensors;
+  // All or nothing: a failure removes the files written so far, so a retry finds no export.
+  const absl::Status status = WriteExport(tensors, *reader, options, written, output_dir, result);
+  if (!status.ok()) {
+    for (const std::string& file : result.files) {
+      base::RemoveTree(base::JoinPath(output_dir, file)).IgnoreError();
     }
-    KEEL_RETURN_IF_ERROR(
-        WriteSafetensorsFile(base::JoinPath(output_dir, file_name), contents, metadata));
-    result.files.push_back(file_name);
+    return status;
   }
-  if (files.size() == 1) return result;
-  const base::Json index = {{"metadata", {{"total_size", result.total_size}}},
-                            {"weight_map", std::move(weight_map)}};
-  KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kIndexName),
-                                                 absl::StrCat(index.dump(2), "\n")));
-  result.files.push_back(kIndexName);
   return result;
 }
 

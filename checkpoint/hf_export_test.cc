@@ -296,6 +296,36 @@ TEST_F(HfExportTest, CorruptChunkIsDataLossAndWritesNoIndex) {
   EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors.index.json"));
 }
 
+// An export that fails half-way (config.json written, a chunk corrupt) removes what it wrote:
+// the retry finds no export in the way.
+TEST_F(HfExportTest, AFailedExportLeavesNothingAndTheRetryWrites) {
+  const std::string copy = NewTempDir("half") + "/step";
+  std::filesystem::copy(checkpoint(), copy);
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, ReadManifest(copy));
+  const Chunk& chunk = manifest.tensors(0).chunks(1);  // "model/a"
+  FlipBit(copy + "/" + manifest.files(chunk.file()).name(), chunk.byte_offset() + 5);
+  const std::string out = NewTempDir("half_out");
+  HfExportOptions options;
+  options.config = Json{{"model_type", "llama"}};
+  EXPECT_THAT(ExportHfSafetensors(copy, out, options),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("model/a")));
+  EXPECT_TRUE(std::filesystem::is_empty(out));
+  KEEL_EXPECT_OK(ExportHfSafetensors(checkpoint(), out, options).status());
+}
+
+// A link planted where the temporary file goes is replaced, never written through.
+TEST_F(HfExportTest, TheTemporaryFileIsNeverFollowed) {
+  const std::string out = NewTempDir("planted");
+  const std::string victim = NewTempDir("victim") + "/precious";
+  std::ofstream(victim) << "keep me";
+  std::filesystem::create_symlink(victim, out + "/model.safetensors.tmp");
+  KEEL_ASSERT_OK(ExportHfSafetensors(checkpoint(), out).status());
+  EXPECT_EQ(ReadFileOrFail(victim), "keep me");
+  EXPECT_TRUE(std::filesystem::is_regular_file(
+      std::filesystem::symlink_status(out + "/model.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors.tmp"));
+}
+
 TEST_F(HfExportTest, MissingCheckpointIsNotFound) {
   EXPECT_THAT(ExportHfSafetensors(*run_dir_ + "/step_0000000099", NewTempDir("missing")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("step_0000000099")));

@@ -79,19 +79,15 @@ uint64_t CombineSegments(const std::vector<uint64_t>& digests) {
 void OutputFile::FreeBlock::operator()(char* block) const { std::free(block); }
 
 absl::StatusOr<OutputFile> OutputFile::Create(const std::string& path, Mode mode) {
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC;
-  bool direct = mode == Mode::kDirectIfSupported;
-  absl::StatusOr<base::UniqueFd> fd = base::OpenFile(path, direct ? kFlags | O_DIRECT : kFlags);
-  if (!fd.ok() && direct && absl::IsInvalidArgument(fd.status())) {
-    direct = false;  // EINVAL: the filesystem has no direct I/O
-    fd = base::OpenFile(path, kFlags);
-  }
-  KEEL_RETURN_IF_ERROR(fd.status());
+  KEEL_ASSIGN_OR_RETURN(base::UniqueFd fd, base::CreateFileExclusively(path));
+  // Direct I/O where the filesystem has it (EINVAL where not).
+  const bool direct = mode == Mode::kDirectIfSupported &&
+                      ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_DIRECT) == 0;
   void* block = nullptr;
   if (::posix_memalign(&block, kDirectAlignment, kWriteBlock) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("no memory for the write buffer of ", path));
   }
-  return OutputFile(path, *std::move(fd), direct,
+  return OutputFile(path, std::move(fd), direct,
                     std::unique_ptr<char[], FreeBlock>(static_cast<char*>(block)));
 }
 
