@@ -188,16 +188,18 @@ std::string List(const std::vector<std::string>& problems) {
                       "; and ", problems.size() - kMaxListedProblems, " more");
 }
 
-}  // namespace
+// The headers of a directory's files, and its tensors by name.
+struct HfFiles {
+  std::map<std::string, SafetensorsHeader> headers;  // by path
+  std::map<std::string, SafetensorsEntry> tensors;
+};
 
-absl::StatusOr<HfImportResult> LoadHfSafetensors(
-    const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options,
-    const std::set<std::string>& held_elsewhere,
-    const std::map<std::string, int64_t>& unpadded_rows) {
+absl::StatusOr<HfFiles> ReadHfFiles(const std::string& directory) {
   KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory));
-  std::map<std::string, SafetensorsEntry> in_files;
+  HfFiles read;
+  std::map<std::string, SafetensorsEntry>& in_files = read.tensors;
   std::map<std::string, std::string> file_of;  // tensor name -> the file holding it
-  std::map<std::string, SafetensorsHeader> headers;
+  std::map<std::string, SafetensorsHeader>& headers = read.headers;
   for (const auto& [path, indexed] : files) {
     KEEL_ASSIGN_OR_RETURN(headers[path], ReadSafetensorsHeader(path));
     for (const SafetensorsEntry& entry : headers[path].entries) {
@@ -215,6 +217,24 @@ absl::StatusOr<HfImportResult> LoadHfSafetensors(
       }
     }
   }
+  return read;
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, SafetensorsEntry>> ReadHfTensors(
+    const std::string& directory) {
+  KEEL_ASSIGN_OR_RETURN(HfFiles files, ReadHfFiles(directory));
+  return std::move(files.tensors);
+}
+
+absl::StatusOr<HfImportResult> LoadHfSafetensors(
+    const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options,
+    const std::set<std::string>& held_elsewhere,
+    const std::map<std::string, int64_t>& unpadded_rows) {
+  KEEL_ASSIGN_OR_RETURN(const HfFiles files, ReadHfFiles(directory));
+  const std::map<std::string, SafetensorsEntry>& in_files = files.tensors;
+  const std::map<std::string, SafetensorsHeader>& headers = files.headers;
   const ModelState state(model, options);
   KEEL_ASSIGN_OR_RETURN(State expected, state.StateDict());
   const std::map<std::string, std::string> tied = state.TiedKeys();

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/model_state.h"
+#include "checkpoint/safetensors.h"
 #include "torch/nn/module.h"
 
 namespace keel::checkpoint {
@@ -32,6 +33,12 @@ struct HfImportResult {
   // (ModelState neither saves nor reads them; the load of the embedding refills them).
   std::vector<std::string> tied_checked;
 };
+
+// The tensors of the directory by name, as their files' headers say (the files and the checks
+// of LoadHfSafetensors; no tensor data is read). Errors: as LoadHfSafetensors' kNotFound and
+// kDataLoss.
+[[nodiscard]] absl::StatusOr<std::map<std::string, SafetensorsEntry>> ReadHfTensors(
+    const std::string& directory);
 
 // Copies every tensor of the directory into the parameter or buffer of `model` that
 // ModelState(model, options) keys alike, in place. Strict: before anything is copied, every

@@ -11,6 +11,7 @@
 #include "models/gated_mlp.h"
 #include "models/hf_config.h"
 #include "models/tied_head.h"
+#include "parallel/parameters.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -112,6 +113,17 @@ StageParameters CountLlamaStageParameters(const ModelOptions& options,
                                  + (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2 * d : 0) +
                                  3 * h * (options.ffn_hidden_size / tp));  // gate, up, down
   return count;
+}
+
+std::map<std::string, std::vector<int64_t>> LlamaLayerShapes(const ModelOptions& options) {
+  ModelOptions one_layer = options;
+  one_layer.num_layers = 1;
+  const parallel::MetaParameters meta;
+  const LlamaImpl model(one_layer, ModelGroups{}, PaddedVocabSize(one_layer, 1), {0, 1},
+                        /*first=*/true, /*last=*/true);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& item : model.named_parameters()) shapes[item.key()] = item.value().sizes().vec();
+  return shapes;
 }
 
 LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups)

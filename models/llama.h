@@ -42,6 +42,12 @@ StageParameters CountLlamaStageParameters(const ModelOptions& options,
                                           const parallel::ModelParallelOptions& parallel,
                                           int64_t stage);
 
+// The whole shapes of the parameters of a one-layer model of `options`, by Hugging Face name
+// ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...), read off its
+// modules built on the meta device: nothing allocated or drawn but RoPE's inverse
+// frequencies. Throws c10::Error for sizes no tensor can have.
+std::map<std::string, std::vector<int64_t>> LlamaLayerShapes(const ModelOptions& options);
+
 class LlamaImpl : public LanguageModel {
  public:
   // Requires: a Llama-style family; sizes positive; num_query_groups divides
@@ -60,6 +66,7 @@ class LlamaImpl : public LanguageModel {
   std::vector<std::string> VocabParameters() const override;
 
  private:
+  friend std::map<std::string, std::vector<int64_t>> LlamaLayerShapes(const ModelOptions&);
   // The modules of the stage holding `layers` (and the embedding if `first`, the head if
   // `last`), with `padded_vocab_size` rows of vocabulary; their parameters as allocated.
   LlamaImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,

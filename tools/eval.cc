@@ -42,6 +42,9 @@ ABSL_FLAG(int64_t, sequence_length, 0, "L: the tokens each window predicts.");
 ABSL_FLAG(int64_t, samples, 0, "N: the windows 0..N-1 evaluated.");
 ABSL_FLAG(int64_t, batch_size, 8, "Windows per forward pass.");
 ABSL_FLAG(std::string, device, "cpu", "Where the model runs: cpu, cuda or cuda:N.");
+ABSL_FLAG(std::string, dtype, "float32",
+          "The model's weights and activations: float32 or bfloat16 (the files' dtype is "
+          "converted, as transformers' dtype does).");
 
 namespace keel::tools {
 namespace {
@@ -49,7 +52,7 @@ namespace {
 constexpr char kUsage[] = R"(Evaluates a model's loss on an indexed dataset's tokens.
 
 Usage: eval --model=DIR --data_prefix=PREFIX --sequence_length=L --samples=N
-            [--batch_size=8] [--device=cpu]
+            [--batch_size=8] [--device=cpu] [--dtype=float32]
 
 Prints {"window", "loss", "tokens"} per window i (tokens [i*L, i*L+L+1) of the dataset's
 tokens end to end), then {"mean_loss", "tokens", "perplexity"}.)";
@@ -92,6 +95,14 @@ absl::Status CheckFlags(const std::string& model, const std::string& prefix, int
   return absl::OkStatus();
 }
 
+// --dtype's value as a LibTorch dtype.
+absl::StatusOr<at::ScalarType> DtypeOf(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype=", name, " is not a dtype eval runs; allowed: float32, bfloat16"));
+}
+
 absl::Status Run() {
   const std::string model_path = cli::UserPath(absl::GetFlag(FLAGS_model));
   const std::string prefix = cli::UserPath(absl::GetFlag(FLAGS_data_prefix));
@@ -107,6 +118,7 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": this machine has no GPU"));
   }
+  KEEL_ASSIGN_OR_RETURN(const at::ScalarType dtype, DtypeOf(absl::GetFlag(FLAGS_dtype)));
 
   KEEL_ASSIGN_OR_RETURN(const sampling::IndexedDataset data,
                         sampling::IndexedDataset::Open(prefix));
@@ -132,7 +144,7 @@ absl::Status Run() {
   double total = 0;
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "evaluating", [&] {
     at::NoGradGuard no_grad;
-    loaded.model->to(device);
+    loaded.model->to(device, dtype);
     const at::Tensor on_device = tokens.to(device);
     for (int64_t first = 0; first < samples; first += batch_size) {
       const int64_t count = std::min(batch_size, samples - first);

@@ -4,6 +4,7 @@
 // cross-entropy of the recorded logits at positions 0..15 against tokens 1..16 (the logits of a
 // causal model at those positions do not depend on the row's last token). Bad input is named.
 #include <cmath>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -127,6 +128,100 @@ TEST(EvalToolTest, WindowsAreConsecutiveSpansOfTheTokensEndToEnd) {
   EXPECT_EQ(all.lines[5]["tokens"], 40);
 }
 
+// A copy of fixture `name` in a new directory, its tensors through `tensors` and its
+// config.json through `config`: a malformed or converted Hugging Face directory.
+std::string CopyFixture(
+    const std::string& name,
+    const std::function<void(std::vector<std::pair<std::string, at::Tensor>>&)>& tensors,
+    const std::function<void(base::Json&)>& config) {
+  const std::string dir = keel::testing::NewTempDir(name);
+  const std::string from = "testdata/hf_parity/" + name;
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> read =
+      checkpoint::ReadSafetensorsFile(from + "/model.safetensors");
+  EXPECT_TRUE(read.ok()) << read.status();
+  tensors(*read);
+  EXPECT_TRUE(checkpoint::WriteSafetensorsFile(dir + "/model.safetensors", *read, {}).ok());
+  absl::StatusOr<base::Json> json = base::ReadJsonFile(from + "/config.json");
+  EXPECT_TRUE(json.ok()) << json.status();
+  config(*json);
+  EXPECT_TRUE(base::WriteJsonFile(dir + "/config.json", *json).ok());
+  return dir;
+}
+
+// Most checkpoints on the Hub are bf16: they evaluate in float32 (the default) and in bf16,
+// each near the float32 fixture's loss (bf16 weights, and in bf16 activations too, round
+// within 1% of the loss of about 4.9 here).
+TEST(EvalToolTest, Bf16WeightsEvaluateInEitherDtype) {
+  const std::string bf16 = CopyFixture(
+      "llama_gqa_untied",
+      [](auto& tensors) {
+        for (auto& [name, tensor] : tensors) tensor = tensor.to(at::kBFloat16);
+      },
+      [](base::Json&) {});
+  std::vector<int64_t> tokens(17);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 37 + 11) % 131;
+  const std::vector<std::string> data = {"--data_prefix=" + WriteTokens("bf16", tokens),
+                                         "--sequence_length=16", "--samples=1"};
+  std::vector<std::string> args = data;
+  args.push_back("--model=testdata/hf_parity/llama_gqa_untied");
+  const ToolResult float32 = RunEval(args);
+  ASSERT_EQ(float32.exit_code, 0) << float32.err;
+  const double reference = float32.lines.back()["mean_loss"].get<double>();
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    SCOPED_TRACE(dtype);
+    args = data;
+    args.push_back("--model=" + bf16);
+    args.push_back("--dtype=" + dtype);
+    const ToolResult result = RunEval(args);
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_NEAR(result.lines.back()["mean_loss"].get<double>(), reference, reference * 1e-2);
+  }
+}
+
+// Directories made by transformers and then corrupted, and values transformers refuses: each
+// is an error naming what is wrong (exit 1 or 2), never a crash or a silent load.
+TEST(EvalToolTest, MalformedDirectoriesAreNamed) {
+  struct Case {
+    std::string name;
+    std::string dir;
+    std::string said;
+  };
+  const auto same = [](auto&) {};
+  const std::vector<Case> cases = {
+      {"0-d tied head",
+       CopyFixture(
+           "llama_tied",
+           [](auto& tensors) { tensors.emplace_back("lm_head.weight", at::zeros({})); }, same),
+       "\"lm_head.weight\""},
+      {"ten million layers",
+       CopyFixture("llama_tied", same, [](base::Json& c) { c["num_hidden_layers"] = 10000000; }),
+       "\"num_hidden_layers\" is 10000000, but the safetensors files hold 2 layers"},
+      {"a 2^40 intermediate size",
+       CopyFixture("llama_tied", same,
+                   [](base::Json& c) { c["intermediate_size"] = int64_t{1} << 40; }),
+       "mlp.gate_proj.weight\" is [1099511627776, 64] by config.json"},
+      {"2^40 heads of every kind",
+       CopyFixture("llama_tied", same,
+                   [](base::Json& c) {
+                     c["num_attention_heads"] = int64_t{1} << 40;
+                     c["num_key_value_heads"] = int64_t{1} << 40;
+                   }),
+       "config.json"},
+      {"a negative epsilon",
+       CopyFixture("llama_tied", same, [](base::Json& c) { c["rms_norm_eps"] = -1; }),
+       "\"rms_norm_eps\" is -1"},
+  };
+  const std::string prefix = WriteTokens("malformed", {1, 2, 3, 4, 5, 6, 7, 8, 9});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ToolResult result = RunEval(
+        {"--model=" + c.dir, "--data_prefix=" + prefix, "--sequence_length=8", "--samples=1"});
+    EXPECT_TRUE(result.exit_code == 1 || result.exit_code == 2) << result.exit_code;
+    EXPECT_TRUE(result.lines.empty());
+    EXPECT_THAT(result.err, HasSubstr(c.said));
+  }
+}
+
 TEST(EvalToolTest, BadInputIsNamed) {
   const std::string model = "--model=testdata/hf_parity/llama_tied";
   const std::string prefix = WriteTokens("bad", {1, 2, 3, 4, 5, 6, 7, 200, 9, 10});
@@ -153,6 +248,9 @@ TEST(EvalToolTest, BadInputIsNamed) {
       {{model, "--data_prefix=" + prefix, "--sequence_length=0", "--samples=1"},
        2,
        {"--sequence_length (0)", "must be positive"}},
+      {{model, "--data_prefix=" + prefix, "--sequence_length=4", "--samples=1", "--dtype=int8"},
+       2,
+       {"--dtype=int8", "allowed: float32, bfloat16"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrJoin(c.args, " "));

@@ -18,16 +18,27 @@
 #include "checkpoint/model_state.h"
 #include "checkpoint/reader.h"
 #include "models/hf_config.h"
+#include "models/hf_directory.h"
 #include "models/registry.h"
 #include "tools/recipe/options.h"
 
 namespace keel::tools::recipe {
 namespace {
 
+// The model of `options` on one rank, its allocation failing as an error.
+absl::StatusOr<std::shared_ptr<models::LanguageModel>> Build(const models::ModelOptions& options,
+                                                             const std::string& source) {
+  std::shared_ptr<models::LanguageModel> model;
+  KEEL_RETURN_IF_ERROR(base::CallTorch(
+      absl::StatusCode::kResourceExhausted, absl::StrCat("building the model of ", source),
+      [&] { model = models::BuildLanguageModel(options, models::ModelGroups{}); }));
+  return model;
+}
+
 absl::StatusOr<OneRankModel> FromHuggingFace(const std::string& directory) {
   OneRankModel loaded;
-  KEEL_ASSIGN_OR_RETURN(loaded.options, models::ReadHfConfig(directory));
-  loaded.model = models::BuildLanguageModel(loaded.options, models::ModelGroups{});
+  KEEL_ASSIGN_OR_RETURN(loaded.options, models::ReadHfDirectory(directory));
+  KEEL_ASSIGN_OR_RETURN(loaded.model, Build(loaded.options, directory));
   KEEL_RETURN_IF_ERROR(checkpoint::LoadHfSafetensors(directory, *loaded.model, {}, {},
                                                      models::HfVocabRows(loaded.options))
                            .status());
@@ -53,7 +64,9 @@ absl::StatusOr<OneRankModel> FromCheckpoint(const std::string& step_dir) {
   if (saved.padded_vocab_size > 0) {
     loaded.options.make_vocab_size_divisible_by = saved.padded_vocab_size;
   }
-  loaded.model = models::BuildLanguageModel(loaded.options, models::ModelGroups{});
+  KEEL_RETURN_IF_ERROR(
+      base::Annotate(CheckModelValues(loaded.options), absl::StrCat(step_dir, "'s configuration")));
+  KEEL_ASSIGN_OR_RETURN(loaded.model, Build(loaded.options, step_dir));
   checkpoint::ModelStateOptions keys;
   keys.model_save_format = saved.model_save_format;
   KEEL_ASSIGN_OR_RETURN(const checkpoint::State state,

@@ -17,6 +17,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "models/hf_config.h"
+#include "models/hf_directory.h"
 #include "sampling/gpt_dataset_config.h"
 #include "sampling/numpy_random.h"
 #include "tools/recipe/config.h"
@@ -35,10 +36,15 @@ absl::Status Require(bool ok, absl::string_view field, int64_t value, absl::stri
 absl::Status ReadPretrainedConfig(const ModelConfig& config, models::ModelOptions& model) {
   const std::string& directory = config.pretrained_path();
   std::error_code error;
-  if (directory.empty() || !std::filesystem::exists(models::HfConfigPath(directory), error)) {
-    return absl::OkStatus();
+  if (directory.empty()) return absl::OkStatus();
+  if (!std::filesystem::is_directory(directory, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.pretrained_path (", directory,
+                     ") is not a directory; allowed: a Hugging Face model's directory "
+                     "(config.json and safetensors files), or unset"));
   }
-  KEEL_ASSIGN_OR_RETURN(const models::ModelOptions pretrained, models::ReadHfConfig(directory));
+  if (!std::filesystem::exists(models::HfConfigPath(directory), error)) return absl::OkStatus();
+  KEEL_ASSIGN_OR_RETURN(const models::ModelOptions pretrained, models::ReadHfDirectory(directory));
   const base::Json ours = base::WriteJsonFields(model);
   base::Json merged = base::WriteJsonFields(pretrained);
   std::vector<const google::protobuf::FieldDescriptor*> set;
@@ -63,10 +69,9 @@ absl::Status ReadPretrainedConfig(const ModelConfig& config, models::ModelOption
 }
 
 // The fields of one family that the other does not read are refused when set, so that no
-// setting is silently ignored.
+// setting is silently ignored; then the values, as CheckModelValues.
 absl::Status CheckFamilyFields(const ModelConfig& config, const models::ModelOptions& m) {
   const bool gpt = m.family == models::ModelFamily::kGpt;
-  const std::string family = models::AbslUnparseFlag(m.family);
   std::vector<const google::protobuf::FieldDescriptor*> set;
   config.GetReflection()->ListFields(config, &set);
   for (const google::protobuf::FieldDescriptor* field : set) {
@@ -81,7 +86,23 @@ absl::Status CheckFamilyFields(const ModelConfig& config, const models::ModelOpt
                        name, " unset)"));
     }
   }
-  if (gpt) {
+  return CheckModelValues(m);
+}
+
+}  // namespace
+
+absl::Status CheckModelValues(const models::ModelOptions& m) {
+  for (auto [field, value] :
+       {std::pair{"model.vocab_size", m.vocab_size},
+        {"model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
+        {"model.hidden_size", m.hidden_size},
+        {"model.num_layers", m.num_layers},
+        {"model.num_attention_heads", m.num_attention_heads},
+        {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
+    KEEL_RETURN_IF_ERROR(Require(value > 0, field, value, "must be > 0"));
+  }
+  const std::string family = models::AbslUnparseFlag(m.family);
+  if (m.family == models::ModelFamily::kGpt) {
     return Require(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
                    absl::StrCat("must be divisible by model.num_attention_heads (",
                                 m.num_attention_heads, ")"));
@@ -127,22 +148,14 @@ absl::Status CheckFamilyFields(const ModelConfig& config, const models::ModelOpt
   return absl::OkStatus();
 }
 
+namespace {
+
 absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
   options.pretrained_path = config.model().pretrained_path();
   KEEL_RETURN_IF_ERROR(ReadPretrainedConfig(config.model(), options.model));
   options.model.max_sequence_length = options.data.dataset.sequence_length;
-  const models::ModelOptions& m = options.model;
-  for (auto [field, value] :
-       {std::pair{"model.vocab_size", m.vocab_size},
-        {"model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
-        {"model.hidden_size", m.hidden_size},
-        {"model.num_layers", m.num_layers},
-        {"model.num_attention_heads", m.num_attention_heads},
-        {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
-    KEEL_RETURN_IF_ERROR(Require(value > 0, field, value, "must be > 0"));
-  }
-  return CheckFamilyFields(config.model(), m);
+  return CheckFamilyFields(config.model(), options.model);
 }
 
 absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& options) {

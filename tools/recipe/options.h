@@ -225,10 +225,17 @@ struct TrainOptions {
 // validation_every_n_samples of 1 or below 0, an optimizer other than AdamW, a backend other
 // than gloo or nccl, a non-positive timeout or logging interval, model.tf32 without a GPU,
 // distributed.grad_reduce_in_fp32 without model.bf16,
-// optimizer.fused on a LibTorch without the fused kernel; with data.paths: data.prefix
+// with data.paths: data.prefix
 // or validation_every_n_samples also set, no step_scheduler.max_steps, a bad blend list
 // (a weight that is not a positive number), split string or seed.
 [[nodiscard]] absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config);
+
+// The checks of a model's sizes and values that every entry point makes before it builds one
+// (ReadOptions for the trainer, LoadOneRankModel for tools:eval and tools:ckpt): sizes
+// positive, heads that divide the hidden size or an even head width, key-value groups that
+// divide the heads, a positive RoPE base and norm epsilon, llama3 factors that rescale.
+// Errors: kInvalidArgument naming the field (model.<name>) and what is allowed.
+[[nodiscard]] absl::Status CheckModelValues(const models::ModelOptions& options);
 
 // The model-parallel layout on `world_size` ranks, and whether the batch geometry works with
 // its data-parallel size: global_batch_size must be a multiple of local_batch_size x the

@@ -7,6 +7,7 @@
 #include "base/files.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
+#include "base/torch_status.h"
 #include "gradients/parameters.h"
 #include "models/registry.h"
 #include "parallel/moe/token_dispatcher.h"
@@ -25,9 +26,12 @@ absl::Status Run::BuildModel() {
   State& s = *state_;
   if (options_.tf32) base::SetCudaMatmulTf32(true);
   torch::manual_seed(options_.seed);
-  s.model = models::BuildLanguageModel(options_.model, runtime_.model_groups());
-  s.model->to(runtime_.device);
-  if (options_.bf16) s.model->to(at::kBFloat16);
+  KEEL_RETURN_IF_ERROR(base::CallTorch(
+      absl::StatusCode::kResourceExhausted, "building the model on this rank's device", [&] {
+        s.model = models::BuildLanguageModel(options_.model, runtime_.model_groups());
+        s.model->to(runtime_.device);
+        if (options_.bf16) s.model->to(at::kBFloat16);
+      }));
   std::vector<gradients::NamedParameter> parameters =
       gradients::TrainableParameters({s.model.get()}, s.model->Layouts());
   MarkSharedEmbedding(*s.model, parameters);

@@ -1,0 +1,82 @@
+// A Hugging Face directory's config.json against its weights' headers: every fixture (made by
+// transformers) agrees with itself; a config.json of another depth or other widths than its
+// files is refused by name, before any model is built.
+#include "models/hf_directory.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/match.h"
+#include "base/json.h"
+#include "checkpoint/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/hf_config.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+
+namespace keel::models {
+namespace {
+
+using ::keel::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr const char* kFixtures[] = {"llama_tied", "llama_gqa_untied", "llama_legacy_rope", "qwen2",
+                                     "qwen3",      "mistral"};
+
+TEST(HfDirectoryTest, EveryFixtureReadsAsItsConfigJson) {
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string("testdata/hf_parity/") + name;
+    KEEL_ASSERT_OK_AND_ASSIGN(const ModelOptions read, ReadHfDirectory(dir));
+    KEEL_ASSERT_OK_AND_ASSIGN(const ModelOptions config, ReadHfConfig(dir));
+    EXPECT_EQ(base::WriteJsonFields(read).dump(), base::WriteJsonFields(config).dump());
+  }
+}
+
+// The fixture's tensors, those `keep` keeps, with the fixture's config.json patched.
+std::string Corrupt(const std::string& name, bool (*keep)(const std::string&),
+                    const std::string& patch) {
+  const std::string dir = keel::testing::NewTempDir(name);
+  const std::string from = "testdata/hf_parity/" + name;
+  auto tensors = checkpoint::ReadSafetensorsFile(from + "/model.safetensors");
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  std::vector<std::pair<std::string, at::Tensor>> kept;
+  for (auto& [key, tensor] : *tensors) {
+    if (keep(key)) kept.emplace_back(key, tensor);
+  }
+  EXPECT_TRUE(checkpoint::WriteSafetensorsFile(dir + "/model.safetensors", kept, {}).ok());
+  auto config = base::ReadJsonFile(from + "/config.json");
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->merge_patch(base::Json::parse(patch));
+  EXPECT_TRUE(base::WriteJsonFile(dir + "/config.json", *config).ok());
+  return dir;
+}
+
+TEST(HfDirectoryTest, AnotherDepthOrOtherWidthsAreNamed) {
+  const auto all = [](const std::string&) { return true; };
+  const auto one_layer = [](const std::string& key) {
+    return !absl::StartsWith(key, "model.layers.1.");
+  };
+  EXPECT_THAT(ReadHfDirectory(Corrupt("llama_gqa_untied", one_layer, "{}")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"num_hidden_layers\" is 2, but the safetensors files hold 1 "
+                                 "layers, numbered 0 to 0")));
+  EXPECT_THAT(ReadHfDirectory(Corrupt("llama_gqa_untied", all, R"({"num_hidden_layers": 3})")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"num_hidden_layers\" is 3, but the safetensors files hold 2")));
+  EXPECT_THAT(
+      ReadHfDirectory(Corrupt("llama_gqa_untied", all, R"({"intermediate_size": 1099511627776})")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("\"model.layers.0.mlp.down_proj.weight\" is [64, 1099511627776] by "
+                         "config.json, [64, 96] in the files")));
+  EXPECT_THAT(ReadHfDirectory(Corrupt("llama_gqa_untied", all, R"({"vocab_size": 200})")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"model.embed_tokens.weight\" is [200, 64] by config.json, "
+                                 "[131, 64] in the files")));
+}
+
+}  // namespace
+}  // namespace keel::models
