@@ -102,6 +102,9 @@ absl::Status Tokenize(const std::vector<std::string>& files, const std::string& 
 absl::Status Run(const std::vector<std::string>& operands) {
   const std::string prefix = cli::UserPath(absl::GetFlag(FLAGS_output_prefix));
   KEEL_ASSIGN_OR_RETURN(const std::vector<std::string> files, InputFiles(operands));
+  // The output's folder is made, as the trainer makes its run directory.
+  KEEL_RETURN_IF_ERROR(base::Annotate(base::MakeDirectories(base::ParentDirectory(prefix)),
+                                      "--output_prefix's folder"));
   if (!absl::GetFlag(FLAGS_tokenizer_model).empty()) return Tokenize(files, prefix);
   KEEL_ASSIGN_OR_RETURN(recipe::CorpusStats stats, recipe::BuildByteCorpus(files, prefix));
   std::cout << "wrote " << prefix << ".bin and " << prefix << ".idx: " << stats.documents

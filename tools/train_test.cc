@@ -402,7 +402,8 @@ TEST(TrainTest, HungOrDeadPeerFailsTheOtherRankWithinTheTimeout) {
   }
 }
 
-// tools:preprocess turns text into an indexed dataset that data.prefix trains on.
+// tools:preprocess turns text into an indexed dataset (making its folder, as a fresh checkout's
+// data/ does not exist) that data.prefix trains on.
 TEST(TrainTest, TrainsOnAPreprocessedIndexedDataset) {
   const std::string dir = NewTempDir("preprocessed");
   std::string text;
@@ -411,14 +412,14 @@ TEST(TrainTest, TrainsOnAPreprocessedIndexedDataset) {
   }
   std::ofstream(dir + "/a.txt") << text;
   std::ofstream(dir + "/b.txt") << text.substr(0, 5000);
-  Subprocess preprocess =
-      Subprocess::Start({Absolute(absl::GetFlag(FLAGS_preprocess)),
-                         "--output_prefix=" + dir + "/text", dir + "/a.txt", dir + "/b.txt"},
-                        ChildOptions(dir + "/preprocess.stderr"));
+  Subprocess preprocess = Subprocess::Start(
+      {Absolute(absl::GetFlag(FLAGS_preprocess)), "--output_prefix=" + dir + "/data/new/text",
+       dir + "/a.txt", dir + "/b.txt"},
+      ChildOptions(dir + "/preprocess.stderr"));
   ASSERT_EQ(preprocess.Wait(), 0) << preprocess.Stderr();
 
   std::vector<std::string> args = SmallRun(dir + "/run", 4);
-  args.insert(args.end(), {"--set", "data.prefix=" + dir + "/text"});
+  args.insert(args.end(), {"--set", "data.prefix=" + dir + "/data/new/text"});
   Subprocess child = StartTrain(args, dir + "/train.stderr");
   ASSERT_EQ(child.Wait(), 0) << child.Stderr();
   EXPECT_THAT(child.DrainStdout(), Not(HasSubstr("default corpus")));

@@ -101,16 +101,23 @@ absl::Status ApplyOverride(const std::string& assignment, TrainConfig& config) {
 }
 
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
-                                            const std::vector<std::string>& overrides) {
+                                            const std::vector<std::string>& overrides,
+                                            const TrainConfig& base) {
   absl::StatusOr<std::string> text = base::ReadFile(path);
   KEEL_RETURN_IF_ERROR(base::Annotate(text.status(), "reading the config"));
-  TrainConfig config;
+  TrainConfig file;
   google::protobuf::TextFormat::Parser parser;
   Errors errors;
   parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(*text, &config)) {
+  if (!parser.ParseFromString(*text, &file)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", errors.ToString()));
   }
+  TrainConfig config = base;
+  // The file's list replaces the base's (MergeFrom would append to it).
+  if (file.step_scheduler().preemption_signal_size() > 0) {
+    config.mutable_step_scheduler()->clear_preemption_signal();
+  }
+  config.MergeFrom(file);
   for (const std::string& assignment : overrides) {
     KEEL_RETURN_IF_ERROR(ApplyOverride(assignment, config));
   }

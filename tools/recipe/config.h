@@ -24,11 +24,14 @@
 
 namespace keel::tools::recipe {
 
-// Parses `path` (text format) and applies `overrides` ("section.field=value", in order).
-// Errors: kNotFound for a missing file; kInvalidArgument naming the file, line and column of a
-// syntax error or unknown field, or the override and the fields its section has.
-[[nodiscard]] absl::StatusOr<TrainConfig> LoadTrainConfig(
-    const std::string& path, const std::vector<std::string>& overrides);
+// Parses `path` (text format) over `base` (a field the file sets replaces base's, a list
+// included; what it leaves out keeps base's value) and applies `overrides`
+// ("section.field=value", in order). Errors: kNotFound for a missing file; kInvalidArgument
+// naming the file, line and column of a syntax error or unknown field, or the override and the
+// fields its section has.
+[[nodiscard]] absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
+                                                          const std::vector<std::string>& overrides,
+                                                          const TrainConfig& base = TrainConfig());
 
 // Applies one "section.field=value" (nested messages by dots; repeated fields take a
 // comma-separated list). Errors: kInvalidArgument as LoadTrainConfig.

@@ -33,6 +33,25 @@ std::string WriteConfig(const std::string& name, const std::string& text) {
   return path;
 }
 
+// A user's file over the defaults sets what it names and keeps every other default (a partial
+// file once left sequence_length 0 and the peak learning rate 0); a list it sets replaces the
+// default's.
+TEST(TrainConfigTest, AFileOverTheDefaultsSetsOnlyWhatItNames) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const TrainConfig defaults,
+                            LoadTrainConfig(absl::GetFlag(FLAGS_config), {}));
+  const std::string partial =
+      WriteConfig("partial.textproto",
+                  "model { num_layers: 2 }\nstep_scheduler { preemption_signal: \"SIGUSR1\" }\n");
+  KEEL_ASSERT_OK_AND_ASSIGN(const TrainConfig config, LoadTrainConfig(partial, {}, defaults));
+  EXPECT_EQ(config.model().num_layers(), 2);
+  EXPECT_EQ(config.data().sequence_length(), 128);
+  EXPECT_EQ(config.lr_scheduler().max_lr(), 0.003);
+  EXPECT_EQ(config.model().hidden_size(), defaults.model().hidden_size());
+  EXPECT_THAT(config.step_scheduler().preemption_signal(), ElementsAre("SIGUSR1"));
+  KEEL_ASSERT_OK_AND_ASSIGN(const TrainConfig alone, LoadTrainConfig(partial, {}));
+  EXPECT_EQ(alone.data().sequence_length(), 0);  // without a base: the file alone
+}
+
 TEST(TrainConfigTest, DefaultConfigFillsEveryOptionsStruct) {
   KEEL_ASSERT_OK_AND_ASSIGN(TrainConfig config, LoadTrainConfig(absl::GetFlag(FLAGS_config), {}));
   scheduling::StepSchedulerOptions step;

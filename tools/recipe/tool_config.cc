@@ -17,8 +17,8 @@ namespace {
 
 using bazel::tools::cpp::runfiles::Runfiles;
 
-absl::StatusOr<std::string> ConfigPath(const char* argv0, const std::string& flag) {
-  if (!flag.empty()) return cli::UserPath(flag);
+// tools/recipe/default.textproto in argv0's runfiles.
+absl::StatusOr<std::string> DefaultConfigPath(const char* argv0) {
   std::string error;
   std::unique_ptr<Runfiles> runfiles(Runfiles::Create(argv0, &error));
   if (runfiles == nullptr) return absl::NotFoundError(absl::StrCat("runfiles: ", error));
@@ -62,8 +62,15 @@ std::vector<std::string> TakeOverrides(int& argc, char** argv) {
 
 absl::StatusOr<TrainConfig> LoadToolConfig(const char* argv0, const std::string& config_flag,
                                            const std::vector<std::string>& overrides) {
-  KEEL_ASSIGN_OR_RETURN(const std::string path, ConfigPath(argv0, config_flag));
-  KEEL_ASSIGN_OR_RETURN(TrainConfig config, LoadTrainConfig(path, overrides));
+  KEEL_ASSIGN_OR_RETURN(const std::string defaults, DefaultConfigPath(argv0));
+  // A user's file overlays the defaults: what it leaves out keeps the default run's value.
+  TrainConfig base;
+  if (!config_flag.empty()) {
+    KEEL_ASSIGN_OR_RETURN(base, LoadTrainConfig(defaults, {}));
+  }
+  KEEL_ASSIGN_OR_RETURN(TrainConfig config,
+                        LoadTrainConfig(config_flag.empty() ? defaults : cli::UserPath(config_flag),
+                                        overrides, base));
   config.set_run_dir(cli::UserPath(config.run_dir()));
   DataConfig& data = *config.mutable_data();
   if (!data.prefix().empty()) data.set_prefix(cli::UserPath(data.prefix()));

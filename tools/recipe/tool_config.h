@@ -21,8 +21,9 @@ namespace keel::tools::recipe {
 // would split).
 std::vector<std::string> TakeOverrides(int& argc, char** argv);
 
-// LoadTrainConfig of `config_flag` (empty: the default textproto in argv0's runfiles) and
-// `overrides`, with run_dir, data.prefix, the prefixes of data.paths, data.index_mapping_dir
+// LoadTrainConfig of `config_flag` over the default textproto in argv0's runfiles (empty: the
+// default textproto alone: a partial file sets only what it names) and `overrides`, with
+// run_dir, data.prefix, the prefixes of data.paths, data.index_mapping_dir
 // and model.pretrained_path resolved against the user's directory. Errors: kNotFound without
 // runfiles; LoadTrainConfig's.
 [[nodiscard]] absl::StatusOr<TrainConfig> LoadToolConfig(const char* argv0,
