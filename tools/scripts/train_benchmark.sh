@@ -241,9 +241,7 @@ for ((round = 1; round <= rounds; ++round)); do
     --set "data.prefix=${prefix}"
   log "round ${round}/${rounds}: Python"
   torchrun=()
-  # --redirects/--tee: torchrun 1.13's default (0) fails on Python 3.11 (its Std enum).
-  ((ranks == 1)) || torchrun=(-m torch.distributed.run --standalone --redirects=1 --tee=1
-    --nproc_per_node="${ranks}")
+  ((ranks == 1)) || torchrun=(-m torch.distributed.run --standalone --nproc_per_node="${ranks}")
   if ! OMP_NUM_THREADS=${threads} OMP_WAIT_POLICY=${wait_policy} "${python}" "${torchrun[@]}" \
     "${repo_root}/tools/scripts/train_reference.py" \
     --prefix="${prefix}" "${reference_settings[@]}" >"${work_dir}/python_${round}.log" 2>&1; then

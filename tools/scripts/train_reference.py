@@ -33,7 +33,7 @@ computes the C++ trainer's figure the same way from its metrics.jsonl), for all 
 gradient_wait_share=F is the share of the loop spent after the last gradient bucket was ready
 (DDP's comm hook) until backward returned with the averaged gradients, the trainer's
 "waiting for gradients" (0 on one process).
-Needs PyTorch (1.13 or 2.x, the one whose LibTorch the trainer uses: @libtorch//:python) and
+Needs PyTorch (2.6 or later, the one whose LibTorch the trainer uses: @libtorch//:python) and
 NumPy.
 """
 
@@ -212,14 +212,8 @@ class ParamSchedule:
 
 
 def causal_attention(q, k, v):
-    """base/torch_compat.cc's CausalAttention: the fused kernel where torch has one (2.x), the
-    explicit masked softmax on 1.13."""
-    if hasattr(F, "scaled_dot_product_attention"):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    seq = q.size(-2)
-    above_diagonal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-    return torch.matmul(torch.softmax(scores.masked_fill(above_diagonal, -math.inf), -1), v)
+    """base/attention.cc's CausalAttention: torch's fused kernel."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Attention(nn.Module):
