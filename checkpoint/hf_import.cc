@@ -23,6 +23,7 @@ constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 
 using internal::Quote;
+using internal::ShapeString;
 
 // At most this many problems are listed in one error (a count says how many more).
 constexpr size_t kMaxListedProblems = 20;
@@ -65,10 +66,6 @@ absl::StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(
     files[path].push_back(name);
   }
   return files;
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 std::string Describe(const std::vector<int64_t>& shape, at::ScalarType dtype) {

@@ -36,15 +36,12 @@ using Json = nlohmann::json;
 
 using internal::Excerpt;
 using internal::Quote;
+using internal::ShapeString;
 
 constexpr uint64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 absl::Status Corrupt(absl::string_view message) {
   return absl::DataLossError(absl::StrCat("safetensors header: ", message));
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 std::string DtypeString(at::ScalarType dtype) {

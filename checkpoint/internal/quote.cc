@@ -1,6 +1,7 @@
 #include "checkpoint/internal/quote.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace keel::checkpoint::internal {
 namespace {
@@ -17,5 +18,9 @@ std::string Excerpt(const nlohmann::json& value) {
 }
 
 std::string Quote(absl::string_view text) { return Excerpt(nlohmann::json(std::string(text))); }
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 }  // namespace keel::checkpoint::internal

@@ -1,10 +1,12 @@
-// Names and values from files, in error messages: as JSON text (quotes, escapes), ASCII only
-// and cut after 200 characters, so that a hostile or broken file cannot flood or garble the
+// Names, values and shapes from files, in error messages: as JSON text (quotes, escapes), ASCII
+// only and cut after 200 characters, so that a hostile or broken file cannot flood or garble the
 // terminal (a header of thousands of keys, newlines or escape codes in a name).
 #ifndef KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
 #define KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
@@ -16,6 +18,9 @@ std::string Excerpt(const nlohmann::json& value);
 
 // `text` as a JSON string, as Excerpt: "model.embed_tokens.weight" with its quotes.
 std::string Quote(absl::string_view text);
+
+// A tensor's shape as messages print it: "[2, 3]".
+std::string ShapeString(const std::vector<int64_t>& shape);
 
 }  // namespace keel::checkpoint::internal
 
