@@ -212,8 +212,9 @@ struct VerifyReport {
 [[nodiscard]] absl::StatusOr<VerifyReport> Verify(const std::string& path, VerifyLevel level);
 
 struct FindResult {
-  // The newest checkpoint that passed verification, if any.
+  // The newest checkpoint that passed verification, if any, and its report.
   std::optional<CheckpointInfo> latest;
+  std::optional<VerifyReport> report;
   // One line per newer checkpoint that was skipped, saying why.
   std::vector<std::string> warnings;
 };

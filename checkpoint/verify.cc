@@ -173,6 +173,7 @@ absl::StatusOr<FindResult> FindLatest(const std::string& checkpoint_dir, VerifyL
       continue;
     }
     result.latest = report->checkpoint;
+    result.report = *std::move(report);
     break;
   }
   return result;

@@ -12,11 +12,15 @@ namespace keel::sampling {
 
 using internal::WidenTokens;
 
+int64_t FixedWindowDataset::SizeOf(int64_t num_tokens, const FixedWindowDatasetOptions& options) {
+  const int64_t extra = options.add_extra_token_to_sequence ? 1 : 0;
+  return std::max<int64_t>(0, num_tokens - extra) / options.sequence_length;
+}
+
 FixedWindowDataset::FixedWindowDataset(IndexedDataset dataset,
                                        const FixedWindowDatasetOptions& options)
     : dataset_(std::move(dataset)), options_(options) {
-  const int64_t extra = options_.add_extra_token_to_sequence ? 1 : 0;
-  size_ = (dataset_.num_tokens() - extra) / options_.sequence_length;
+  size_ = SizeOf(dataset_.num_tokens(), options_);
   if (!dataset_.contiguous()) {
     sequence_starts_.reserve(dataset_.size() + 1);
     int64_t start = 0;

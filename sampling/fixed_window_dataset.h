@@ -58,6 +58,9 @@ class FixedWindowDataset {
   // Samples in the epoch.
   int64_t size() const { return size_; }
 
+  // The samples `num_tokens` tokens make under `options`: (num_tokens - e) / L, at least 0.
+  static int64_t SizeOf(int64_t num_tokens, const FixedWindowDatasetOptions& options);
+
   // Sample `index`: sequence_length + add_extra_token_to_sequence tokens as an int64 tensor
   // (Megatron's type; a fresh copy). Errors: kOutOfRange for an index outside [0, size()).
   [[nodiscard]] absl::StatusOr<at::Tensor> Sample(int64_t index) const;

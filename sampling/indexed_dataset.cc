@@ -7,6 +7,7 @@
 
 #include "ATen/ops/empty.h"
 #include "ATen/ops/from_blob.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "sampling/internal/index_format.h"
@@ -45,16 +46,24 @@ at::ScalarType TorchTypeOf(TokenDtype dtype) {
 
 absl::StatusOr<IndexedDataset> IndexedDataset::Open(const std::string& path_prefix,
                                                     bool multimodal) {
-  KEEL_ASSIGN_OR_RETURN(auto idx, internal::MappedFile::Open(path_prefix + ".idx"));
+  absl::StatusOr<std::shared_ptr<const internal::MappedFile>> idx =
+      internal::MappedFile::Open(path_prefix + ".idx");
+  if (absl::IsNotFound(idx.status()) &&
+      (absl::EndsWith(path_prefix, ".bin") || absl::EndsWith(path_prefix, ".idx"))) {
+    return absl::NotFoundError(absl::StrCat(
+        idx.status().message(), " (a dataset is named by its prefix, without .bin or .idx: \"",
+        path_prefix.substr(0, path_prefix.size() - 4), "\")"));
+  }
+  KEEL_RETURN_IF_ERROR(idx.status());
   KEEL_ASSIGN_OR_RETURN(auto bin, internal::MappedFile::Open(path_prefix + ".bin"));
   absl::StatusOr<internal::IndexLayout> layout =
-      internal::ParseIndex(idx->bytes(), bin->bytes().size(), multimodal);
+      internal::ParseIndex((*idx)->bytes(), bin->bytes().size(), multimodal);
   if (!layout.ok()) {
     return absl::Status(layout.status().code(),
-                        absl::StrCat(idx->path(), ": ", layout.status().message()));
+                        absl::StrCat((*idx)->path(), ": ", layout.status().message()));
   }
   IndexedDataset dataset;
-  dataset.idx_ = std::move(idx);
+  dataset.idx_ = *std::move(idx);
   dataset.bin_ = std::move(bin);
   dataset.dtype_ = static_cast<TokenDtype>(layout->dtype_code);
   dataset.item_size_ = layout->item_size;

@@ -36,8 +36,9 @@ class IndexedDataset {
   // file size of exactly 34 + 12N + 8D bytes (+ N with `multimodal`, which the header does
   // not record), non-negative lengths, pointers that are multiples of the token size,
   // non-decreasing, non-overlapping and inside the .bin, and document indices from 0 to N,
-  // never decreasing. Errors: kNotFound if a file is missing, other failures to read or map
-  // by base::ErrnoCode's table; kDataLoss naming the file and the first wrong field.
+  // never decreasing. Errors: kNotFound if a file is missing (a prefix ending in .bin or .idx
+  // is told to drop it), other failures to read or map by base::ErrnoCode's table; kDataLoss
+  // naming the file and the first wrong field.
   [[nodiscard]] static absl::StatusOr<IndexedDataset> Open(const std::string& path_prefix,
                                                            bool multimodal = false);
 

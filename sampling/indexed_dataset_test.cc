@@ -19,6 +19,7 @@ namespace {
 
 using ::keel::testing::IsOk;
 using ::keel::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -173,6 +174,19 @@ TEST(IndexedDatasetTest, MissingFilesAreNotFound) {
   ASSERT_EQ(std::remove((prefix + ".bin").c_str()), 0);
   EXPECT_THAT(IndexedDataset::Open(prefix),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no_bin.bin")));
+}
+
+// A user who names a dataset by one of its files is told its prefix.
+TEST(IndexedDatasetTest, AFileNameForAPrefixIsToldThePrefix) {
+  const std::string prefix = TempPrefix("named");
+  WriteSmall(prefix, TokenDtype::kInt32);
+  for (const char* extension : {".bin", ".idx"}) {
+    EXPECT_THAT(IndexedDataset::Open(prefix + extension),
+                StatusIs(absl::StatusCode::kNotFound,
+                         AllOf(HasSubstr(absl::StrCat("named", extension, ".idx: ")),
+                               HasSubstr("without .bin or .idx: \"" + prefix + "\""))))
+        << extension;
+  }
 }
 
 // Bad files: a valid dataset whose index has one field patched.

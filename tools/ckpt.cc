@@ -4,7 +4,7 @@
 //   bazel run //tools:ckpt -- inspect runs/gpt/checkpoints/step_0000001000
 //   bazel run //tools:ckpt -- verify runs/gpt/checkpoints   # a run's newest checkpoint
 //   bazel run //tools:ckpt -- diff runs/a/step_0000001000 runs/b/step_0000001000
-//   bazel run //tools:ckpt -- export-safetensors runs/gpt/step_0000001000 hf/ --object=model
+//   bazel run //tools:ckpt -- export-safetensors runs/gpt/checkpoints hf/ --object=model
 //
 // Exit status (tools/cli/exit_code.h): 0 when verified or identical; 1 when verify finds
 // problems, diff finds differences, or a checkpoint cannot be read; 2 for bad usage.
@@ -74,8 +74,9 @@ Commands:
   verify DIR                   checks every byte of DIR; for a run's checkpoint_dir, of the
                                checkpoint a resume would pick
   diff A B                     compares two checkpoints tensor by tensor and value by value
-  export-safetensors DIR OUT   writes one object as Hugging Face safetensors into OUT; a
-                               Llama-style model of tools:train as transformers loads it:
+  export-safetensors DIR OUT   writes one object of DIR (for a run's checkpoint_dir, of its
+                               newest valid checkpoint) as Hugging Face safetensors into OUT;
+                               a Llama-style model of tools:train as transformers loads it:
                                config.json, the vocabulary without its padding rows
                                [--object=model] [--max_shard_bytes=5368709120]
                                [--dtype=bfloat16|float32] [--config_from=HF_DIR]
@@ -181,26 +182,39 @@ absl::StatusOr<int> Inspect(const std::string& dir) {
   return cli::kExitSuccess;
 }
 
+// A run's checkpoint_dir: the checkpoint a resume would load, the newest that verifies every
+// byte (with its report); the newer ones that fail, which a resume sets aside, are printed.
+// latest is unset when none verifies. Errors: kNotFound when `dir` holds no checkpoint at all.
+absl::StatusOr<checkpoint::FindResult> NewestValid(const std::string& dir) {
+  KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found,
+                        checkpoint::FindLatest(dir, checkpoint::VerifyLevel::kChecksums));
+  for (const std::string& warning : found.warnings) {
+    std::cout << "warning: " << warning << " (a resume sets it aside)\n";
+  }
+  if (found.latest) {
+    std::cout << "newest valid checkpoint: " << found.latest->path << "\n";
+  } else if (found.warnings.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        dir, " holds neither a checkpoint manifest nor committed step_* checkpoint directories"));
+  }
+  return found;
+}
+
 absl::StatusOr<int> Verify(const std::string& dir) {
   std::string path = dir;
-  if (!base::PathExists(checkpoint::ManifestPath(dir))) {
-    // A run's checkpoint_dir: check what a resume would load.
-    KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found, checkpoint::FindLatest(dir));
-    for (const std::string& warning : found.warnings) std::cout << "warning: " << warning << "\n";
+  std::optional<checkpoint::VerifyReport> verified;
+  if (base::PathExists(checkpoint::ManifestPath(dir))) {
+    KEEL_ASSIGN_OR_RETURN(verified, checkpoint::Verify(path, checkpoint::VerifyLevel::kChecksums));
+  } else {
+    KEEL_ASSIGN_OR_RETURN(checkpoint::FindResult found, NewestValid(dir));
     if (!found.latest) {
-      if (found.warnings.empty()) {
-        return absl::NotFoundError(absl::StrCat(
-            dir,
-            " holds neither a checkpoint manifest nor committed step_* checkpoint directories"));
-      }
       std::cout << "FAILED: no checkpoint under " << dir << " passes verification\n";
       return cli::kExitFailure;
     }
     path = found.latest->path;
-    std::cout << "newest checkpoint: " << path << "\n";
+    verified = std::move(found.report);
   }
-  KEEL_ASSIGN_OR_RETURN(checkpoint::VerifyReport report,
-                        checkpoint::Verify(path, checkpoint::VerifyLevel::kChecksums));
+  const checkpoint::VerifyReport& report = *verified;
   if (!report.ok()) {
     std::cout << "FAILED: " << path << "\n";
     for (const checkpoint::VerifyProblem& problem : report.problems) {
@@ -436,7 +450,15 @@ absl::StatusOr<std::vector<std::string>> CopyCompanionFiles(const std::string& f
   return copied;
 }
 
-absl::StatusOr<int> ExportSafetensors(const std::string& dir, const std::string& out) {
+absl::StatusOr<int> ExportSafetensors(std::string dir, const std::string& out) {
+  if (!base::PathExists(checkpoint::ManifestPath(dir))) {  // a run's checkpoint_dir
+    KEEL_ASSIGN_OR_RETURN(const checkpoint::FindResult found, NewestValid(dir));
+    if (!found.latest) {
+      return absl::NotFoundError(
+          absl::StrCat("no checkpoint under ", dir, " passes verification: nothing to export"));
+    }
+    dir = found.latest->path;
+  }
   checkpoint::HfExportOptions options;
   options.object = absl::GetFlag(FLAGS_object);
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);

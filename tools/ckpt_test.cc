@@ -124,16 +124,25 @@ TEST(CkptToolTest, VerifyPassesThenNamesTheCorruptTensor) {
   EXPECT_THAT(result.output, AllOf(HasSubstr("FAILED"), HasSubstr("\"model/w\"")));
 }
 
+// The newest checkpoint that verifies, every byte: newer ones, truncated or with a flipped bit
+// (which only the checksums show; it was once reported FAILED), are what a resume sets aside.
 TEST(CkptToolTest, VerifyOfARunDirectoryChecksWhatAResumeWouldLoad) {
   const std::string run = NewDir("run");
   KEEL_ASSERT_OK(Save(run, 1, Model()).status());
-  KEEL_ASSERT_OK_AND_ASSIGN(const std::string newest, Save(run, 2, Model()));
-  std::filesystem::resize_file(absl::StrCat(newest, "/__0.keel"), 10);  // truncated
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string truncated, Save(run, 2, Model()));
+  std::filesystem::resize_file(absl::StrCat(truncated, "/__0.keel"), 10);
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string flipped, Save(run, 3, Model()));
+  KEEL_ASSERT_OK_AND_ASSIGN(Manifest manifest, checkpoint::ReadManifest(flipped));
+  FlipBit(absl::StrCat(flipped, "/", manifest.files(0).name()),
+          manifest.tensors(1).chunks(0).byte_offset() + 3);
   const ToolResult result = RunCkpt(absl::StrCat("verify ", run));
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_THAT(result.output, AllOf(HasSubstr("warning: skipping "), HasSubstr("step_0000000002"),
-                                   HasSubstr("newest checkpoint: "), HasSubstr("step_0000000001"),
-                                   HasSubstr("OK: 1 files, 2 tensors")));
+  EXPECT_THAT(
+      result.output,
+      AllOf(HasSubstr("warning: skipping " + flipped), HasSubstr("\"model/w\""),
+            HasSubstr("warning: skipping " + truncated), HasSubstr("(a resume sets it aside)"),
+            HasSubstr("newest valid checkpoint: " + run + "/step_0000000001"),
+            HasSubstr("OK: 1 files, 2 tensors"), Not(HasSubstr("FAILED"))));
 }
 
 TEST(CkptToolTest, DiffFindsIdenticalAndChangedCheckpoints) {
@@ -229,6 +238,26 @@ TEST(CkptToolTest, ExportSafetensorsWritesTheShardsAndIndex) {
   const ToolResult again = RunCkpt(absl::StrCat("export-safetensors ", path, " ", out));
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_THAT(again.output, HasSubstr("ckpt: "));
+}
+
+// A run's checkpoint_dir exports its newest valid checkpoint, as eval and verify take it.
+TEST(CkptToolTest, ExportSafetensorsOfARunDirectoryTakesItsNewestValidCheckpoint) {
+  const std::string run = NewDir("export_newest");
+  KEEL_ASSERT_OK(Save(run, 1, Model()).status());
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string truncated, Save(run, 2, Model()));
+  std::filesystem::resize_file(absl::StrCat(truncated, "/__0.keel"), 10);
+  const std::string out = NewDir("export_newest_out") + "/export";
+  const ToolResult result = RunCkpt(absl::StrCat("export-safetensors ", run, " ", out));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              AllOf(HasSubstr("warning: skipping " + truncated),
+                    HasSubstr("newest valid checkpoint: " + run + "/step_0000000001"),
+                    HasSubstr("wrote 2 tensors")));
+  EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
+  const ToolResult empty =
+      RunCkpt(absl::StrCat("export-safetensors ", NewDir("export_empty"), " ", out + "2"));
+  EXPECT_EQ(empty.exit_code, 1);
+  EXPECT_THAT(empty.output, HasSubstr("holds neither a checkpoint manifest nor committed step_*"));
 }
 
 // --dtype rounds the floating-point tensors (the trainer's bf16 runs are in train_bf16_test);

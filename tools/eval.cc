@@ -32,6 +32,7 @@
 #include "sampling/indexed_dataset.h"
 #include "tools/cli/exit_code.h"
 #include "tools/cli/user_path.h"
+#include "tools/recipe/named_dataset.h"
 #include "tools/recipe/one_rank_model.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -121,7 +122,7 @@ absl::Status Run() {
   KEEL_ASSIGN_OR_RETURN(const at::ScalarType dtype, DtypeOf(absl::GetFlag(FLAGS_dtype)));
 
   KEEL_ASSIGN_OR_RETURN(const sampling::IndexedDataset data,
-                        sampling::IndexedDataset::Open(prefix));
+                        recipe::OpenNamedDataset("--data_prefix", prefix));
   const int64_t needed = samples * length + 1;
   if (data.num_tokens() < needed) {
     return absl::InvalidArgumentError(
@@ -135,6 +136,10 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrCat("--sequence_length (", length,
                                                    ") exceeds the GPT's learned positions (",
                                                    loaded.options.max_sequence_length, ")"));
+  }
+  if (!loaded.hf_directory.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        recipe::CheckDataFitsModel(prefix, {loaded.options.vocab_size, loaded.hf_directory}));
   }
   KEEL_ASSIGN_OR_RETURN(const at::Tensor tokens, EndToEnd(data, needed));
   KEEL_RETURN_IF_ERROR(CheckVocabulary(tokens, loaded.options.vocab_size, length, prefix));

@@ -4,6 +4,7 @@
 // cross-entropy of the recorded logits at positions 0..15 against tokens 1..16 (the logits of a
 // causal model at those positions do not depend on the row's last token). Bad input is named.
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -225,6 +226,19 @@ TEST(EvalToolTest, MalformedDirectoriesAreNamed) {
 TEST(EvalToolTest, BadInputIsNamed) {
   const std::string model = "--model=testdata/hf_parity/llama_tied";
   const std::string prefix = WriteTokens("bad", {1, 2, 3, 4, 5, 6, 7, 200, 9, 10});
+  // Byte-level data, as tools:preprocess records it (tokenizer_info.h), for a model whose
+  // directory holds a tokenizer, as the Hub's do.
+  const std::string bytes = WriteTokens("bytes", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  const std::string with_tokenizer = keel::testing::NewTempDir("with_tokenizer");
+  for (const char* file : {"config.json", "model.safetensors"}) {
+    std::filesystem::copy(std::string("testdata/hf_parity/llama_tied/") + file,
+                          with_tokenizer + "/" + file);
+  }
+  keel::testing::WriteFileOrFail(with_tokenizer + "/tokenizer_config.json", "{}");
+  keel::testing::WriteFileOrFail(
+      bytes + ".tokenizer.json",
+      R"({"tokenizer_model": "bytes", "vocab_size": 256, "eos_id": 0, "append_eod": true,)"
+      R"( "tokenizer_type": "bytes"})");
   struct Case {
     std::vector<std::string> args;
     int exit_code;
@@ -238,8 +252,12 @@ TEST(EvalToolTest, BadInputIsNamed) {
        2,
        {"token 7 (window 1) is 200", "vocabulary of 131", "0 to 130"}},
       {{model, "--data_prefix=/nonexistent/tokens", "--sequence_length=4", "--samples=1"},
-       1,
-       {"/nonexistent/tokens"}},
+       2,
+       {"--data_prefix names \"/nonexistent/tokens\", which is not an indexed dataset"}},
+      {{"--model=" + with_tokenizer, "--data_prefix=" + bytes, "--sequence_length=4",
+        "--samples=1"},
+       2,
+       {"holds byte values, not token ids", "hf_tokenize.py --model="}},
       {{"--model=/nonexistent/model", "--data_prefix=" + prefix, "--sequence_length=4",
         "--samples=1"},
        1,

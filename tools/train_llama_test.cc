@@ -218,5 +218,22 @@ TEST(TrainLlamaTest, WhatCannotBeBuiltIsNamed) {
   ExpectRefused(1, {"model.family=falcon"}, "\"falcon\" is not one of", run_dir + "/family");
 }
 
+// A new user's first fine-tune on the default corpus: its byte values are no ids of the
+// model's tokenizer (a Hub directory holds one), which the corpus's tokenizer record shows (it
+// once trained silently).
+TEST(TrainLlamaTest, AHuggingFaceModelRefusesByteData) {
+  const std::string run_dir = NewTempDir("byte_data");
+  const std::string model = NewTempDir("with_tokenizer");
+  for (const char* file : {"config.json", "model.safetensors"}) {
+    std::filesystem::copy("testdata/hf_parity/llama_tied/" + std::string(file), model + "/" + file);
+  }
+  std::ofstream(model + "/tokenizer_config.json") << "{\"model_max_length\": 16}\n";
+  ExpectRefused(1, {"model.pretrained_path=" + model, "model.ffn_hidden_size=96"},
+                "/data/corpus holds byte values, not token ids (256 ids of bytes, recorded in ",
+                run_dir + "/run");
+  ExpectRefused(1, {"model.pretrained_path=" + model, "model.ffn_hidden_size=96"},
+                "tools/scripts/hf_tokenize.py --model=" + model, run_dir + "/run2");
+}
+
 }  // namespace
 }  // namespace keel::tools

@@ -462,7 +462,7 @@ TEST(TrainTest, TrainsOnASentencePieceDatasetWhoseVocabularyTheModelCovers) {
   ASSERT_EQ(refused.Wait(), 2);
   EXPECT_THAT(refused.Stderr(),
               HasSubstr("model.vocab_size (100) is smaller than the vocabulary of " + dir +
-                        "/web_text_document (120 pieces of " + dir + "/m.model"));
+                        "/web_text_document (120 ids of " + dir + "/m.model"));
 
   args = SmallRun(dir + "/run", 3);
   args.insert(args.end(), {"--set", "data.prefix=" + dir + "/web_text_document", "--set",
@@ -570,6 +570,11 @@ TEST(TrainTest, BadMegatronDataExitsWithTwoBeforeTraining) {
   const std::string dir = NewTempDir("bad_blend");
   WriteBlendDatasets(dir);
   const std::string blend = absl::StrCat("data.paths=0.3 ", dir, "/a 0.7 ", dir, "/b");
+  // A copy of a without its tokenizer record, as Megatron writes datasets: only a scan of its
+  // tokens finds one outside the vocabulary.
+  for (const char* extension : {".bin", ".idx"}) {
+    std::filesystem::copy_file(dir + "/a" + extension, dir + "/unrecorded" + extension);
+  }
   struct Case {
     std::vector<std::string> sets;
     std::string message;
@@ -579,7 +584,10 @@ TEST(TrainTest, BadMegatronDataExitsWithTwoBeforeTraining) {
       {{absl::StrCat("data.paths=0 ", dir, "/a 1 ", dir, "/b")}, "(0) must be a positive number"},
       {{absl::StrCat("data.paths=", dir, "/missing")}, "/missing\", which is not an indexed"},
       {{blend, "data.sequence_length=100000"}, "data.sequence_length (100000) is longer than"},
-      {{blend, "model.vocab_size=50"}, "is outside [0, model.vocab_size = 50)"},
+      {{blend, "model.vocab_size=50"},
+       "model.vocab_size (50) is smaller than the vocabulary of " + dir + "/a (256 ids of bytes"},
+      {{"data.paths=" + dir + "/unrecorded", "model.vocab_size=50"},
+       "is outside [0, model.vocab_size = 50)"},
       {{blend, "data.split=1000,1,0"}, "documents [300, 300) hold 0 tokens"},
       {{blend, "data.prefix=" + dir + "/a"}, "are exclusive"},
   };
@@ -610,8 +618,17 @@ TEST(TrainTest, ExitCodesNameTheProblem) {
       {{"--set", "model.layers=3"}, 2, "no field \"layers\" in section model"},
       {{"--set", "step_scheduler.global_batch_size=6"}, 2, "global_batch_size (6)"},
       {{"--config=/nonexistent/train.textproto"}, 1, "/nonexistent/train.textproto"},
-      {{"--set", "data.prefix=/nonexistent/corpus"}, 1, "/nonexistent/corpus"},
+      {{"--set", "data.prefix=/nonexistent/corpus"},
+       2,
+       "data.prefix names \"/nonexistent/corpus\", which is not an indexed dataset"},
+      {{"--set", "data.prefix=" + garbage + ".bin"},
+       2,
+       "(a dataset is named by its prefix, without .bin or .idx: \"" + garbage + "\")"},
       {{"--set", "data.prefix=" + garbage}, 1, garbage},
+      // The default corpus holds about 300k tokens; 16 windows a step need 16 x 10^6.
+      {{"--set", "data.sequence_length=1000000"},
+       2,
+       "data.sequence_length (1000000) is longer than"},
       {{"--set", "distributed.tensor_model_parallel_size=2"},
        2,
        "world_size (1) is not divisible by tensor_model_parallel_size (2)"},

@@ -45,7 +45,8 @@ TEST(TrainConfigTest, AFileOverTheDefaultsSetsOnlyWhatItNames) {
   KEEL_ASSERT_OK_AND_ASSIGN(const TrainConfig config, LoadTrainConfig(partial, {}, defaults));
   EXPECT_EQ(config.model().num_layers(), 2);
   EXPECT_EQ(config.data().sequence_length(), 128);
-  EXPECT_EQ(config.lr_scheduler().max_lr(), 0.003);
+  EXPECT_EQ(config.optimizer().lr(), 0.003);
+  EXPECT_EQ(config.lr_scheduler().min_lr(), 0.0003);
   EXPECT_EQ(config.model().hidden_size(), defaults.model().hidden_size());
   EXPECT_THAT(config.step_scheduler().preemption_signal(), ElementsAre("SIGUSR1"));
   KEEL_ASSERT_OK_AND_ASSIGN(const TrainConfig alone, LoadTrainConfig(partial, {}));
@@ -71,7 +72,7 @@ TEST(TrainConfigTest, DefaultConfigFillsEveryOptionsStruct) {
   optim::ParamSchedulerOptions lr;
   EXPECT_THAT(CopyFields(config.lr_scheduler(), lr), IsOk());
   EXPECT_EQ(lr.lr_decay_style, optim::LrDecayStyle::kCosine);
-  EXPECT_EQ(lr.max_lr, 0.003);
+  EXPECT_EQ(lr.min_lr, 0.0003);
   checkpoint::CheckpointerOptions checkpoint;
   EXPECT_THAT(CopyFields(config.checkpoint(), checkpoint), IsOk());
   EXPECT_TRUE(checkpoint.is_async);

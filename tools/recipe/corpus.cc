@@ -116,6 +116,14 @@ std::vector<size_t> ParagraphLengths(absl::string_view text) {
 
 }  // namespace
 
+TokenizerInfo ByteTokenizerInfo() {
+  return {.tokenizer_model = "bytes",
+          .vocab_size = kByteVocabSize,
+          .eos_id = kByteEodToken,
+          .append_eod = true,
+          .tokenizer_type = TokenizerType::kBytes};
+}
+
 absl::StatusOr<CorpusStats> BuildByteCorpus(const std::vector<std::string>& text_files,
                                             const std::string& output_prefix) {
   if (text_files.empty()) {
@@ -127,9 +135,16 @@ absl::StatusOr<CorpusStats> BuildByteCorpus(const std::vector<std::string>& text
   }
   for (const std::string& path : text_files) KEEL_RETURN_IF_ERROR(CheckInput(path));
   absl::StatusOr<CorpusStats> stats = WriteCorpus(text_files, output_prefix);
+  if (stats.ok()) {
+    if (absl::Status written = WriteTokenizerInfo(output_prefix, ByteTokenizerInfo());
+        !written.ok()) {
+      stats = written;
+    }
+  }
   if (!stats.ok()) {
     base::RemoveTree(output_prefix + ".bin").IgnoreError();
     base::RemoveTree(output_prefix + ".idx").IgnoreError();
+    base::RemoveTree(TokenizerInfoPath(output_prefix)).IgnoreError();
     return base::Annotate(stats.status(), absl::StrCat("building byte corpus ", output_prefix));
   }
   return stats;

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "sampling/indexed_dataset_writer.h"
+#include "tools/recipe/tokenizer_info.h"
 
 namespace keel::tools::recipe {
 
@@ -29,6 +30,9 @@ inline constexpr int64_t kByteEodToken = 0;
 // although 256 symbols would fit uint8); kept so that the files match what Megatron writes.
 inline constexpr sampling::TokenDtype kByteTokenDtype = sampling::TokenDtype::kUint16;
 
+// The tokenizer record (tokenizer_info.h) BuildByteCorpus writes beside its dataset.
+[[nodiscard]] TokenizerInfo ByteTokenizerInfo();
+
 // What BuildByteCorpus wrote.
 struct CorpusStats {
   // Input files, one document each (an empty file is a document with no sequences).
@@ -39,7 +43,8 @@ struct CorpusStats {
   int64_t tokens = 0;
 };
 
-// Writes <output_prefix>.bin and .idx: each file in `text_files`, in order, is one document,
+// Writes <output_prefix>.bin, .idx and ByteTokenizerInfo's record (<output_prefix>.tokenizer.json):
+// each file in `text_files`, in order, is one document,
 // and each of its paragraphs is one sequence. A paragraph is a run of lines that are not blank
 // together with the blank lines after it (blank: only spaces, \t, \r, \f or \v; blank lines at
 // the start of a file belong to its first paragraph), so a document's sequences put back
@@ -47,8 +52,7 @@ struct CorpusStats {
 // Megatron, an empty file adds a document with no sequences and no end-of-document token.
 // Errors: kInvalidArgument for no files, an empty output_prefix, a directory, or a file holding
 // byte 0; kNotFound for a missing file; base::ErrnoCode's when a read or a write fails.
-// Inputs are checked before the output is opened; an error after that removes
-// <output_prefix>.bin and .idx.
+// Inputs are checked before the output is opened; an error after that removes what it wrote.
 [[nodiscard]] absl::StatusOr<CorpusStats> BuildByteCorpus(
     const std::vector<std::string>& text_files, const std::string& output_prefix);
 

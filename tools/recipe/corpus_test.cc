@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,13 @@ TEST(BuildByteCorpusTest, WritesOneDocumentPerFileAndOneSequencePerParagraph) {
     EXPECT_EQ(joined, documents[d].file_text);  // the hand-written split loses no byte
   }
   EXPECT_EQ(dataset.document_index(4), 6);
+  // The record that tells the trainer these are bytes (a Hugging Face model refuses them).
+  KEEL_ASSERT_OK_AND_ASSIGN(std::optional<TokenizerInfo> info, ReadTokenizerInfo(prefix));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->tokenizer_type, TokenizerType::kBytes);
+  EXPECT_EQ(info->vocab_size, 256);
+  EXPECT_EQ(info->eos_id, 0);
+  EXPECT_TRUE(info->append_eod);
 }
 
 TEST(BuildByteCorpusTest, RejectsAnEmptyFileList) {
@@ -134,6 +142,7 @@ TEST(BuildByteCorpusTest, RejectsNulBytesAndRemovesThePartialOutput) {
                        HasSubstr(absl::StrCat(binary, " holds byte 0 at offset 3"))));
   EXPECT_FALSE(std::filesystem::exists(prefix + ".bin"));
   EXPECT_FALSE(std::filesystem::exists(prefix + ".idx"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".tokenizer.json"));
 }
 
 // An output in a missing directory is kNotFound, as base::ErrnoCode maps ENOENT everywhere.

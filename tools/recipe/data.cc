@@ -1,5 +1,6 @@
 #include "tools/recipe/data.h"
 
+#include <algorithm>
 #include <ostream>
 #include <utility>
 
@@ -9,7 +10,7 @@
 #include "base/status.h"
 #include "sampling/indexed_dataset.h"
 #include "tools/recipe/corpus.h"
-#include "tools/recipe/tokenizer_info.h"
+#include "tools/recipe/named_dataset.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -31,6 +32,52 @@ absl::Status PrepareDefaultCorpus(const TrainOptions& options, const std::string
   return absl::OkStatus();
 }
 
+// The windows the sampler draws from, of `train_size` training windows.
+int64_t Sampled(const TrainOptions& options, int64_t train_size) {
+  const int64_t global = options.step_scheduler.global_batch_size;
+  if (!options.sampler.drop_last || global <= 0) return train_size;
+  return train_size / global * global;
+}
+
+// The training windows data.prefix's `num_tokens` make at `sequence_length`.
+int64_t TrainingWindows(const TrainOptions& options, int64_t num_tokens, int64_t sequence_length) {
+  sampling::FixedWindowDatasetOptions dataset = options.data.dataset;
+  dataset.sequence_length = sequence_length;
+  return Splits::TrainWindows(sampling::FixedWindowDataset::SizeOf(num_tokens, dataset),
+                              options.data.validation_every_n_samples);
+}
+
+// A sequence_length longer than the data allows is named with the token counts and the
+// longest that works.
+absl::Status CheckWindowsFillABatch(const TrainOptions& options, const std::string& prefix,
+                                    int64_t num_tokens) {
+  const int64_t length = options.data.dataset.sequence_length;
+  const auto works = [&](int64_t l) {
+    return Sampled(options, TrainingWindows(options, num_tokens, l)) > 0;
+  };
+  if (works(length)) return absl::OkStatus();
+  int64_t longest = 1;  // the longest sequence_length > 1 that works, found by bisection
+  for (int64_t low = 2, high = length - 1; low <= high;) {
+    const int64_t mid = low + (high - low) / 2;
+    if (works(mid)) {
+      longest = mid;
+      low = mid + 1;
+    } else {
+      high = mid - 1;
+    }
+  }
+  const bool drop_last = options.sampler.drop_last;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.sequence_length (", length, ") is longer than ", prefix, " allows: its ", num_tokens,
+      " tokens make ", TrainingWindows(options, num_tokens, length), " training window(s) of ",
+      length, " tokens, and a step needs ",
+      drop_last ? absl::StrCat(options.step_scheduler.global_batch_size,
+                               " (step_scheduler.global_batch_size, with sampler.drop_last)")
+                : "1",
+      longest > 1 ? absl::StrCat("; sequence lengths up to ", longest, " work")
+                  : "; give it more text"));
+}
+
 // data.prefix, or the default corpus in <run_dir>/data, prepared by rank 0.
 absl::StatusOr<std::string> DataPrefix(const TrainOptions& options, const TrainRuntime& runtime) {
   if (!options.data.prefix.empty()) return options.data.prefix;
@@ -40,13 +87,6 @@ absl::StatusOr<std::string> DataPrefix(const TrainOptions& options, const TrainR
       [&] { return PrepareDefaultCorpus(options, prefix, *runtime.log); },
       RankZeroWaitFor(options)));
   return prefix;
-}
-
-// The windows the sampler draws from, of `train_size` training windows.
-int64_t Sampled(const TrainOptions& options, int64_t train_size) {
-  const int64_t global = options.step_scheduler.global_batch_size;
-  if (!options.sampler.drop_last || global <= 0) return train_size;
-  return train_size / global * global;
 }
 
 }  // namespace
@@ -66,9 +106,13 @@ Splits::Splits(Splits&&) noexcept = default;
 Splits& Splits::operator=(Splits&&) noexcept = default;
 Splits::~Splits() = default;
 
+int64_t Splits::TrainWindows(int64_t windows, int64_t every_n) {
+  return every_n == 0 ? windows : windows - windows / every_n;
+}
+
 int64_t Splits::train_size() const {
   if (megatron_ != nullptr) return megatron_->train_size();
-  return windows_->size() - val_size();
+  return TrainWindows(windows_->size(), every_n_);
 }
 
 int64_t Splits::val_size() const {
@@ -138,12 +182,15 @@ absl::StatusOr<TrainData> OpenOnRank(const TrainOptions& options, const TrainRun
                                      bool plan_only) {
   if (!options.data.megatron.paths.empty()) return OpenMegatronData(options, runtime, plan_only);
   KEEL_ASSIGN_OR_RETURN(std::string prefix, DataPrefix(options, runtime));
-  KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, sampling::IndexedDataset::Open(prefix));
-  KEEL_RETURN_IF_ERROR(CheckModelCoversVocabulary(options.model.vocab_size, prefix));
+  KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, OpenNamedDataset("data.prefix", prefix));
+  KEEL_RETURN_IF_ERROR(
+      CheckDataFitsModel(prefix, {options.model.vocab_size, options.pretrained_path}));
+  const int64_t num_tokens = tokens.num_tokens();
   KEEL_ASSIGN_OR_RETURN(
       sampling::FixedWindowDataset windows,
       sampling::FixedWindowDataset::Create(std::move(tokens), options.data.dataset));
   Splits splits(std::move(windows), options.data.validation_every_n_samples);
+  KEEL_RETURN_IF_ERROR(CheckWindowsFillABatch(options, prefix, num_tokens));
   absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
       sampling::CreateMegatronSampler(options.sampler, SampledWindows(options, splits),
                                       runtime.dp_rank, runtime.dp_size);

@@ -51,6 +51,9 @@ class Splits {
   int64_t train_size() const;
   int64_t val_size() const;
 
+  // The training windows of `windows` windows with every n-th validating (n = 0: none).
+  static int64_t TrainWindows(int64_t windows, int64_t every_n);
+
   // The samples of the given split indices (negative ones, padding, are skipped); an
   // undefined batch when none is left. Windows have all labels counted; Megatron's samples
   // carry their loss masks. Not thread-safe. Errors: as FixedWindowDataset::Sample and

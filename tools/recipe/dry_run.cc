@@ -83,6 +83,8 @@ absl::StatusOr<TrainData> OpenData(TrainOptions options, int world_size, const s
 // What the StepScheduler decides at each step of the run (steps numbered from 1).
 struct ScheduleWalk {
   int64_t steps = 0;
+  // TotalSteps: what the learning-rate schedule's derived step counts measure.
+  int64_t total_steps = 0;
   int64_t epochs = 0;
   int64_t grad_acc_steps = 0;
   int64_t steps_per_epoch = 0;
@@ -104,6 +106,8 @@ absl::StatusOr<ScheduleWalk> WalkSchedule(const TrainOptions& options, int world
   walk.grad_acc_steps = scheduler.grad_acc_steps();
   // NeMo's epoch length, in steps: what num_epochs multiplies into the cap on max_steps.
   walk.steps_per_epoch = scheduler.epoch_len().value_or(0);
+  walk.total_steps =
+      TotalSteps(scheduler.max_steps(), scheduler.epoch_len(), scheduler.num_epochs());
   for (int64_t epoch : scheduler.Epochs()) {
     scheduler.SetEpoch(epoch);
     ++walk.epochs;
@@ -130,8 +134,9 @@ struct LrWd {
 
 absl::StatusOr<LrWd> WalkLrWd(const optim::ParamSchedulerOptions& options, int64_t steps) {
   torch::optim::AdamW optimizer(std::vector<at::Tensor>{torch::zeros({1})});
-  KEEL_ASSIGN_OR_RETURN(optim::ParamScheduler scheduler,
-                        optim::ParamScheduler::Create(options, optimizer));
+  absl::StatusOr<optim::ParamScheduler> created = optim::ParamScheduler::Create(options, optimizer);
+  KEEL_RETURN_IF_ERROR(base::Annotate(created.status(), "lr_scheduler"));
+  optim::ParamScheduler& scheduler = *created;
   LrWd values;
   for (int64_t step = 1; step <= steps; ++step) {
     values.lr.push_back(scheduler.GetLr());
@@ -303,15 +308,20 @@ absl::Status DryRun(const TrainOptions& options, int world_size, std::ostream& o
   KEEL_ASSIGN_OR_RETURN(ScratchDirectory scratch, ScratchDirectory::Create());
   KEEL_ASSIGN_OR_RETURN(TrainData data, OpenData(options, dp, scratch.path(), out));
   KEEL_ASSIGN_OR_RETURN(ScheduleWalk walk, WalkSchedule(options, dp, data));
-  KEEL_ASSIGN_OR_RETURN(LrWd values, WalkLrWd(options.lr_scheduler, walk.steps));
+  const optim::ParamSchedulerOptions schedule =
+      LrSchedule(options.lr_scheduler, options.derived_lr_steps, walk.total_steps);
+  KEEL_ASSIGN_OR_RETURN(LrWd values, WalkLrWd(schedule, walk.steps));
   PrintSchedule(options, dp, data, walk, out);
   out << "learning rate and weight decay:\n";
-  PrintLrWd(walk, values, options.lr_scheduler.lr_warmup_steps, out);
+  PrintLrWd(walk, values, schedule.lr_warmup_steps, out);
   KEEL_RETURN_IF_ERROR(base::MakeDirectories(options.run_dir));
   const std::string plot = base::JoinPath(options.run_dir, "schedule.svg");
   KEEL_RETURN_IF_ERROR(WriteSchedulePlot(plot, walk, values));
   out << "plot: " << plot << "\n";
   PrintWarnings(options, walk, data.splits, out);
+  for (const std::string& warning : LrScheduleWarnings(schedule, walk.total_steps)) {
+    out << "warning: " << warning << "\n";
+  }
   out << "dry run took "
       << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
   return absl::OkStatus();

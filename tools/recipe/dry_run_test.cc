@@ -122,6 +122,29 @@ TEST(DryRunTest, PrintsTheScheduleTheStepSchedulerGives) {
   EXPECT_FALSE(base::PathExists(options.run_dir + "/checkpoints"));
 }
 
+// The schedule's step counts that the configuration left unset follow the run's length (the
+// epoch here, fewer than max_steps), and a peak of 0 is a warning.
+TEST(DryRunTest, DerivesUnsetStepCountsFromTheRunAndWarnsOfAZeroPeak) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_derived");
+  TrainOptions options = SmallOptions(dir);
+  options.derived_lr_steps = {.lr_warmup_steps = true, .lr_decay_steps = true};
+  KEEL_ASSERT_OK_AND_ASSIGN(auto tokens, sampling::IndexedDataset::Open(options.data.prefix));
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      auto windows, sampling::FixedWindowDataset::Create(std::move(tokens), options.data.dataset));
+  const int64_t steps = (windows.size() - windows.size() / 10) / 4;  // one epoch, as above
+  ASSERT_GE(steps, 20);
+  std::ostringstream out;
+  KEEL_ASSERT_OK(DryRun(options, 1, out));
+  // Warm-up over a tenth of the epoch's steps: the peak at the step after.
+  EXPECT_THAT(out.str(), HasSubstr(absl::StrCat("steps: ", steps, " over 1 epoch(s)")));
+  EXPECT_THAT(out.str(), HasSubstr(absl::StrCat("step ", steps / 10 + 1, " (warm-up end): lr 1,")));
+  EXPECT_THAT(out.str(), Not(HasSubstr("learning rate is 0")));
+  options.lr_scheduler.max_lr = options.lr_scheduler.min_lr = 0;
+  out.str("");
+  KEEL_ASSERT_OK(DryRun(options, 1, out));
+  EXPECT_THAT(out.str(), HasSubstr("warning: the peak learning rate is 0"));
+}
+
 // With data.paths the plan names each dataset's weight, samples drawn and epochs per split,
 // and builds no index.
 TEST(DryRunTest, ShowsEachMegatronDatasetsWeightSamplesAndEpochs) {
@@ -213,15 +236,15 @@ TEST(DryRunTest, RefusesAGeometryThatCannotWork) {
 TEST(DryRunTest, RefusesAModelSmallerThanTheRecordedVocabulary) {
   const std::string dir = keel::testing::NewTempDir("dry_run_vocab");
   TrainOptions options = SmallOptions(dir);
-  KEEL_ASSERT_OK(WriteTokenizerInfo(options.data.prefix, {"/m/spm.model", 300, 2, true}));
+  KEEL_ASSERT_OK(WriteTokenizerInfo(options.data.prefix,
+                                    {"/m/spm.model", 300, 2, true, TokenizerType::kSentencePiece}));
   std::ostringstream out;
-  EXPECT_THAT(
-      DryRun(options, 1, out),
-      StatusIs(StatusCode::kInvalidArgument,
-               HasSubstr("model.vocab_size (256) is smaller than the vocabulary of " +
-                         options.data.prefix + " (300 pieces of /m/spm.model, recorded in " +
-                         options.data.prefix +
-                         ".tokenizer.json): set model.vocab_size to at least 300")));
+  EXPECT_THAT(DryRun(options, 1, out),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("model.vocab_size (256) is smaller than the vocabulary of " +
+                                 options.data.prefix + " (300 ids of /m/spm.model, recorded in " +
+                                 options.data.prefix +
+                                 ".tokenizer.json): set model.vocab_size to at least 300")));
   options.model.vocab_size = 300;
   KEEL_EXPECT_OK(DryRun(options, 1, out));
   keel::testing::WriteFileOrFail(options.data.prefix + ".tokenizer.json", "{\"vocab_size\": 1}");

@@ -8,8 +8,8 @@
 #include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "sampling/indexed_dataset.h"
+#include "tools/recipe/named_dataset.h"
 #include "tools/recipe/token_range.h"
-#include "tools/recipe/tokenizer_info.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -21,16 +21,12 @@ using sampling::IndexCacheMode;
 // dataset (CheckTokenRange's record, beside the index cache).
 absl::Status CheckDatasets(const TrainOptions& options, const sampling::GptDatasetConfig& config) {
   for (const std::string& prefix : config.blend->prefixes) {
-    absl::StatusOr<sampling::IndexedDataset> dataset = sampling::IndexedDataset::Open(prefix);
-    if (absl::IsNotFound(dataset.status())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.paths names \"", prefix,
-                       "\", which is not an indexed dataset: ", dataset.status().message()));
-    }
-    KEEL_RETURN_IF_ERROR(dataset.status());
-    KEEL_RETURN_IF_ERROR(CheckModelCoversVocabulary(options.model.vocab_size, prefix));
+    KEEL_ASSIGN_OR_RETURN(const sampling::IndexedDataset dataset,
+                          OpenNamedDataset("data.paths", prefix));
     KEEL_RETURN_IF_ERROR(
-        CheckTokenRange(*dataset, prefix, options.model.vocab_size,
+        CheckDataFitsModel(prefix, {options.model.vocab_size, options.pretrained_path}));
+    KEEL_RETURN_IF_ERROR(
+        CheckTokenRange(dataset, prefix, options.model.vocab_size,
                         sampling::IndexCacheDirectory(config, prefix, "GPTDataset")));
   }
   return absl::OkStatus();

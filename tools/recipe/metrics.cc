@@ -127,9 +127,9 @@ std::string ProgressLine(const StepMetrics& metrics, int64_t max_steps, int64_t 
   } else {
     line = absl::StrFormat("step %d", metrics.step);
   }
-  absl::StrAppend(
-      &line, absl::StrFormat(" | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s", metrics.loss,
-                             metrics.lr, metrics.grad_norm, Throughput(metrics.tokens_per_second)));
+  absl::StrAppend(&line, absl::StrFormat(" | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s",
+                                         metrics.loss, metrics.lr, metrics.grad_norm,
+                                         Throughput(metrics.tokens_per_second.value_or(0.0))));
   if (metrics.val_loss.has_value()) {
     absl::StrAppend(&line, absl::StrFormat(" | val loss %.4f", *metrics.val_loss));
   }

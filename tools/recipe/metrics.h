@@ -36,8 +36,9 @@ struct StepMetrics {
   double lr = 0.0;
   // Total gradient norm before clipping.
   double grad_norm = 0.0;
-  // Training throughput over the last logging interval, all ranks together.
-  double tokens_per_second = 0.0;
+  // Training throughput over the last logging interval, all ranks together: on the steps with a
+  // progress line (every logging.log_every_steps, and validation steps), null on the others.
+  std::optional<double> tokens_per_second;
   // Wall-clock seconds since this process started training (it restarts at 0 on resume).
   double elapsed_seconds = 0.0;
   // Validation loss, for steps that ran validation.
@@ -54,6 +55,10 @@ struct StepMetrics {
   // how many times it has, and why it did the last time.
   std::optional<int64_t> restart_count;
   std::optional<std::string> restart_cause;
+  // The first step of a run that resumed: the step of the checkpoint it resumed from. The
+  // file's earlier rows from that step on belong to steps the resume abandoned (after a crash,
+  // or a newer checkpoint set aside); ReadJsonl drops them.
+  std::optional<int64_t> resumed_from_step;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, StepMetrics> = 0>
@@ -71,6 +76,7 @@ void VisitFields(O& o, V&& v) {
   v("tokens_per_expert", o.tokens_per_expert);
   v("restart_count", o.restart_count);
   v("restart_cause", o.restart_cause);
+  v("resumed_from_step", o.resumed_from_step);
 }
 
 // Appends StepMetrics to a JSONL file, one JSON object per line in VisitFields order. Doubles

@@ -65,24 +65,28 @@ TEST(JsonlWriterTest, WritesOneObjectPerLineInFieldOrder) {
   const std::string path = absl::StrCat(NewTempDir("jsonl_line"), "/metrics.jsonl");
   KEEL_ASSERT_OK_AND_ASSIGN(JsonlWriter writer, JsonlWriter::Create(path, /*append=*/false));
   StepMetrics m = Metrics(3, 2.5, 0.25);
+  m.tokens_per_second = std::nullopt;  // a step without a progress line
   KEEL_ASSERT_OK(writer.Write(m));
   m.step = 4;
+  m.tokens_per_second = 1000;
   m.val_loss = 2.0;
   m.skipped_steps = 1;
   m.moe_aux_loss = 0.125;
   m.tokens_per_expert = std::vector<int64_t>{3, 5};
   m.restart_count = 2;
   m.restart_cause = "rank 1 killed by signal 9";
+  m.resumed_from_step = 3;
   KEEL_ASSERT_OK(writer.Write(m));
   EXPECT_EQ(ReadFileOrFail(path),
             "{\"step\":3,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
-            "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":null,"
+            "\"tokens_per_second\":null,\"elapsed_seconds\":3.0,\"val_loss\":null,"
             "\"skipped_steps\":null,\"moe_aux_loss\":null,\"tokens_per_expert\":null,"
-            "\"restart_count\":null,\"restart_cause\":null}\n"
+            "\"restart_count\":null,\"restart_cause\":null,\"resumed_from_step\":null}\n"
             "{\"step\":4,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
             "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":2.0,"
             "\"skipped_steps\":1,\"moe_aux_loss\":0.125,\"tokens_per_expert\":[3,5],"
-            "\"restart_count\":2,\"restart_cause\":\"rank 1 killed by signal 9\"}\n");
+            "\"restart_count\":2,\"restart_cause\":\"rank 1 killed by signal 9\","
+            "\"resumed_from_step\":3}\n");
 }
 
 // Lines written before a field that may be absent existed (skipped_steps) still read.

@@ -43,6 +43,7 @@ absl::StatusOr<OneRankModel> FromHuggingFace(const std::string& directory) {
                                                      models::HfVocabRows(loaded.options))
                            .status());
   loaded.source = absl::StrCat("Hugging Face directory ", directory);
+  loaded.hf_directory = directory;
   return loaded;
 }
 

@@ -24,6 +24,8 @@ struct OneRankModel {
   models::ModelOptions options;
   // Where its weights came from, for a log line ("Hugging Face directory D" or "checkpoint P").
   std::string source;
+  // The Hugging Face directory it was read from (its tokenizer's too); empty for a checkpoint.
+  std::string hf_directory;
 };
 
 // `path`: a directory holding config.json (Hugging Face), a checkpoint's step directory, or a

@@ -507,7 +507,9 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   options.sampler.global_batch_size = options.step_scheduler.global_batch_size;
   KEEL_RETURN_IF_ERROR(ReadModel(config, options));
   KEEL_RETURN_IF_ERROR(ReadOptimizer(config.optimizer(), options.optimizer));
-  KEEL_RETURN_IF_ERROR(CopyFields(config.lr_scheduler(), options.lr_scheduler));
+  KEEL_RETURN_IF_ERROR(ReadLrScheduler(config.lr_scheduler(), options.optimizer.lr,
+                                       options.optimizer.weight_decay, options.lr_scheduler,
+                                       options.derived_lr_steps));
   if (config.clip_grad().has_max_norm()) options.max_norm = config.clip_grad().max_norm();
   options.check_norm_every_steps = config.clip_grad().check_norm_every_steps();
   KEEL_RETURN_IF_ERROR(Require(options.check_norm_every_steps >= 0,

@@ -29,6 +29,7 @@
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/config.pb.h"
+#include "tools/recipe/lr_schedule.h"
 
 namespace keel::tools::recipe {
 
@@ -197,11 +198,14 @@ struct TrainOptions {
   // scheduler does since its PR #3883. The trainer always loads into a fresh scheduler, so
   // the two policies differ only when a resume changes the weight-decay schedule: kCorrected
   // applies the checkpoint's to the first resumed step, kReference the configured one.
+  // ReadOptions fills what the configuration leaves unset from `optimizer` (lr_schedule.h).
   optim::ParamSchedulerOptions lr_scheduler = [] {
     optim::ParamSchedulerOptions defaults;
     defaults.load_policy = optim::SchedulerLoadPolicy::kCorrected;
     return defaults;
   }();
+  // The lr_scheduler step counts the run derives from its length (LrSchedule). Default: none.
+  DerivedLrSteps derived_lr_steps;
   // Gradient-norm clipping threshold; infinity clips nothing (the norm is still logged).
   double max_norm = std::numeric_limits<double>::infinity();
   // model.tf32: float32 matrix products on TF32 tensor cores (GPU runs only). Default: false.

@@ -48,6 +48,19 @@ TEST(ReadOptionsTest, DefaultConfigFillsEveryOption) {
   EXPECT_EQ(options.logging.log_every_steps, 10);
 }
 
+// optimizer.lr is the peak, as Megatron's --lr and AutoModel's optimizer lr are, unless
+// lr_scheduler.max_lr says otherwise (it was once ignored for the default's max_lr).
+TEST(ReadOptionsTest, OptimizerLrIsThePeakUnlessMaxLrIsSet) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({"optimizer.lr=0.01"}));
+  EXPECT_EQ(options.lr_scheduler.max_lr, 0.01);
+  EXPECT_EQ(options.lr_scheduler.min_lr, 0.0003);  // set in default.textproto
+  KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"optimizer.lr=0.01", "lr_scheduler.max_lr=0.002"}));
+  EXPECT_EQ(options.lr_scheduler.max_lr, 0.002);
+  KEEL_ASSERT_OK_AND_ASSIGN(options, Read({}));
+  EXPECT_EQ(options.lr_scheduler.max_lr, 0.003);  // default.textproto's optimizer.lr
+  EXPECT_FALSE(options.derived_lr_steps.lr_decay_steps);
+}
+
 TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {
   TrainConfig config;
   config.set_run_dir("r");

@@ -1,11 +1,14 @@
 #include "tools/recipe/profile.h"
 
 #include <algorithm>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/files.h"
@@ -16,6 +19,29 @@
 
 namespace keel::tools::recipe {
 namespace {
+
+// Runs `f` with the line Kineto logs to std::cerr when it looks for GPUs on a machine without a
+// GPU driver ("gpuGetDeviceCount failed with code 35", as an error, though a CPU profile needs
+// none) dropped; every other line is passed on, also when `f` throws.
+template <typename F>
+void WithoutGpuProbeNoise(F&& f) {
+  std::ostringstream captured;
+  std::streambuf* const original = std::cerr.rdbuf(captured.rdbuf());
+  const auto pass_on = [&] {
+    std::cerr.rdbuf(original);
+    std::istringstream lines(captured.str());
+    for (std::string line; std::getline(lines, line);) {
+      if (!absl::StrContains(line, "gpuGetDeviceCount failed")) std::cerr << line << "\n";
+    }
+  };
+  try {
+    f();
+  } catch (...) {
+    pass_on();
+    throw;
+  }
+  pass_on();
+}
 
 // Starts LibTorch's profiler (Kineto) for this process's operators and, with `cuda`, the
 // kernels they launch. Throws c10::Error when a profiler is already on.
@@ -28,11 +54,16 @@ void StartProfiler(bool cuda) {
   torch::autograd::profiler::enableProfiler(config, activities);
 }
 
-// Stops the profiler, writes its Chrome trace to `trace_path` and returns the events. Throws
+// Stops the profiler (of the kernels too with `cuda`), writes its Chrome trace to `trace_path`
+// and returns the events. Throws
 // c10::Error when none is on.
-std::vector<ProfiledEvent> StopProfiler(const std::string& trace_path) {
-  std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
-      torch::autograd::profiler::disableProfiler();
+std::vector<ProfiledEvent> StopProfiler(const std::string& trace_path, bool cuda) {
+  std::unique_ptr<torch::autograd::profiler::ProfilerResult> result;
+  if (cuda) {
+    result = torch::autograd::profiler::disableProfiler();
+  } else {  // Kineto asks for the GPUs' properties as it collects the trace
+    WithoutGpuProbeNoise([&] { result = torch::autograd::profiler::disableProfiler(); });
+  }
   result->save(trace_path);
   std::vector<ProfiledEvent> events;
   for (const torch::autograd::profiler::KinetoEvent& event : result->events()) {
@@ -121,7 +152,7 @@ absl::Status StepProfiler::AfterStep(int64_t step, std::ostream& log) {
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "profiling the steps", [&] {
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    events = StopProfiler(trace);
+    events = StopProfiler(trace, /*cuda=*/device_.is_cuda());
   }));
   log << "profile of steps " << options_.profile_after_step + 1 << "-" << last << " ("
       << options_.profile_steps << " steps, " << seconds << " s; trace: " << trace << ")\n"

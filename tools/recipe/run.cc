@@ -34,6 +34,14 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
                                        " training windows of ", s.data.prefix)));
   s.scheduler = *std::move(scheduler);
   s.initial_sampler_state = s.data.sampler->State();
+  const int64_t total_steps =
+      TotalSteps(s.scheduler->max_steps(), s.scheduler->epoch_len(), s.scheduler->num_epochs());
+  s.lr_schedule = LrSchedule(options.lr_scheduler, options.derived_lr_steps, total_steps);
+  if (run->runtime_.rank == 0) {
+    for (const std::string& warning : LrScheduleWarnings(s.lr_schedule, total_steps)) {
+      *run->runtime_.log << "warning: " << warning << "\n";
+    }
+  }
   KEEL_RETURN_IF_ERROR(run->BuildModel());
   KEEL_RETURN_IF_ERROR(run->BuildCheckpointing());
   return run;
@@ -94,6 +102,9 @@ absl::Status Run::Loop() {
       metrics.grad_norm = output.grad_norm;
       metrics.moe_aux_loss = output.moe_aux_loss;
       metrics.tokens_per_expert = output.tokens_per_expert;
+      if (resumed_ && metrics.step == result_.start_step + 1) {
+        metrics.resumed_from_step = result_.start_step;
+      }
       if (runtime_.restart_count > 0 && metrics.step == result_.start_step + 1) {
         metrics.restart_count = runtime_.restart_count;
         metrics.restart_cause =

@@ -37,8 +37,10 @@ absl::Status Run::BuildModel() {
   MarkSharedEmbedding(*s.model, parameters);
   KEEL_ASSIGN_OR_RETURN(
       s.optimizer, BuildOptimizer(std::move(parameters), options_, runtime_, parallel::kExpertDim));
-  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
-                                                                      s.optimizer->optimizer()));
+  absl::StatusOr<optim::ParamScheduler> lr_scheduler =
+      optim::ParamScheduler::Create(s.lr_schedule, s.optimizer->optimizer());
+  KEEL_RETURN_IF_ERROR(base::Annotate(lr_scheduler.status(), "lr_scheduler"));
+  s.lr_scheduler.emplace(*std::move(lr_scheduler));
   return absl::OkStatus();
 }
 

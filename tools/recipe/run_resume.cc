@@ -159,8 +159,8 @@ absl::Status Run::ResetState() {
   }));
   s.optimizer->Reset();
   s.numerics->Reset();
-  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler, optim::ParamScheduler::Create(options_.lr_scheduler,
-                                                                      s.optimizer->optimizer()));
+  KEEL_ASSIGN_OR_RETURN(s.lr_scheduler,
+                        optim::ParamScheduler::Create(s.lr_schedule, s.optimizer->optimizer()));
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/manifest.h"
@@ -115,10 +116,34 @@ TEST(RunTest, TrainsToMaxStepsThenResumesWhereItStopped) {
                             ReadJsonl(run_dir + "/metrics.jsonl"));
   ASSERT_EQ(metrics.size(), 5u);
   for (size_t i = 0; i < metrics.size(); ++i) EXPECT_EQ(metrics[i].step, int64_t(i) + 1);
+  EXPECT_EQ(metrics[3].resumed_from_step, 3);
   // Validation: every 2 steps, and on every checkpoint (every 2 steps and each run's last step).
   EXPECT_FALSE(metrics[0].val_loss.has_value());
   for (size_t i = 1; i < metrics.size(); ++i) EXPECT_TRUE(metrics[i].val_loss.has_value()) << i;
   EXPECT_TRUE(keel::testing::ReadFileOrFail(run_dir + "/loss.svg").find("<svg") == 0);
+}
+
+// Throughput is measured over the steps between progress lines: a step without one has none
+// (it once read 0.0).
+TEST(RunTest, OnlyStepsWithAProgressLineHaveAThroughput) {
+  const std::string run_dir = keel::testing::NewTempDir("throughput");
+  TrainOptions options = SmallOptions(run_dir, 6);
+  options.step_scheduler.val_every_steps = std::nullopt;
+  options.step_scheduler.validate_on_checkpoint = false;
+  options.logging.log_every_steps = 3;
+  std::ostringstream log;
+  KEEL_ASSERT_OK(Train(options, Runtime(log)).status());
+  KEEL_ASSERT_OK_AND_ASSIGN(std::vector<StepMetrics> metrics,
+                            ReadJsonl(run_dir + "/metrics.jsonl"));
+  ASSERT_EQ(metrics.size(), 6u);
+  for (const StepMetrics& m : metrics) {
+    if (m.step % 3 == 0) {
+      ASSERT_TRUE(m.tokens_per_second.has_value()) << m.step;
+      EXPECT_GT(*m.tokens_per_second, 0) << m.step;
+    } else {
+      EXPECT_FALSE(m.tokens_per_second.has_value()) << m.step;
+    }
+  }
 }
 
 // optimizer.fused: the run steps with optim::FusedAdamW, trains as the per-parameter AdamW does
@@ -175,8 +200,10 @@ TEST(RunTest, ACheckpointsNameAndItsSavedSchedulerStateAgree) {
   EXPECT_EQ(checked, 3);
 }
 
-// Too little data for one global batch is an error naming the data, not a crash: with
-// drop_last the sampler draws from whole global batches of the split, here none.
+// Too little data for one global batch is an error naming the data, the counts and the longest
+// sequence_length that works, not a crash: with drop_last the sampler draws from whole global
+// batches of the split, here none. (At 11 tokens, 200 / 11 = 18 windows, 17 of them for
+// training; at 12, 16 windows and 15.)
 TEST(RunTest, DataWithoutAGlobalBatchIsAnErrorNamingIt) {
   const std::string dir = keel::testing::NewTempDir("tiny");
   keel::testing::WriteFileOrFail(dir + "/text.txt", std::string(200, 'x'));
@@ -191,8 +218,10 @@ TEST(RunTest, DataWithoutAGlobalBatchIsAnErrorNamingIt) {
               keel::testing::StatusIs(
                   absl::StatusCode::kInvalidArgument,
                   ::testing::AllOf(
-                      HasSubstr("sampler over 0 of the 11 training windows of " + dir + "/tiny"),
-                      HasSubstr("total_samples (0) must be > 0"))));
+                      HasSubstr("data.sequence_length (16) is longer than " + dir +
+                                "/tiny allows: its 201 tokens make 11 training window(s) of 16 "
+                                "tokens, and a step needs 16 (step_scheduler.global_batch_size"),
+                      HasSubstr("sequence lengths up to 11 work"))));
 }
 
 // Raises its flag once the step scheduler has polled it `after` times.
@@ -294,7 +323,9 @@ TEST(RunTest, ResumingWithAnotherConfigurationWarnsOrRefuses) {
 }
 
 // The newest checkpoint's shard has a flipped bit: the run warns, moves it aside, resumes from
-// the one before and ends as the uninterrupted run does.
+// the one before and ends as the uninterrupted run does. In metrics.jsonl the resumed run's
+// first row says where it resumed, so the rows of the abandoned steps 3 and 4 before it can be
+// told from theirs.
 TEST(RunTest, ACorruptNewestCheckpointIsSetAsideAndTheOneBeforeResumes) {
   const std::string dir = keel::testing::NewTempDir("corrupt");
   std::ostringstream reference_log;
@@ -321,6 +352,18 @@ TEST(RunTest, ACorruptNewestCheckpointIsSetAsideAndTheOneBeforeResumes) {
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(actual[i].loss, expected[i].loss) << "step " << expected[i].step;
     EXPECT_EQ(actual[i].grad_norm, expected[i].grad_norm) << "step " << expected[i].step;
+  }
+  std::vector<base::Json> rows;
+  std::istringstream lines(keel::testing::ReadFileOrFail(run_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) rows.push_back(base::Json::parse(line));
+  ASSERT_EQ(rows.size(), 8u);  // steps 1-4, then 3-6
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["step"], i < 4 ? i + 1 : i - 1) << i;
+    if (i == 4) {
+      EXPECT_EQ(rows[i]["resumed_from_step"], 2);
+    } else {
+      EXPECT_TRUE(rows[i]["resumed_from_step"].is_null()) << i;
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 #include "tools/recipe/tokenized_corpus.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -344,8 +345,10 @@ absl::StatusOr<TokenizedCorpus> BuildTokenizedCorpus(const std::vector<std::stri
   KEEL_RETURN_IF_ERROR(CheckArguments(inputs, output_prefix, options));
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tokenizer, LoadTokenizer(options));
   TokenizedCorpus corpus;
-  corpus.info = {options.tokenizer_model, tokenizer->vocab_size(), tokenizer->eos_id(),
-                 options.append_eod};
+  // Absolute, so that the trainer finds the model to compare wherever it runs from.
+  corpus.info = {std::filesystem::absolute(options.tokenizer_model).string(),
+                 tokenizer->vocab_size(), tokenizer->eos_id(), options.append_eod,
+                 TokenizerType::kSentencePiece};
   corpus.dtype = sampling::OptimalTokenDtype(tokenizer->vocab_size());
   std::vector<Output> outputs;
   for (const std::string& key : options.json_keys) {

@@ -171,6 +171,8 @@ TEST_F(TokenizedCorpusTest, TextFilesGetSpmEncodesIdsALineASequence) {
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->vocab_size, std::count(vocab.begin(), vocab.end(), '\n'));
   EXPECT_EQ(info->eos_id, 2);  // spm_train's default
+  EXPECT_EQ(info->tokenizer_type, TokenizerType::kSentencePiece);
+  EXPECT_TRUE(std::filesystem::path(info->tokenizer_model).is_absolute());
   EXPECT_EQ(Entries(dir + "/out"),
             (std::vector<std::string>{"corpus.bin", "corpus.idx", "corpus.tokenizer.json"}));
 }

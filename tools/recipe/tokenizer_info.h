@@ -1,5 +1,6 @@
-// What tools:preprocess --tokenizer_model records beside each dataset it writes,
-// "<prefix>.tokenizer.json", for the trainer: the vocabulary the token ids come from.
+// What a dataset's writer records beside it, "<prefix>.tokenizer.json", for the trainer and
+// tools:eval: the tokenizer its ids come from. tools:preprocess writes it for the byte corpora
+// and for SentencePiece, tools/scripts/hf_tokenize.py for a Hugging Face tokenizer.
 #ifndef KEEL_TOOLS_RECIPE_TOKENIZER_INFO_H_
 #define KEEL_TOOLS_RECIPE_TOKENIZER_INFO_H_
 
@@ -12,14 +13,18 @@
 
 namespace keel::tools::recipe {
 
+// What made the ids: kUnknown for a record written before the type was recorded.
+enum class TokenizerType { kUnknown, kBytes, kSentencePiece, kHuggingFace };
+
 struct TokenizerInfo {
-  // The SentencePiece model the dataset was encoded with.
+  // The tokenizer: "bytes", a SentencePiece model file or a Hugging Face model directory.
   std::string tokenizer_model;
-  // Its pieces: every token id is below this.
+  // Its vocabulary: every token id is below this.
   int64_t vocab_size = 0;
   // Its end-of-sentence id (-1 if it has none), appended to each document with append_eod.
   int64_t eos_id = -1;
   bool append_eod = false;
+  TokenizerType tokenizer_type = TokenizerType::kUnknown;
 };
 
 // "<prefix>.tokenizer.json".
@@ -29,16 +34,10 @@ std::string TokenizerInfoPath(const std::string& prefix);
 // Errors: base::ErrnoCode's, naming the file.
 [[nodiscard]] absl::Status WriteTokenizerInfo(const std::string& prefix, const TokenizerInfo& info);
 
-// The info of the dataset at `prefix`, or nullopt when it has none (a byte-level or
-// Megatron-written dataset). Errors: kDataLoss naming the file when it is not such a record.
+// The info of the dataset at `prefix`, or nullopt when it has none (a dataset Megatron or an
+// older Keel wrote). Errors: kDataLoss naming the file when it is not such a record.
 [[nodiscard]] absl::StatusOr<std::optional<TokenizerInfo>> ReadTokenizerInfo(
     const std::string& prefix);
-
-// A dataset that tools:preprocess encoded with a SentencePiece model records its vocabulary:
-// the model's embedding (model.vocab_size rows) must cover it. Errors: kInvalidArgument naming
-// both sizes; ReadTokenizerInfo's.
-[[nodiscard]] absl::Status CheckModelCoversVocabulary(int64_t model_vocab_size,
-                                                      const std::string& prefix);
 
 }  // namespace keel::tools::recipe
 

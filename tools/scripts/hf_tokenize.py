@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Tokenizes text with a Hugging Face model's own tokenizer into a Megatron indexed dataset
 (PREFIX.bin, PREFIX.idx) that Keel's trainer reads with data.prefix, plus PREFIX.tokenizer.json,
-the record tools:preprocess writes (the trainer checks that model.vocab_size covers it).
+the record tools:preprocess writes (the trainer checks that the data is in the ids of
+model.pretrained_path's tokenizer and that its vocabulary covers them).
 
     .venv/bin/python tools/scripts/hf_tokenize.py --model=hf/Llama-3.2-1B --output_prefix=data/notes \\
         notes/*.txt
     .venv/bin/python tools/scripts/hf_tokenize.py --model=hf/Qwen3-0.6B --output_prefix=data/chat \\
-        --jsonl --json_key=text --append_eod chat.jsonl
+        --json_keys=text --append_eod chat.jsonl     # writes data/chat_text_document
 
 Each text FILE is one document whose non-empty lines are its sequences (as tools:preprocess
---tokenizer_model reads files); with --jsonl each line of a FILE is a JSON object and its
---json_key text one document of one sequence. --append_eod ends every document with the
+--tokenizer_model reads files); with --json_keys=K1,K2 (tools:preprocess's and Megatron's
+preprocess_data.py's flag) each line of a FILE is a JSON object, and each key's text one
+document of one sequence in the dataset PREFIX_<key>_document. --append_eod ends every document with the
 tokenizer's EOS id. No special tokens are added otherwise (no BOS). Tokens are uint16 when the
 vocabulary has fewer than 65500 ids, else int32, as Megatron's and Keel's writers choose. The
 index is Megatron's MMIDIDX version 1 (megatron/core/datasets/indexed_dataset.py), written last,
@@ -26,11 +28,12 @@ import os
 import sys
 from typing import List
 
-def _documents(paths: List[str], jsonl: bool, key: str):
-    """Each document as its list of sequences (strings)."""
+def _documents(paths: List[str], key):
+    """Each document as its list of sequences (strings): a text file's lines, or with `key` the
+    text under it in each line of a JSONL file."""
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            if not jsonl:
+            if key is None:
                 lines = [line.rstrip("\n") for line in f if line.strip()]
                 if lines:
                     yield lines
@@ -53,8 +56,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a Hugging Face directory with the tokenizer's files")
     parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, .idx, .tokenizer.json")
-    parser.add_argument("--jsonl", action="store_true", help="FILEs are JSONL, one document per line")
-    parser.add_argument("--json_key", default="text", help="with --jsonl: the text's key (default text)")
+    parser.add_argument("--json_keys", default="",
+                        help="FILEs are JSONL: each key's text a dataset PREFIX_<key>_document")
     parser.add_argument("--append_eod", action="store_true", help="end each document with the EOS id")
     parser.add_argument("files", nargs="+", metavar="FILE")
     args = parser.parse_args(argv)
@@ -79,25 +82,32 @@ def main(argv=None) -> int:
         print(f"hf_tokenize: --append_eod: the tokenizer of {args.model} has no EOS token", file=sys.stderr)
         return 2
     vocab_size = len(tokenizer)
+    keys = [key for key in args.json_keys.split(",") if key]
+    if args.json_keys and len(keys) != len(args.json_keys.split(",")):
+        print(f"hf_tokenize: --json_keys={args.json_keys} holds an empty key", file=sys.stderr)
+        return 2
 
-    def encoded():
-        for document in _documents(args.files, args.jsonl, args.json_key):
+    def encoded(key):
+        for document in _documents(args.files, key):
             ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in document]
             if args.append_eod:
                 ids[-1] = ids[-1] + [eos]
             yield ids
 
     record = {"tokenizer_model": os.path.abspath(args.model), "vocab_size": vocab_size,
-              "eos_id": -1 if eos is None else eos, "append_eod": args.append_eod}
-    try:
-        counts = megatron_indexed.write(args.output_prefix, encoded(),
-                                        megatron_indexed.token_dtype(vocab_size), record)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        print(f"hf_tokenize: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.output_prefix}.bin and .idx: {counts['documents']} documents, "
-          f"{counts['sequences']} sequences, {counts['tokens']} tokens ({counts['dtype']}, vocabulary "
-          f"{vocab_size}{'' if eos is None else f', EOS {eos}'})")
+              "eos_id": -1 if eos is None else eos, "append_eod": args.append_eod,
+              "tokenizer_type": "huggingface"}
+    outputs = [(key, f"{args.output_prefix}_{key}_document") for key in keys] or [(None, args.output_prefix)]
+    for key, prefix in outputs:
+        try:
+            counts = megatron_indexed.write(prefix, encoded(key), megatron_indexed.token_dtype(vocab_size),
+                                            record)
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            print(f"hf_tokenize: {e}", file=sys.stderr)
+            return 1
+        print(f"wrote {prefix}.bin and .idx: {counts['documents']} documents, "
+              f"{counts['sequences']} sequences, {counts['tokens']} tokens ({counts['dtype']}, vocabulary "
+              f"{vocab_size}{'' if eos is None else f', EOS {eos}'})")
     return 0
 
 

@@ -47,8 +47,10 @@ class Run::State {
   TrainData data;
   std::shared_ptr<models::LanguageModel> model;
   std::unique_ptr<optim::DataParallelOptimizer> optimizer;
-  std::optional<optim::ParamScheduler> lr_scheduler;
   std::optional<Scheduler> scheduler;
+  // options.lr_scheduler with the step counts derived from the scheduler's length.
+  optim::ParamSchedulerOptions lr_schedule;
+  std::optional<optim::ParamScheduler> lr_scheduler;
   // The sampler's state before any step, for ResetState.
   sampling::MegatronSamplerState initial_sampler_state;
   // What a checkpoint holds, under these names.
