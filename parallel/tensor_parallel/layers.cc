@@ -85,6 +85,9 @@ absl::Status InitialiseFromWholeSteps(torch::nn::Module& model,
                                       const std::vector<WholeInitStep>& steps) {
   const std::map<std::string, TensorLayout> layouts = ParameterLayouts(model);
   auto targets = model.named_parameters(/*recurse=*/true);
+  // A model on the meta device (built only to describe itself) takes no values: nothing is
+  // drawn, so describing a large model costs neither its draws' time nor memory.
+  if (!targets.is_empty() && targets.front().value().is_meta()) return absl::OkStatus();
   at::NoGradGuard no_grad;
   for (const WholeInitStep& step : steps) {
     at::Tensor* target = targets.find(step.name);

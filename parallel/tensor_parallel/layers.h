@@ -64,7 +64,8 @@ struct WholeInitStep {
 // leave out keep `model`'s values), computed one parameter at a time: each step's whole tensor
 // is drawn, this rank's block of it copied into `model`'s parameter of that name (if `model`
 // holds one: another pipeline stage's is drawn and dropped), and freed. Extra memory: the
-// largest parameter. Errors: kInvalidArgument as CopyFromWholeModel's, for a parameter of
+// largest parameter. A model on the meta device (parallel::MetaParameters) is left as it is,
+// drawing nothing. Errors: kInvalidArgument as CopyFromWholeModel's, for a parameter of
 // `model` whose block does not fit its step's shape.
 [[nodiscard]] absl::Status InitialiseFromWholeSteps(torch::nn::Module& model,
                                                     const std::vector<WholeInitStep>& steps);

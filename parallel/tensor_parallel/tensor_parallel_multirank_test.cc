@@ -206,6 +206,22 @@ TEST(TensorParallelLayersTest, InitialisingFromWholeStepsGivesTheWholeModelsBloc
                                       ::testing::HasSubstr(steps.back().name)));
 }
 
+// A model built on the meta device only to describe itself draws nothing: a step of 2^32
+// values (16 GiB were it drawn) passes at once and leaves the generator where it was.
+TEST(TensorParallelLayersTest, AMetaModelDrawsNothing) {
+  std::vector<WholeInitStep> steps = {{"elsewhere.weight", {1 << 16, 1 << 16}, at::kFloat, 0.5}};
+  MetaParameters meta;
+  Tiny model = OneRank();
+  for (const auto& item : model->named_parameters()) {
+    steps.push_back({item.key(), item.value().sizes().vec(), at::kFloat, 0.02});
+  }
+  torch::manual_seed(5);
+  const at::Tensor expected = at::randn({4});
+  torch::manual_seed(5);
+  KEEL_ASSERT_OK(InitialiseFromWholeSteps(*model, steps));
+  EXPECT_TRUE(at::equal(at::randn({4}), expected));
+}
+
 TEST(TensorParallelLayersTest, TwoRanksGiveTheWholeModelsLossAndGradients) {
   Tiny whole = WholeModel();
   const at::Tensor targets = Tokens().roll(-1, 1);

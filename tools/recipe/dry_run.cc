@@ -6,6 +6,8 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -17,6 +19,8 @@
 #include "models/registry.h"
 #include "optim/param_scheduler.h"
 #include "parallel/mesh_layout.h"
+#include "parallel/parameters.h"
+#include "peft/module_matcher.h"
 #include "sampling/indexed_dataset.h"
 #include "scheduling/preemption.h"
 #include "scheduling/step_scheduler.h"
@@ -271,6 +275,50 @@ void PrintLayout(const parallel::MeshLayout& layout, std::ostream& out) {
   if (!any) out << "  every group is a single rank\n";
 }
 
+// peft: the linear layers that get adapters (with their number where only a layer index
+// differs), and the parameters that train and that stay frozen, counted on the one-rank model
+// built on the meta device.
+absl::Status PrintPeft(const TrainOptions& options, std::ostream& out) {
+  if (!options.peft.has_value()) return absl::OkStatus();
+  const peft::LoraOptions& lora = *options.peft;
+  std::shared_ptr<models::LanguageModel> model;
+  {
+    const parallel::MetaParameters meta;
+    model = models::BuildLanguageModel(options.model, {});
+  }
+  KEEL_ASSIGN_OR_RETURN(const std::vector<peft::LinearModule> adapted,
+                        peft::SelectLinearModules(*model, lora));
+  int64_t frozen = 0;
+  std::set<const c10::TensorImpl*> counted;  // a tied head's weight is the embedding's
+  for (const at::Tensor& p : model->parameters()) {
+    if (counted.insert(p.unsafeGetTensorImpl()).second) frozen += p.numel();
+  }
+  int64_t trainable = 0;
+  std::vector<std::pair<std::string, int64_t>> folded;  // the names with ".<index>." as ".N."
+  static const std::regex kIndex(R"(\.[0-9]+\.)");
+  for (const peft::LinearModule& m : adapted) {
+    trainable += peft::AdapterParameters(m, lora.dim);
+    const std::string name = std::regex_replace(m.name, kIndex, ".N.");
+    auto it = std::find_if(folded.begin(), folded.end(),
+                           [&](const auto& entry) { return entry.first == name; });
+    if (it == folded.end()) {
+      folded.emplace_back(name, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  out << "peft: LoRA of rank " << lora.dim << ", alpha " << lora.alpha << " (scale "
+      << lora.alpha / static_cast<double>(lora.dim) << "), dropout " << lora.dropout << " ("
+      << peft::AbslUnparseFlag(lora.dropout_position) << "), A "
+      << peft::AbslUnparseFlag(lora.lora_A_init) << ", on " << adapted.size()
+      << " linear layers (N: a layer's index):\n";
+  for (const auto& [name, count] : folded) out << "  " << name << " x" << count << "\n";
+  out << "peft: trainable " << trainable << " adapter parameters (" << Mib(4 * trainable)
+      << " in float32); frozen " << frozen << " model parameters ("
+      << Mib((options.bf16 ? 2 : 4) * frozen) << ")\n";
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string CompressSteps(const std::vector<int64_t>& steps) {
@@ -303,6 +351,7 @@ absl::Status DryRun(const TrainOptions& options, int world_size, std::ostream& o
   out << "model: " << models::DescribeModel(options.model)
       << (options.pretrained_path.empty() ? "" : " (from " + options.pretrained_path + ")") << "\n";
   PrintPrecisionAndMemory(options, layout, out);
+  KEEL_RETURN_IF_ERROR(PrintPeft(options, out));
   // The schedule and the data are the data-parallel ranks' (model-parallel ranks share them).
   const int dp = layout.data_parallel_size();
   KEEL_ASSIGN_OR_RETURN(ScratchDirectory scratch, ScratchDirectory::Create());

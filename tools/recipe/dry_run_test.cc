@@ -145,6 +145,39 @@ TEST(DryRunTest, DerivesUnsetStepCountsFromTheRunAndWarnsOfAZeroPeak) {
   EXPECT_THAT(out.str(), HasSubstr("warning: the peak learning rate is 0"));
 }
 
+// peft: the linear layers that would get adapters, folded over the layers, and the parameters
+// that would train: per layer dim x (in + out) of q [32 -> 32], k and v [32 -> 16], o [32 ->
+// 32], gate and up [32 -> 64], down [64 -> 32], with dim 8: 512 + 384 + 384 + 512 + 3 x 768.
+TEST(DryRunTest, ShowsTheAdaptedLayersAndWhatTrains) {
+  const std::string dir = keel::testing::NewTempDir("dry_run_peft");
+  TrainOptions options = SmallOptions(dir);
+  options.model.family = models::ModelFamily::kLlama;
+  options.model.hidden_size = 32;
+  options.model.num_layers = 2;
+  options.model.num_attention_heads = 4;
+  options.model.num_query_groups = 2;
+  options.model.ffn_hidden_size = 64;
+  options.peft.emplace();
+  std::ostringstream out;
+  KEEL_ASSERT_OK(DryRun(options, 1, out));
+  EXPECT_THAT(out.str(),
+              HasSubstr("peft: LoRA of rank 8, alpha 32 (scale 4), dropout 0 (post), A xavier, "
+                        "on 14 linear layers (N: a layer's index):\n"
+                        "  model.layers.N.self_attn.q_proj x2\n"
+                        "  model.layers.N.self_attn.k_proj x2\n"));
+  EXPECT_THAT(out.str(), HasSubstr("  model.layers.N.mlp.down_proj x2\n"));
+  // Frozen: the tied embedding once (256 x 32), and per layer two norms (2 x 32), q, k, v, o
+  // (32 x 32 + 2 x 16 x 32 + 32 x 32) and the MLP (3 x 64 x 32); the final norm (32).
+  EXPECT_THAT(out.str(),
+              HasSubstr(absl::StrCat(
+                  "peft: trainable 8192 adapter parameters (0.0 MiB in float32); frozen ",
+                  256 * 32 + 2 * (64 + 1024 + 1024 + 1024 + 6144) + 32, " model parameters")));
+  options.peft->target_modules = {"*.qkv"};
+  EXPECT_THAT(DryRun(options, 1, out),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("peft.target_modules pattern \"*.qkv\" matches none")));
+}
+
 // With data.paths the plan names each dataset's weight, samples drawn and epochs per split,
 // and builds no index.
 TEST(DryRunTest, ShowsEachMegatronDatasetsWeightSamplesAndEpochs) {

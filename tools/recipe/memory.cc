@@ -8,11 +8,11 @@ namespace {
 constexpr int64_t kFloat32 = 4;
 constexpr int64_t kBf16 = 2;
 
+}  // namespace
+
 std::string Mib(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
-
-}  // namespace
 
 RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshLayout& layout) {
   const parallel::ModelParallelOptions& sizes = layout.options();

@@ -42,6 +42,9 @@ struct RankMemory {
 // that CheckGeometry accepted.
 RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshLayout& layout);
 
+// `bytes` for a reader: "12.5 MiB".
+std::string Mib(int64_t bytes);
+
 // "precision: ..." (float32, or Megatron's bf16 with its main gradients' dtype) and
 // "memory per rank: ..." lines.
 void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLayout& layout,

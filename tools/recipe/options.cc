@@ -535,6 +535,11 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(CheckModelParallelModel(options));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
+  if (config.has_peft()) {
+    peft::LoraOptions& lora = options.peft.emplace();
+    KEEL_RETURN_IF_ERROR(CopyFields(config.peft(), lora));
+    KEEL_RETURN_IF_ERROR(peft::CheckLoraOptions(lora));
+  }
   return options;
 }
 

@@ -25,6 +25,7 @@
 #include "optim/param_scheduler.h"
 #include "parallel/mesh_layout.h"
 #include "parallel/process_group.h"
+#include "peft/lora_options.h"
 #include "sampling/fixed_window_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "scheduling/step_scheduler.h"
@@ -221,6 +222,9 @@ struct TrainOptions {
   DistributedOptions distributed;
   LoggingOptions logging;
   NumericsOptions numerics;
+  // The peft section: LoRA adapters on the linear layers it selects; nullopt: none (the whole
+  // model trains). Default: nullopt.
+  std::optional<peft::LoraOptions> peft;
 };
 
 // Reads and checks `config`. Errors: kInvalidArgument naming "<section>.<field>", its value
@@ -228,7 +232,7 @@ struct TrainOptions {
 // local_batch_size or model size, hidden_size not divisible by num_attention_heads, a
 // validation_every_n_samples of 1 or below 0, an optimizer other than AdamW, a backend other
 // than gloo or nccl, a non-positive timeout or logging interval, model.tf32 without a GPU,
-// distributed.grad_reduce_in_fp32 without model.bf16,
+// distributed.grad_reduce_in_fp32 without model.bf16, peft options CheckLoraOptions refuses,
 // with data.paths: data.prefix
 // or validation_every_n_samples also set, no step_scheduler.max_steps, a bad blend list
 // (a weight that is not a positive number), split string or seed.

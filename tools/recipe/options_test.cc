@@ -61,6 +61,27 @@ TEST(ReadOptionsTest, OptimizerLrIsThePeakUnlessMaxLrIsSet) {
   EXPECT_FALSE(options.derived_lr_steps.lr_decay_steps);
 }
 
+// Any peft field turns LoRA on with AutoModel's defaults for the others; a list takes commas.
+TEST(ReadOptionsTest, APeftFieldTurnsLoraOn) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
+  EXPECT_FALSE(options.peft.has_value());
+  KEEL_ASSERT_OK_AND_ASSIGN(options,
+                            Read({"peft.dim=16", "peft.target_modules=*.q_proj,*.v_proj"}));
+  ASSERT_TRUE(options.peft.has_value());
+  EXPECT_EQ(options.peft->dim, 16);
+  EXPECT_EQ(options.peft->alpha, 32);
+  EXPECT_EQ(options.peft->dropout_position, peft::DropoutPosition::kPost);
+  EXPECT_EQ(options.peft->target_modules, (std::vector<std::string>{"*.q_proj", "*.v_proj"}));
+  EXPECT_THAT(Read({"peft.dim=0"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("peft.dim (0)")));
+  EXPECT_THAT(Read({"peft.dropout_position=middle"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("peft.dropout_position"), HasSubstr("\"post\", \"pre\""))));
+  EXPECT_THAT(Read({"peft.match_all_linear=true", "peft.exclude_modules=lm_head"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("peft.match_all_linear (true) selects every linear layer")));
+}
+
 TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {
   TrainConfig config;
   config.set_run_dir("r");

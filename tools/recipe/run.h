@@ -70,7 +70,7 @@ class Run {
   // Builds everything the run needs; creates run_dir. Collective: over the runtime's groups
   // (corpus preparation, the data-parallel sync). Errors: kNotFound or kDataLoss for the
   // data; kInvalidArgument from the components' options (the step scheduler's batch
-  // geometry, the LR schedule, the sampler).
+  // geometry, the LR schedule, the sampler), and for a peft section (LoRA is not built yet).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Run>> Build(const TrainOptions& options,
                                                                   TrainRuntime runtime);
   ~Run();
