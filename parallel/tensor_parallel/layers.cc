@@ -114,8 +114,13 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t input_size, int64_t o
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  const at::Tensor output = at::linear(CopyToTensorParallelRegion(input, tp_), weight_, bias_);
+  at::Tensor output = at::linear(CopyToTensorParallelRegion(input, tp_), weight_, bias_);
+  if (adapter_) output = output + adapter_->forward(input);
   return gather_output_ ? GatherFromTensorParallelRegion(output, tp_) : output;
+}
+
+void ColumnParallelLinearImpl::Adapt(std::shared_ptr<LinearAdapter> adapter) {
+  adapter_ = register_module("adapter", std::move(adapter));
 }
 
 std::map<std::string, TensorLayout> ColumnParallelLinearImpl::LocalLayouts() const {
@@ -140,10 +145,18 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t input_size, int64_t output_
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   // One rank: the ordinary layer's fused bias addition, to the bit.
-  if (!Parallel(tp_)) return at::linear(input, weight_, bias_);
+  if (!Parallel(tp_)) {
+    const at::Tensor output = at::linear(input, weight_, bias_);
+    return adapter_ ? output + adapter_->forward(input) : output;
+  }
   const at::Tensor local = input_is_parallel_ ? input : ScatterToTensorParallelRegion(input, tp_);
-  const at::Tensor output = ReduceFromTensorParallelRegion(at::linear(local, weight_), tp_);
+  at::Tensor output = ReduceFromTensorParallelRegion(at::linear(local, weight_), tp_);
+  if (adapter_) output = output + adapter_->forward(local);
   return bias_.defined() ? output + bias_ : output;
+}
+
+void RowParallelLinearImpl::Adapt(std::shared_ptr<LinearAdapter> adapter) {
+  adapter_ = register_module("adapter", std::move(adapter));
 }
 
 std::map<std::string, TensorLayout> RowParallelLinearImpl::LocalLayouts() const {

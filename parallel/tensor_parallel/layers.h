@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,16 @@ struct WholeInitStep {
 [[nodiscard]] absl::Status InitialiseFromWholeSteps(torch::nn::Module& model,
                                                     const std::vector<WholeInitStep>& steps);
 
+// What an adapter (peft's LoRA) adds to a linear layer's output. Given the input as the layer
+// received it (a row-parallel layer's: this rank's features), it returns a tensor shaped as the
+// layer's output at the point the layer adds it: a column-parallel layer's features of this
+// rank before any gather; a row-parallel layer's whole output after the all-reduce, before the
+// bias (at one rank, after the layer's fused bias). It runs the collectives it needs itself.
+class LinearAdapter : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+};
+
 // Y = X A^T + b with A's rows (the output features) split over `tp`: weight [out / tp, in],
 // bias [out / tp]. The input is whole on every rank; the output is this rank's features, or
 // with gather_output all of them.
@@ -80,12 +91,19 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public LaidOut {
                            bool bias = true, bool gather_output = false);
   at::Tensor forward(const at::Tensor& input);
   std::map<std::string, TensorLayout> LocalLayouts() const override;
+  // Registers `adapter` as the submodule "adapter", whose output forward adds. Requires: none
+  // registered yet.
+  void Adapt(std::shared_ptr<LinearAdapter> adapter);
+  int64_t input_size() const { return input_size_; }
+  int64_t output_size() const { return output_size_; }
+  c10d::ProcessGroup* tp() const { return tp_; }
 
  private:
   int64_t input_size_, output_size_;
   c10d::ProcessGroup* tp_;
   bool gather_output_;
   at::Tensor weight_, bias_;
+  std::shared_ptr<LinearAdapter> adapter_;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -99,12 +117,19 @@ class RowParallelLinearImpl : public torch::nn::Module, public LaidOut {
                         bool bias = true, bool input_is_parallel = true);
   at::Tensor forward(const at::Tensor& input);
   std::map<std::string, TensorLayout> LocalLayouts() const override;
+  // Registers `adapter` as the submodule "adapter", whose output forward adds. Requires: none
+  // registered yet.
+  void Adapt(std::shared_ptr<LinearAdapter> adapter);
+  int64_t input_size() const { return input_size_; }
+  int64_t output_size() const { return output_size_; }
+  c10d::ProcessGroup* tp() const { return tp_; }
 
  private:
   int64_t input_size_, output_size_;
   c10d::ProcessGroup* tp_;
   bool input_is_parallel_;
   at::Tensor weight_, bias_;
+  std::shared_ptr<LinearAdapter> adapter_;
 };
 TORCH_MODULE(RowParallelLinear);
 

@@ -23,7 +23,7 @@ int64_t Run::step() const { return state_->scheduler->step(); }
 absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, TrainRuntime runtime) {
   if (options.peft.has_value()) {
     return absl::InvalidArgumentError(
-        "peft: the trainer does not build LoRA adapters yet (issue 43); --dry_run shows the "
+        "peft: the trainer does not attach LoRA adapters yet (issue 43); --dry_run shows the "
         "linear layers they would adapt and the parameters that would train; allowed: no peft "
         "section");
   }

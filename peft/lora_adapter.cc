@@ -1,0 +1,108 @@
+#include "peft/lora_adapter.h"
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "base/collectives.h"
+#include "parallel/parameters.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "torch/nn/init.h"
+
+namespace keel::peft {
+namespace {
+
+bool Parallel(c10d::ProcessGroup* tp) { return base::GroupSize(tp) > 1; }
+
+}  // namespace
+
+LoraAdapterImpl::LoraAdapterImpl(const parallel::ColumnParallelLinearImpl& layer,
+                                 const LoraOptions& options)
+    : LoraAdapterImpl(/*column=*/true, layer.input_size(), layer.output_size(), layer.tp(),
+                      options) {}
+
+LoraAdapterImpl::LoraAdapterImpl(const parallel::RowParallelLinearImpl& layer,
+                                 const LoraOptions& options)
+    : LoraAdapterImpl(/*column=*/false, layer.input_size(), layer.output_size(), layer.tp(),
+                      options) {}
+
+LoraAdapterImpl::LoraAdapterImpl(bool column, int64_t input_size, int64_t output_size,
+                                 c10d::ProcessGroup* tp, const LoraOptions& options)
+    : column_(column),
+      input_size_(input_size),
+      output_size_(output_size),
+      tp_(tp),
+      options_(options) {
+  const int64_t n = base::GroupSize(tp);
+  lora_A_ = register_parameter(
+      "lora_A", parallel::NewParameter({options.dim, column ? input_size : input_size / n}));
+  lora_B_ = register_parameter(
+      "lora_B", parallel::NewParameter({column ? output_size / n : output_size, options.dim}));
+}
+
+at::Tensor LoraAdapterImpl::forward(const at::Tensor& input) {
+  const double p = options_.dropout;
+  const bool pre = options_.dropout_position == DropoutPosition::kPre;
+  const at::Tensor x = p > 0 && pre ? at::dropout(input, p, is_training()) : input;
+  at::Tensor h = at::linear(x, lora_A_) * (options_.alpha / static_cast<double>(options_.dim));
+  // Column: A is whole, so its gradient sums every rank's part of B's. Row: each rank's A holds
+  // part of the sum h, which B needs whole.
+  h = column_ ? parallel::CopyToTensorParallelRegion(h, tp_)
+              : parallel::ReduceFromTensorParallelRegion(h, tp_);
+  const at::Tensor out = at::linear(h, lora_B_);
+  return p > 0 && !pre ? at::dropout(out, p, is_training()) : out;
+}
+
+std::map<std::string, parallel::TensorLayout> LoraAdapterImpl::LocalLayouts() const {
+  if (!Parallel(tp_)) return {};
+  const auto sharded = [&](std::vector<int64_t> shape, int64_t dim) {
+    // The dimension exists: EvenlySharded cannot fail here.
+    return *parallel::EvenlySharded(std::move(shape),
+                                    {{"tp", tp_, parallel::Placement::Shard(dim)}});
+  };
+  if (column_) return {{"lora_B", sharded({output_size_, options_.dim}, 0)}};
+  return {{"lora_A", sharded({options_.dim, input_size_}, 1)}};
+}
+
+void LoraAdapterImpl::InitialiseA() {
+  at::NoGradGuard no_grad;
+  at::Tensor whole = at::empty({options_.dim, input_size_}, at::kFloat);
+  if (options_.lora_A_init == LoraAInit::kXavier) {
+    torch::nn::init::xavier_normal_(whole);
+  } else {
+    torch::nn::init::kaiming_uniform_(whole, std::sqrt(5.0));
+  }
+  const int64_t local = lora_A_.size(1);
+  lora_A_.copy_(column_ ? whole : whole.narrow(1, base::GroupRank(tp_) * local, local));
+}
+
+absl::Status AttachLoraAdapters(torch::nn::Module& model, const std::vector<LinearModule>& modules,
+                                const LoraOptions& options) {
+  for (at::Tensor& parameter : model.parameters()) parameter.set_requires_grad(false);
+  const auto named = model.named_modules("", /*include_self=*/false);
+  for (const LinearModule& module : modules) {
+    const std::shared_ptr<torch::nn::Module>* found = named.find(module.name);
+    torch::nn::Module* const layer = found == nullptr ? nullptr : found->get();
+    std::shared_ptr<LoraAdapterImpl> adapter;
+    if (layer != nullptr && layer->named_children().contains("adapter")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peft: ", module.name, " already has an adapter"));
+    }
+    if (auto* column = dynamic_cast<parallel::ColumnParallelLinearImpl*>(layer)) {
+      adapter = std::make_shared<LoraAdapterImpl>(*column, options);
+      column->Adapt(adapter);
+    } else if (auto* row = dynamic_cast<parallel::RowParallelLinearImpl*>(layer)) {
+      adapter = std::make_shared<LoraAdapterImpl>(*row, options);
+      row->Adapt(adapter);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peft: ", module.name, " is not a linear layer of the model"));
+    }
+    adapter->InitialiseA();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace keel::peft
