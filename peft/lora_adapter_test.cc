@@ -116,6 +116,34 @@ TEST(LoraAdapterTest, ComputesBaseplusScaledBA) {
   EXPECT_TRUE(at::allclose(model->forward(Input()), expected, 1e-6, 1e-6));
 }
 
+// Dropout in training: "post" zeroes elements of the adapter's output and doubles the others
+// (p = 0.5); "pre" drops A's input, so the adapter's output changes but the base's does not.
+TEST(LoraAdapterTest, DropoutActsWhereItIsAsked) {
+  LoraOptions options;
+  options.dropout = 0.5;
+  const at::Tensor x = Input().select(0, 0);  // [3, 8], through the column-parallel layer alone
+  for (const DropoutPosition position : {DropoutPosition::kPost, DropoutPosition::kPre}) {
+    SCOPED_TRACE(AbslUnparseFlag(position));
+    options.dropout_position = position;
+    Mlp model = Adapted(options, /*random_b=*/true);
+    torch::nn::Module& up = *model->named_modules()["up_proj"];
+    auto* adapter = up.named_children()["adapter"]->as<LoraAdapterImpl>();
+    ASSERT_NE(adapter, nullptr);
+    model->eval();
+    const at::Tensor kept = adapter->forward(x);
+    model->train();
+    torch::manual_seed(9);
+    const at::Tensor dropped = adapter->forward(x);
+    EXPECT_FALSE(at::allclose(dropped, kept));
+    if (position == DropoutPosition::kPost) {
+      const at::Tensor zero = dropped.eq(0);
+      EXPECT_GT(zero.sum().item<int64_t>(), 0);
+      EXPECT_TRUE(at::allclose(dropped.masked_select(zero.logical_not()),
+                               2 * kept.masked_select(zero.logical_not())));
+    }
+  }
+}
+
 // A's initialisation: xavier_normal_ (std sqrt(2 / (in + dim))) or kaiming_uniform_ with
 // a = sqrt(5) (bound 1 / sqrt(in)), from the default generator.
 TEST(LoraAdapterTest, AIsDrawnAsAskedAndBIsZero) {
