@@ -1,9 +1,9 @@
-#include "checkpoint/internal/quote.h"
+#include "base/quote.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace keel::checkpoint::internal {
+namespace keel::base {
 namespace {
 
 constexpr size_t kMaxQuoted = 200;
@@ -23,4 +23,4 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-}  // namespace keel::checkpoint::internal
+}  // namespace keel::base

@@ -1,8 +1,8 @@
 // Names, values and shapes from files, in error messages: as JSON text (quotes, escapes), ASCII
 // only and cut after 200 characters, so that a hostile or broken file cannot flood or garble the
 // terminal (a header of thousands of keys, newlines or escape codes in a name).
-#ifndef KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
-#define KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
+#ifndef KEEL_BASE_QUOTE_H_
+#define KEEL_BASE_QUOTE_H_
 
 #include <cstdint>
 #include <string>
@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
-namespace keel::checkpoint::internal {
+namespace keel::base {
 
 // `value` as JSON text, ASCII only, cut after 200 characters ("..." then).
 std::string Excerpt(const nlohmann::json& value);
@@ -22,6 +22,6 @@ std::string Quote(absl::string_view text);
 // A tensor's shape as messages print it: "[2, 3]".
 std::string ShapeString(const std::vector<int64_t>& shape);
 
-}  // namespace keel::checkpoint::internal
+}  // namespace keel::base
 
-#endif  // KEEL_CHECKPOINT_INTERNAL_QUOTE_H_
+#endif  // KEEL_BASE_QUOTE_H_

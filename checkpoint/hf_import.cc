@@ -10,8 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "base/files.h"
 #include "base/json.h"
+#include "base/quote.h"
 #include "base/status.h"
-#include "checkpoint/internal/quote.h"
 #include "checkpoint/safetensors.h"
 #include "parallel/layout.h"
 #include "torch/types.h"
@@ -22,8 +22,8 @@ namespace {
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 
-using internal::Quote;
-using internal::ShapeString;
+using base::Quote;
+using base::ShapeString;
 
 // At most this many problems are listed in one error (a count says how many more).
 constexpr size_t kMaxListedProblems = 20;

@@ -16,12 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/files.h"
+#include "base/quote.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "base/utf8.h"
 #include "checkpoint/internal/dtype.h"
 #include "checkpoint/internal/files.h"
-#include "checkpoint/internal/quote.h"
 #include "nlohmann/json.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -34,9 +34,9 @@ namespace {
 // a header with many tensors would make quadratic.
 using Json = nlohmann::json;
 
-using internal::Excerpt;
-using internal::Quote;
-using internal::ShapeString;
+using base::Excerpt;
+using base::Quote;
+using base::ShapeString;
 
 constexpr uint64_t kInt64Max = std::numeric_limits<int64_t>::max();
 

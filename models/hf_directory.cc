@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/quote.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/hf_import.h"
@@ -21,10 +22,6 @@ namespace keel::models {
 namespace {
 
 constexpr char kLayerPrefix[] = "model.layers.";
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // The layer indices of the files' tensor names ("model.layers.<i>.").
 std::set<int64_t> LayersIn(const std::map<std::string, checkpoint::SafetensorsEntry>& tensors) {
@@ -65,9 +62,9 @@ absl::StatusOr<ModelOptions> ReadHfDirectory(const std::string& directory) {
     if (in_files == tensors.end()) continue;  // the load names what is missing
     if (const auto rows = vocab_rows.find(name); rows != vocab_rows.end()) shape[0] = rows->second;
     if (in_files->second.shape != shape) {
-      contradictions.push_back(absl::StrCat("\"", name, "\" is ", ShapeString(shape),
-                                            " by config.json, ",
-                                            ShapeString(in_files->second.shape), " in the files"));
+      contradictions.push_back(
+          absl::StrCat(base::Quote(name), " is ", base::ShapeString(shape), " by config.json, ",
+                       base::ShapeString(in_files->second.shape), " in the files"));
     }
   }
   if (!contradictions.empty()) {

@@ -12,11 +12,6 @@
 #include "torch/nn/init.h"
 
 namespace keel::peft {
-namespace {
-
-bool Parallel(c10d::ProcessGroup* tp) { return base::GroupSize(tp) > 1; }
-
-}  // namespace
 
 LoraAdapterImpl::LoraAdapterImpl(const parallel::ColumnParallelLinearImpl& layer,
                                  const LoraOptions& options)
@@ -56,14 +51,9 @@ at::Tensor LoraAdapterImpl::forward(const at::Tensor& input) {
 }
 
 std::map<std::string, parallel::TensorLayout> LoraAdapterImpl::LocalLayouts() const {
-  if (!Parallel(tp_)) return {};
-  const auto sharded = [&](std::vector<int64_t> shape, int64_t dim) {
-    // The dimension exists: EvenlySharded cannot fail here.
-    return *parallel::EvenlySharded(std::move(shape),
-                                    {{"tp", tp_, parallel::Placement::Shard(dim)}});
-  };
-  if (column_) return {{"lora_B", sharded({output_size_, options_.dim}, 0)}};
-  return {{"lora_A", sharded({options_.dim, input_size_}, 1)}};
+  if (base::GroupSize(tp_) <= 1) return {};
+  if (column_) return {{"lora_B", parallel::ShardedOverTp(tp_, {output_size_, options_.dim}, 0)}};
+  return {{"lora_A", parallel::ShardedOverTp(tp_, {options_.dim, input_size_}, 1)}};
 }
 
 void LoraAdapterImpl::InitialiseA() {

@@ -16,13 +16,12 @@ namespace {
 
 bool Parallel(c10d::ProcessGroup* tp) { return base::GroupSize(tp) > 1; }
 
-// The layout of a tensor of `global_shape` split evenly along `dim` over `tp`.
-TensorLayout ShardedOver(c10d::ProcessGroup* tp, std::vector<int64_t> global_shape, int64_t dim) {
-  // The dimension exists: EvenlySharded cannot fail here.
-  return *EvenlySharded(std::move(global_shape), {{"tp", tp, Placement::Shard(dim)}});
-}
-
 }  // namespace
+
+TensorLayout ShardedOverTp(c10d::ProcessGroup* tp, std::vector<int64_t> global_shape, int64_t dim) {
+  // The dimension exists: EvenlySharded cannot fail here.
+  return *EvenlySharded(std::move(global_shape), {{kTensorDim, tp, Placement::Shard(dim)}});
+}
 
 std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& module) {
   std::map<std::string, TensorLayout> layouts;
@@ -126,8 +125,8 @@ void ColumnParallelLinearImpl::Adapt(std::shared_ptr<LinearAdapter> adapter) {
 std::map<std::string, TensorLayout> ColumnParallelLinearImpl::LocalLayouts() const {
   if (!Parallel(tp_)) return {};
   std::map<std::string, TensorLayout> layouts = {
-      {"weight", ShardedOver(tp_, {output_size_, input_size_}, 0)}};
-  if (bias_.defined()) layouts["bias"] = ShardedOver(tp_, {output_size_}, 0);
+      {"weight", ShardedOverTp(tp_, {output_size_, input_size_}, 0)}};
+  if (bias_.defined()) layouts["bias"] = ShardedOverTp(tp_, {output_size_}, 0);
   return layouts;
 }
 
@@ -161,7 +160,7 @@ void RowParallelLinearImpl::Adapt(std::shared_ptr<LinearAdapter> adapter) {
 
 std::map<std::string, TensorLayout> RowParallelLinearImpl::LocalLayouts() const {
   if (!Parallel(tp_)) return {};
-  return {{"weight", ShardedOver(tp_, {output_size_, input_size_}, 1)}};
+  return {{"weight", ShardedOverTp(tp_, {output_size_, input_size_}, 1)}};
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
@@ -184,7 +183,7 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
 
 std::map<std::string, TensorLayout> VocabParallelEmbeddingImpl::LocalLayouts() const {
   if (!Parallel(tp_)) return {};
-  return {{"weight", ShardedOver(tp_, {num_embeddings_, embedding_dim_}, 0)}};
+  return {{"weight", ShardedOverTp(tp_, {num_embeddings_, embedding_dim_}, 0)}};
 }
 
 ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads,

@@ -41,6 +41,13 @@ class LaidOut {
   virtual std::map<std::string, TensorLayout> LocalLayouts() const = 0;
 };
 
+// The mesh dimension of the tensor-parallel group in the layouts the layers report.
+inline constexpr char kTensorDim[] = "tp";
+
+// The layout of a tensor of `global_shape` split evenly along `dim` over the tensor-parallel
+// group `tp` (kTensorDim), as a LaidOut layer reports it. Requires: `dim` < the shape's rank.
+TensorLayout ShardedOverTp(c10d::ProcessGroup* tp, std::vector<int64_t> global_shape, int64_t dim);
+
 // The layouts of every parameter of `module` that a LaidOut submodule lays out, by fully
 // qualified name; the other parameters are whole on every rank.
 std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& module);
