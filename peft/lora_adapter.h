@@ -26,7 +26,8 @@ namespace keel::peft {
 class LoraAdapterImpl : public parallel::LinearAdapter, public parallel::LaidOut {
  public:
   // An adapter of `options` for `layer` (whose tp group it shares): A [dim, in] and B [out, dim]
-  // of the whole layer, this rank holding its blocks; both zero (AttachLoraAdapters draws A).
+  // of the whole layer, this rank holding its blocks; both zero (AttachLoraAdapters draws A), on
+  // the layer's weight's device, in its dtype or options.lora_dtype.
   LoraAdapterImpl(const parallel::ColumnParallelLinearImpl& layer, const LoraOptions& options);
   LoraAdapterImpl(const parallel::RowParallelLinearImpl& layer, const LoraOptions& options);
 
@@ -38,7 +39,7 @@ class LoraAdapterImpl : public parallel::LinearAdapter, public parallel::LaidOut
 
  private:
   LoraAdapterImpl(bool column, int64_t input_size, int64_t output_size, c10d::ProcessGroup* tp,
-                  const LoraOptions& options);
+                  const at::Tensor& weight, const LoraOptions& options);
 
   bool column_;
   int64_t input_size_, output_size_;
@@ -47,11 +48,13 @@ class LoraAdapterImpl : public parallel::LinearAdapter, public parallel::LaidOut
   at::Tensor lora_A_, lora_B_;
 };
 
-// Attaches an adapter to each of `modules` of `model` (SelectLinearModules's) and freezes every
-// other parameter of `model` (requires_grad false). Each A is drawn whole from the default
-// generator, in the order of `modules`, and this rank keeps its block, so every layout starts
-// from the weights of one rank. Errors: kInvalidArgument naming a module that is not a linear
-// layer of `model` or already has an adapter.
+// Attaches an adapter to each of `modules` of `model` and freezes every other parameter of
+// `model` (requires_grad false). `modules` are SelectLinearModules's of the one-rank model (with
+// its whole shapes): each A is drawn whole from the default generator, in their order, and this
+// rank keeps its block; a module `model` does not hold (another pipeline stage's) has its A
+// drawn and dropped. So every layout starts from the weights of one rank. Errors:
+// kInvalidArgument naming a module that is not a linear layer of `model` or already has an
+// adapter.
 [[nodiscard]] absl::Status AttachLoraAdapters(torch::nn::Module& model,
                                               const std::vector<LinearModule>& modules,
                                               const LoraOptions& options);

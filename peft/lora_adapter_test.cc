@@ -232,15 +232,54 @@ TEST(LoraAdapterTest, EveryLayoutStartsFromTheOneRankAdapters) {
   EXPECT_THAT(differing, ::testing::ElementsAre(::testing::IsEmpty(), ::testing::IsEmpty()));
 }
 
-TEST(LoraAdapterTest, WhatCannotBeAdaptedIsNamed) {
+// A pipeline stage holding some of the layers draws every A in the one-rank model's order and
+// keeps its own.
+TEST(LoraAdapterTest, AStageKeepsItsLayersAdaptersOfTheOneRankModel) {
+  Mlp whole = Adapted(LoraOptions(), /*random_b=*/false);
+  torch::nn::Module stage;
+  c10d::ProcessGroup* const no_group = nullptr;
+  stage.register_module("down_proj", parallel::RowParallelLinear(12, 8, no_group));
+  torch::manual_seed(3);
+  KEEL_ASSERT_OK(
+      AttachLoraAdapters(stage, {{"up_proj", 8, 12}, {"down_proj", 12, 8}}, LoraOptions()));
+  const auto params = stage.named_parameters();
+  ASSERT_TRUE(params.contains("down_proj.adapter.lora_A"));
+  EXPECT_TRUE(at::equal(params["down_proj.adapter.lora_A"],
+                        whole->named_parameters()["down_proj.adapter.lora_A"]));
+}
+
+// peft.lora_dtype float32 on a bf16 base: float32 adapters (A as drawn, not rounded), the
+// layer's output still bf16.
+TEST(LoraAdapterTest, LoraDtypeKeepsTheAdaptersInTheirOwnDtype) {
+  Mlp whole = Adapted(LoraOptions(), /*random_b=*/false);
   Mlp model = OneRank();
-  EXPECT_THAT(AttachLoraAdapters(*model, {{"gate_proj", 8, 12}}, LoraOptions()),
+  model->to(at::kBFloat16);
+  LoraOptions options;
+  options.lora_dtype = LoraDtype::kFloat32;
+  torch::manual_seed(3);
+  KEEL_ASSERT_OK(AttachLoraAdapters(*model, *SelectLinearModules(*model, options), options));
+  const auto params = model->named_parameters();
+  EXPECT_EQ(params["up_proj.adapter.lora_B"].scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(params["up_proj.adapter.lora_A"],
+                        whole->named_parameters()["up_proj.adapter.lora_A"]));
+  EXPECT_EQ(model->forward(Input().to(at::kBFloat16)).scalar_type(), at::kBFloat16);
+
+  Mlp base_dtype = OneRank();
+  base_dtype->to(at::kBFloat16);
+  KEEL_ASSERT_OK(AttachLoraAdapters(*base_dtype, {{"up_proj", 8, 12}}, LoraOptions()));
+  EXPECT_EQ(base_dtype->named_parameters()["up_proj.adapter.lora_A"].scalar_type(), at::kBFloat16);
+}
+
+TEST(LoraAdapterTest, WhatCannotBeAdaptedIsNamed) {
+  torch::nn::Module outer;
+  outer.register_module("mlp", OneRank());
+  EXPECT_THAT(AttachLoraAdapters(outer, {{"mlp", 8, 12}}, LoraOptions()),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("gate_proj is not a linear layer of the model")));
-  KEEL_ASSERT_OK(AttachLoraAdapters(*model, {{"up_proj", 8, 12}}, LoraOptions()));
-  EXPECT_THAT(
-      AttachLoraAdapters(*model, {{"up_proj", 8, 12}}, LoraOptions()),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("up_proj already has an adapter")));
+                       HasSubstr("mlp is not a linear layer of the model")));
+  KEEL_ASSERT_OK(AttachLoraAdapters(outer, {{"mlp.up_proj", 8, 12}}, LoraOptions()));
+  EXPECT_THAT(AttachLoraAdapters(outer, {{"mlp.up_proj", 8, 12}}, LoraOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("mlp.up_proj already has an adapter")));
 }
 
 }  // namespace

@@ -13,6 +13,9 @@ constexpr base::EnumSpelling<DropoutPosition> kDropoutPositions[] = {
     {DropoutPosition::kPost, "post"}, {DropoutPosition::kPre, "pre"}};
 constexpr base::EnumSpelling<LoraAInit> kLoraAInits[] = {{LoraAInit::kXavier, "xavier"},
                                                          {LoraAInit::kUniform, "uniform"}};
+constexpr base::EnumSpelling<LoraDtype> kLoraDtypes[] = {{LoraDtype::kBase, "base"},
+                                                         {LoraDtype::kFloat32, "float32"},
+                                                         {LoraDtype::kBFloat16, "bfloat16"}};
 
 std::string Quoted(const std::vector<std::string>& patterns) {
   return absl::StrCat("[\"", absl::StrJoin(patterns, "\", \""), "\"]");
@@ -31,6 +34,13 @@ bool AbslParseFlag(absl::string_view text, LoraAInit* out, std::string* error) {
 }
 std::string AbslUnparseFlag(LoraAInit init) {
   return std::string(base::EnumName(kLoraAInits, init));
+}
+
+bool AbslParseFlag(absl::string_view text, LoraDtype* out, std::string* error) {
+  return base::ParseEnum(kLoraDtypes, text, out, error);
+}
+std::string AbslUnparseFlag(LoraDtype dtype) {
+  return std::string(base::EnumName(kLoraDtypes, dtype));
 }
 
 std::vector<std::string> TargetPatterns(const LoraOptions& options) {

@@ -28,6 +28,13 @@ enum class LoraAInit { kXavier, kUniform };
 bool AbslParseFlag(absl::string_view text, LoraAInit* out, std::string* error);
 std::string AbslUnparseFlag(LoraAInit init);
 
+// The adapters' dtype: the adapted layer's (AutoModel's lora_dtype None), or float32 or bfloat16
+// whatever the layer's (the adapter then computes in its own dtype: its input is cast to it and
+// its output back to the layer's).
+enum class LoraDtype { kBase, kFloat32, kBFloat16 };
+bool AbslParseFlag(absl::string_view text, LoraDtype* out, std::string* error);
+std::string AbslUnparseFlag(LoraDtype dtype);
+
 struct LoraOptions {
   // Patterns over a linear layer's full module name ("model.layers.0.self_attn.q_proj"), '*' any
   // characters, anchored at both ends (AutoModel's ModuleMatcher). With none of the three
@@ -47,6 +54,8 @@ struct LoraOptions {
   DropoutPosition dropout_position = DropoutPosition::kPost;
   // Default: kXavier.
   LoraAInit lora_A_init = LoraAInit::kXavier;
+  // Default: kBase.
+  LoraDtype lora_dtype = LoraDtype::kBase;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, LoraOptions> = 0>
@@ -59,6 +68,7 @@ void VisitFields(O& o, V&& v) {
   v("dropout", o.dropout);
   v("dropout_position", o.dropout_position);
   v("lora_A_init", o.lora_A_init);
+  v("lora_dtype", o.lora_dtype);
 }
 
 // The patterns the options select by: target_modules, or {"*_proj"} when no selector is set.

@@ -20,7 +20,6 @@
 #include "base/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "sampling/indexed_dataset_writer.h"
 #include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "tools/cli/subprocess_testutil.h"
@@ -82,39 +81,8 @@ TEST(TrainLlamaTest, LayoutsComputeTheOneRankRun) {
 // RoPE, untied, vocabulary 131) builds the model from its config.json and starts from its
 // weights, on one rank and on two tensor-parallel ranks (which pad the vocabulary to 132 rows:
 // the file's 131 load, the padding row is zeros and outside the softmax): the same trace.
-// An indexed dataset of 40 documents of 300 random tokens below the fixtures' vocabulary (131),
-// written once; its prefix.
-std::string FixtureTokens() {
-  static const std::string* const prefix = [] {
-    auto* data = new std::string(NewTempDir("hf_tokens") + "/tokens");
-    absl::StatusOr<sampling::IndexedDatasetWriter> writer =
-        sampling::IndexedDatasetWriter::Create(*data, sampling::TokenDtype::kUint16);
-    EXPECT_TRUE(writer.ok()) << writer.status();
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/7);
-    for (int document = 0; document < 40 && writer.ok(); ++document) {
-      const at::Tensor tokens = at::randint(131, {300}, generator, at::kLong);
-      std::vector<int64_t> values(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + 300);
-      EXPECT_TRUE(writer->AddDocument(values, {300}).ok());
-    }
-    if (writer.ok()) {
-      EXPECT_TRUE(writer->Finalize().ok());
-    }
-    return data;
-  }();
-  return *prefix;
-}
-
-// A run from the fixture `name` of testdata/hf_parity on FixtureTokens.
-std::vector<std::string> Pretrained(const std::string& name) {
-  return {
-      "model.pretrained_path=" + std::filesystem::absolute("testdata/hf_parity/" + name).string(),
-      "data.prefix=" + FixtureTokens(), "data.sequence_length=16",
-      // SmallRun's sizes are the file's but for the MLP: set to the file's, no contradiction.
-      "model.ffn_hidden_size=96"};
-}
-
 TEST(TrainLlamaTest, StartsFromAHuggingFaceDirectoryAtEveryLayout) {
-  const std::vector<std::string> pretrained = Pretrained("llama_gqa_untied");
+  const std::vector<std::string> pretrained = PretrainedRun("llama_gqa_untied");
   const std::string reference = NewTempDir("hf_reference");
   Subprocess one = StartTrain(SameSamplesRun(reference, 10, pretrained), reference + "/stderr");
   ASSERT_EQ(one.Wait(), 0) << one.Stderr();
@@ -142,7 +110,7 @@ TEST(TrainLlamaTest, ExportsWhatItLoadedByteForByte) {
       std::filesystem::copy("testdata/hf_parity/" + name + "/" + file, original + "/" + file);
     }
     std::ofstream(original + "/tokenizer_config.json") << "{\"model_max_length\": 16}\n";
-    std::vector<std::string> pretrained = Pretrained(name);
+    std::vector<std::string> pretrained = PretrainedRun(name);
     pretrained[0] = "model.pretrained_path=" + original;
     const std::string run_dir = NewTempDir(name);
     Subprocess ranks = LaunchTrain(
@@ -173,7 +141,7 @@ TEST(TrainLlamaTest, ExportsATrainedModelAsHuggingFaceHoldsIt) {
           run_dir, 3,
           {"model.family=qwen3", "model.num_query_groups=2", "model.kv_channels=8",
            "model.vocab_size=131", "model.untie_embeddings_and_output_weights=true",
-           "data.prefix=" + FixtureTokens(), "data.sequence_length=16",
+           "data.prefix=" + HfFixtureTokens(), "data.sequence_length=16",
            "distributed.tensor_model_parallel_size=2", "step_scheduler.local_batch_size=8"}),
       run_dir + "/stderr");
   ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();

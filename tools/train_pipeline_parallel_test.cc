@@ -73,13 +73,13 @@ TEST(TrainPipelineParallelTest, TheLayoutDoesNotChangeTheNumbers) {
     const std::string out = child.DrainStdout();
     // The whole model's tensors and parameters, counted over the stages (the tied embedding
     // once), as one rank counts them.
-    EXPECT_THAT(out, HasSubstr("model: 28 tensors, 120576 parameters"));
+    EXPECT_THAT(out, HasSubstr("model: 28 tensors, 120576 trainable parameters"));
     EXPECT_THAT(out, HasSubstr(" in 2 pipeline stages of 1 blocks"));
     EXPECT_THAT(out, HasSubstr("; pipeline waits "));
     EXPECT_THAT(out, HasSubstr(layout.geometry));
     ExpectLayoutInvariant(reference, run_dir);
   }
-  EXPECT_THAT(one_rank_model, HasSubstr("model: 28 tensors, 120576 parameters, AdamW"));
+  EXPECT_THAT(one_rank_model, HasSubstr("model: 28 tensors, 120576 trainable parameters, AdamW"));
   EXPECT_THAT(one_rank_model, ::testing::Not(HasSubstr("pipeline waits")));  // one stage
 }
 

@@ -18,6 +18,7 @@
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sampling/indexed_dataset_writer.h"
 #include "testing/files.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
@@ -85,6 +86,34 @@ std::vector<std::string> SameSamplesRun(const std::string& run_dir, int64_t max_
                                         std::vector<std::string> more) {
   more.insert(more.begin(), "sampler.shuffle_scope=global");
   return SmallRun(run_dir, max_steps, more);
+}
+
+std::string HfFixtureTokens() {
+  static const std::string* const prefix = [] {
+    auto* data = new std::string(testing::NewTempDir("hf_tokens") + "/tokens");
+    absl::StatusOr<sampling::IndexedDatasetWriter> writer =
+        sampling::IndexedDatasetWriter::Create(*data, sampling::TokenDtype::kUint16);
+    EXPECT_TRUE(writer.ok()) << writer.status();
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/7);
+    for (int document = 0; document < 40 && writer.ok(); ++document) {
+      const at::Tensor tokens = at::randint(131, {300}, generator, at::kLong);
+      std::vector<int64_t> values(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + 300);
+      EXPECT_TRUE(writer->AddDocument(values, {300}).ok());
+    }
+    if (writer.ok()) {
+      EXPECT_TRUE(writer->Finalize().ok());
+    }
+    return data;
+  }();
+  return *prefix;
+}
+
+std::vector<std::string> PretrainedRun(const std::string& name) {
+  return {
+      "model.pretrained_path=" + std::filesystem::absolute("testdata/hf_parity/" + name).string(),
+      "data.prefix=" + HfFixtureTokens(), "data.sequence_length=16",
+      // SmallRun's sizes are the file's but for the MLP: set to the file's, no contradiction.
+      "model.ffn_hidden_size=96"};
 }
 
 Subprocess StartOnRanks(int ranks, const std::vector<std::string>& args,

@@ -48,6 +48,14 @@ std::vector<std::string> SmallRun(const std::string& run_dir, int64_t max_steps,
 std::vector<std::string> SameSamplesRun(const std::string& run_dir, int64_t max_steps,
                                         std::vector<std::string> more = {});
 
+// An indexed dataset of 40 documents of 300 random tokens below the vocabulary (131) of the
+// fixtures of testdata/hf_parity, written once; its prefix.
+std::string HfFixtureTokens();
+
+// Assignments for a run from the fixture `name` of testdata/hf_parity (the test's data must
+// hold it) on HfFixtureTokens, 16-token windows, with SmallRun's model sizes.
+std::vector<std::string> PretrainedRun(const std::string& name);
+
 // The options of a trainer child: OMP_NUM_THREADS=1, no inherited torchrun variables, stderr
 // to `stderr_path`, stdout piped; `environment` adds NAME=VALUE entries.
 cli::SubprocessOptions ChildOptions(const std::string& stderr_path,

@@ -290,15 +290,25 @@ std::string Working(int64_t limit, Fits fits) {
   return sizes.empty() ? "none" : absl::StrJoin(sizes, ", ");
 }
 
-// The fields a resume cannot change: the model's shapes and vocabulary, and how its fused
-// qkv weight is laid out (checkpoints before tensor parallelism have none).
+// The fields a resume cannot change: the model's shapes and vocabulary, how its fused qkv
+// weight is laid out (checkpoints before tensor parallelism have none), and its LoRA adapters.
 constexpr const char* kModelShapeFields[] = {
-    "model.vocab_size",          "model.padded_vocab_size",
-    "model.hidden_size",         "model.num_layers",
-    "model.num_attention_heads", "model.ffn_hidden_size",
-    "model.max_sequence_length", "model.qkv_rows",
-    "data.sequence_length",      "model.num_moe_experts",
+    "model.vocab_size",
+    "model.padded_vocab_size",
+    "model.hidden_size",
+    "model.num_layers",
+    "model.num_attention_heads",
+    "model.ffn_hidden_size",
+    "model.max_sequence_length",
+    "model.qkv_rows",
+    "data.sequence_length",
+    "model.num_moe_experts",
     "model.moe_layer_freq",
+    "peft",
+    "peft.dim",
+    "peft.target_modules",
+    "peft.exclude_modules",
+    "peft.match_all_linear",
 };
 
 // Adds "<prefix><key>" lines for every leaf where `saved` and `current` differ.
@@ -442,7 +452,8 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
           {"checkpoint", std::move(checkpoint)},
           {"distributed", base::WriteJsonFields(options.distributed)},
           {"logging", base::WriteJsonFields(options.logging)},
-          {"numerics", base::WriteJsonFields(options.numerics)}};
+          {"numerics", base::WriteJsonFields(options.numerics)},
+          {"peft", options.peft ? base::WriteJsonFields(*options.peft) : base::Json()}};
 }
 
 absl::StatusOr<SavedModel> ReadSavedModel(const base::Json& fingerprint) {
@@ -539,6 +550,12 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
     peft::LoraOptions& lora = options.peft.emplace();
     KEEL_RETURN_IF_ERROR(CopyFields(config.peft(), lora));
     KEEL_RETURN_IF_ERROR(peft::CheckLoraOptions(lora));
+    if (options.model.num_moe_experts > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peft with model.num_moe_experts (", options.model.num_moe_experts,
+          "): the experts' grouped weights take no LoRA adapters; allowed: no peft section, or "
+          "model.num_moe_experts 0"));
+    }
   }
   return options;
 }

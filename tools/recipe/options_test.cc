@@ -80,6 +80,16 @@ TEST(ReadOptionsTest, APeftFieldTurnsLoraOn) {
   EXPECT_THAT(Read({"peft.match_all_linear=true", "peft.exclude_modules=lm_head"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("peft.match_all_linear (true) selects every linear layer")));
+  KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"peft.lora_dtype=float32"}));
+  EXPECT_EQ(options.peft->lora_dtype, peft::LoraDtype::kFloat32);
+  EXPECT_THAT(Read({"peft.dim=4", "model.num_moe_experts=4"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("peft with model.num_moe_experts (4): the experts' grouped "
+                                 "weights take no LoRA adapters")));
+  EXPECT_THAT(Read({"peft.lora_dtype=float16"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("peft.lora_dtype"),
+                             HasSubstr("\"base\", \"float32\", \"bfloat16\""))));
 }
 
 TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {

@@ -21,12 +21,6 @@ Run::~Run() = default;
 int64_t Run::step() const { return state_->scheduler->step(); }
 
 absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, TrainRuntime runtime) {
-  if (options.peft.has_value()) {
-    return absl::InvalidArgumentError(
-        "peft: the trainer does not attach LoRA adapters yet (issue 43); --dry_run shows the "
-        "linear layers they would adapt and the parameters that would train; allowed: no peft "
-        "section");
-  }
   KEEL_RETURN_IF_ERROR(base::MakeDirectories(options.run_dir));
   std::unique_ptr<Run> run(new Run(options, std::move(runtime)));
   KEEL_ASSIGN_OR_RETURN(TrainData data, OpenTrainData(run->options_, run->runtime_));

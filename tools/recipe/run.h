@@ -70,7 +70,7 @@ class Run {
   // Builds everything the run needs; creates run_dir. Collective: over the runtime's groups
   // (corpus preparation, the data-parallel sync). Errors: kNotFound or kDataLoss for the
   // data; kInvalidArgument from the components' options (the step scheduler's batch
-  // geometry, the LR schedule, the sampler), and for a peft section (LoRA is not built yet).
+  // geometry, the LR schedule, the sampler, the peft section); as LoadPretrained with peft.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Run>> Build(const TrainOptions& options,
                                                                   TrainRuntime runtime);
   ~Run();
@@ -79,8 +79,9 @@ class Run {
   // Checkpoints that do not load are moved to <checkpoint_dir>/quarantine with a warning, and
   // the state is reset after each that failed part-way; a checkpoint of another
   // configuration warns, field by field, and one of another model is an error naming the
-  // fields. When none loads, a new run starts from model.pretrained_path's weights, if set
-  // (LoadPretrained); a resumed run ignores it, saying so. Collective. Errors: as
+  // fields (another peft section's adapters too). When none loads, a new run starts from
+  // model.pretrained_path's weights, if set (LoadPretrained); a resumed run ignores it, saying
+  // so, except a LoRA run, whose frozen base Build loaded from it. Collective. Errors: as
   // Checkpointer::LoadLatest; kInvalidArgument for another model; as LoadPretrained.
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> Resume();
 

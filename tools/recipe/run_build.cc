@@ -12,6 +12,7 @@
 #include "models/registry.h"
 #include "parallel/moe/token_dispatcher.h"
 #include "tools/recipe/internal/run_state.h"
+#include "tools/recipe/lora.h"
 #include "tools/recipe/optimizer.h"
 #include "tools/recipe/run.h"
 #include "tools/recipe/stages.h"
@@ -20,8 +21,9 @@
 namespace keel::tools::recipe {
 
 // The model (initialised on the CPU from the default generator, seeded here, so every device
-// and every tensor-parallel size starts from the same weights), AdamW with the data-parallel
-// sync over the parameters' layouts, and the LR schedule.
+// and every tensor-parallel size starts from the same weights), with LoRA its frozen base from
+// model.pretrained_path and the adapters, AdamW with the data-parallel sync over the trainable
+// parameters' layouts, and the LR schedule.
 absl::Status Run::BuildModel() {
   State& s = *state_;
   if (options_.tf32) base::SetCudaMatmulTf32(true);
@@ -32,6 +34,21 @@ absl::Status Run::BuildModel() {
         s.model->to(runtime_.device);
         if (options_.bf16) s.model->to(at::kBFloat16);
       }));
+  if (options_.peft.has_value()) {
+    // A LoRA checkpoint holds the adapters only: the base comes from model.pretrained_path at
+    // every start, before the adapters (drawn on the model's device, in its dtype) hide it.
+    KEEL_RETURN_IF_ERROR(LoadPretrained());
+    if (options_.pretrained_path.empty() && runtime_.rank == 0) {
+      *runtime_.log << "warning: peft without model.pretrained_path: the frozen base is the "
+                       "seed's random initialisation\n";
+    }
+    absl::Status attached;
+    KEEL_RETURN_IF_ERROR(
+        base::CallTorch(absl::StatusCode::kResourceExhausted, "attaching the LoRA adapters", [&] {
+          attached = AttachAdapters(*s.model, options_.model, *options_.peft, options_.seed);
+        }));
+    KEEL_RETURN_IF_ERROR(attached);
+  }
   std::vector<gradients::NamedParameter> parameters =
       gradients::TrainableParameters({s.model.get()}, s.model->Layouts());
   MarkSharedEmbedding(*s.model, parameters);
@@ -49,6 +66,7 @@ absl::Status Run::BuildCheckpointing() {
   State& s = *state_;
   checkpoint::ModelStateOptions model_state_options;
   model_state_options.model_save_format = options_.checkpoint.model_save_format;
+  model_state_options.is_peft = options_.peft.has_value();
   model_state_options.layouts = s.model->Layouts();
   // With bf16 parameters the checkpoint holds their float32 main copies (each rank's shards of
   // them with the distributed optimizer): the truth, which a float32 run loads too.

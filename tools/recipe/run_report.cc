@@ -25,7 +25,8 @@ double NowSeconds() {
 
 absl::Status Run::OpenOutputs() {
   State& s = *state_;
-  // Tensors and parameters of the whole model: each stage counts its own, a shared copy not.
+  // Trainable tensors and parameters of the whole model (a LoRA run's adapters): each stage
+  // counts its own, a shared copy not.
   at::Tensor counts = at::zeros({2}, at::kLong);
   for (const gradients::NamedParameter& p : s.optimizer->parameters()) {
     if (p.shared) continue;
@@ -44,8 +45,9 @@ absl::Status Run::OpenOutputs() {
   }
   const int tp = base::GroupSize(runtime_.tensor_group());
   const int pp = base::GroupSize(runtime_.pipeline_group());
-  *runtime_.log << "model: " << counts[0].item<int64_t>() << " tensors, "
-                << counts[1].item<int64_t>() << " parameters"
+  *runtime_.log << "model: " << counts[0].item<int64_t>()
+                << (options_.peft ? " LoRA adapter tensors (the rest frozen), " : " tensors, ")
+                << counts[1].item<int64_t>() << " trainable parameters"
                 << (tp > 1 ? absl::StrCat(" (1/", tp, " of most on each tensor-parallel rank)")
                            : "")
                 << (pp > 1 ? absl::StrCat(" in ", pp, " pipeline stages of ",

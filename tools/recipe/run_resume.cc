@@ -16,7 +16,9 @@
 #include "checkpoint/reader.h"
 #include "models/registry.h"
 #include "tools/recipe/internal/run_state.h"
+#include "tools/recipe/lora.h"
 #include "tools/recipe/run.h"
+#include "tools/recipe/seeds.h"
 #include "tools/recipe/stages.h"
 #include "torch/utils.h"
 
@@ -41,15 +43,19 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
   if (!result.loaded) {
     if (chief && !result.quarantined.empty())
       log << "warning: no checkpoint loads; starting afresh\n";
-    KEEL_RETURN_IF_ERROR(LoadPretrained());
+    if (!options_.peft.has_value()) KEEL_RETURN_IF_ERROR(LoadPretrained());  // LoRA's: at Build
     s.optimizer->CopyModelToMain();
     return std::nullopt;
   }
   // The main copies were loaded: the bf16 parameters are their rounded values.
   KEEL_RETURN_IF_ERROR(s.optimizer->CopyMainToModel());
   if (chief && !options_.pretrained_path.empty()) {
-    log << "model: resuming from the run's own checkpoint, not from model.pretrained_path ("
-        << options_.pretrained_path << ")\n";
+    log << (options_.peft.has_value()
+                ? "model: the frozen base from model.pretrained_path, the LoRA adapters from the "
+                  "run's own checkpoint\n"
+                : absl::StrCat("model: resuming from the run's own checkpoint, not from "
+                               "model.pretrained_path (",
+                               options_.pretrained_path, ")\n"));
   }
   if (chief) {
     for (const std::string& change : changes) {
@@ -70,15 +76,8 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
 
 void Run::ContinueOnNewWorldSize(int64_t saved_world_size) {
   const State& s = *state_;
-  // splitmix64's finalizer over (seed, rank, step): distinct, well-mixed seeds for every rank.
-  uint64_t z = static_cast<uint64_t>(options_.seed);
-  for (const int64_t part : {static_cast<int64_t>(runtime_.rank), s.scheduler->step()}) {
-    z += 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(part);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-  }
-  torch::manual_seed(z);
+  // Distinct, well-mixed seeds for every rank.
+  torch::manual_seed(DerivedSeed(options_.seed, {runtime_.rank, s.scheduler->step()}));
   if (runtime_.rank != 0) return;
   // The GPT of this recipe has no dropout: a model whose step draws random numbers must say
   // here that a resume on another number of ranks cannot be bit-identical.
@@ -147,15 +146,21 @@ absl::Status Run::ResetState() {
       {options_.step_scheduler.start_step, options_.step_scheduler.start_epoch}));
   KEEL_RETURN_IF_ERROR(s.data.sampler->LoadState(s.initial_sampler_state));
   s.loaded_blend.reset();
-  // The weights a new run starts from (and the generator after them), copied into the live
-  // tensors, which the optimizer and the checkpoint's objects hold.
+  // The trainable weights a new run starts from (and the generator after them), copied into
+  // the live tensors, which the optimizer and the checkpoint's objects hold. A LoRA run's frozen
+  // base, which its checkpoints do not hold, stays as model.pretrained_path gave it.
   torch::manual_seed(options_.seed);
   const std::shared_ptr<models::LanguageModel> fresh =
       models::BuildLanguageModel(options_.model, runtime_.model_groups());
+  if (options_.peft.has_value()) {
+    KEEL_RETURN_IF_ERROR(AttachAdapters(*fresh, options_.model, *options_.peft, options_.seed));
+  }
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "resetting the model", [&] {
     at::NoGradGuard no_grad;
     auto live = s.model->named_parameters();
-    for (const auto& item : fresh->named_parameters()) live[item.key()].copy_(item.value());
+    for (const auto& item : fresh->named_parameters()) {
+      if (live[item.key()].requires_grad()) live[item.key()].copy_(item.value());
+    }
   }));
   s.optimizer->Reset();
   s.numerics->Reset();

@@ -1,0 +1,210 @@
+// //tools:train with LoRA adapters (the peft section) on a Hugging Face Llama (the fixture
+// llama_gqa_untied: grouped-query heads, untied head), as child processes: the first step is
+// the base model's, only the adapters train and are checkpointed (the frozen base comes from
+// model.pretrained_path at every start), tensor and pipeline parallelism and data parallelism
+// with the distributed optimizer follow the one-rank run, kill -9 resumes to the bit and a
+// checkpoint resumes on another layout; bf16 keeps float32 adapters; what LoRA cannot do is
+// refused by name.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/reader.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/files.h"
+#include "testing/status_matchers.h"
+#include "tools/cli/subprocess_testutil.h"
+#include "tools/train_testutil.h"
+
+namespace keel::tools {
+namespace {
+
+using ::keel::testing::NewTempDir;
+using ::keel::tools::cli::Subprocess;
+using ::testing::HasSubstr;
+
+constexpr char kTp2[] = "distributed.tensor_model_parallel_size=2";
+constexpr char kLocal8[] = "step_scheduler.local_batch_size=8";
+
+// LoRA of rank 4 on every projection of the fixture (AutoModel's default "*_proj") at a
+// learning rate at which the adapters move the loss within a few steps.
+std::vector<std::string> Lora(std::vector<std::string> more = {}) {
+  std::vector<std::string> args = PretrainedRun("llama_gqa_untied");
+  for (const char* field : {"peft.dim=4", "peft.alpha=8", "lr_scheduler.max_lr=1e-2",
+                            "lr_scheduler.min_lr=1e-3", "lr_scheduler.lr_warmup_steps=0"}) {
+    args.push_back(field);
+  }
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The model tensors of a checkpoint: name -> whole shape, and their dtypes.
+std::map<std::string, std::vector<int64_t>> ModelTensors(const std::string& checkpoint,
+                                                         std::set<std::string>* dtypes = nullptr) {
+  std::map<std::string, std::vector<int64_t>> tensors;
+  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
+      checkpoint::CheckpointReader::Open(checkpoint);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return tensors;
+  for (const auto& tensor : (*reader)->manifest().tensors()) {
+    if (!absl::StartsWith(tensor.name(), "model/")) continue;
+    tensors[tensor.name()] = {tensor.shape().begin(), tensor.shape().end()};
+    if (dtypes != nullptr) dtypes->insert(tensor.dtype());
+  }
+  return tensors;
+}
+
+// The adapters the fixture's 2 layers get: q, k, v, o, gate, up and down, A [4, in] and
+// B [out, 4] (hidden 64, 4 heads of 24, 2 key-value groups, MLP 96).
+std::map<std::string, std::vector<int64_t>> ExpectedAdapters() {
+  const std::map<std::string, std::pair<int64_t, int64_t>> in_out = {
+      {"self_attn.q_proj", {64, 96}}, {"self_attn.k_proj", {64, 48}},
+      {"self_attn.v_proj", {64, 48}}, {"self_attn.o_proj", {96, 64}},
+      {"mlp.gate_proj", {64, 96}},    {"mlp.up_proj", {64, 96}},
+      {"mlp.down_proj", {96, 64}}};
+  std::map<std::string, std::vector<int64_t>> adapters;
+  for (int layer = 0; layer < 2; ++layer) {
+    for (const auto& [module, shape] : in_out) {
+      const std::string name =
+          absl::StrCat("model/base_model.model.model.layers.", layer, ".", module, ".adapter.");
+      adapters[name + "lora_A"] = {4, shape.first};
+      adapters[name + "lora_B"] = {shape.second, 4};
+    }
+  }
+  return adapters;
+}
+
+// B starts at zero: the first step's loss is the base model's, to the bit. Then only the
+// adapters train: the checkpoint holds them and their optimizer state, no base weight.
+TEST(TrainLoraTest, StartsAsTheBaseModelAndTrainsOnlyTheAdapters) {
+  const std::string base_dir = NewTempDir("base");
+  Subprocess base = StartTrain(SameSamplesRun(base_dir, 1, PretrainedRun("llama_gqa_untied")),
+                               base_dir + "/stderr");
+  ASSERT_EQ(base.Wait(), 0) << base.Stderr();
+  const std::string run_dir = NewTempDir("lora");
+  Subprocess lora = StartTrain(SameSamplesRun(run_dir, 6, Lora()), run_dir + "/stderr");
+  ASSERT_EQ(lora.Wait(), 0) << lora.Stderr();
+  EXPECT_THAT(lora.DrainStdout(),
+              HasSubstr("model: 28 LoRA adapter tensors (the rest frozen), 8192 trainable "
+                        "parameters"));
+  const std::vector<recipe::StepMetrics> trace = Metrics(run_dir);
+  ASSERT_EQ(trace.size(), 6u);
+  EXPECT_EQ(trace[0].loss, Metrics(base_dir)[0].loss);
+  EXPECT_LT(trace[5].loss, trace[0].loss);
+
+  const std::string checkpoint = LatestCheckpoint(run_dir);
+  std::set<std::string> dtypes;
+  EXPECT_EQ(ModelTensors(checkpoint, &dtypes), ExpectedAdapters());
+  EXPECT_EQ(dtypes, (std::set<std::string>{"F32"}));
+  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
+      checkpoint::CheckpointReader::Open(checkpoint);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (const auto& tensor : (*reader)->manifest().tensors()) {
+    if (absl::StartsWith(tensor.name(), "optim/state/")) {
+      EXPECT_THAT(tensor.name(), HasSubstr(".adapter.lora_"));
+    }
+  }
+}
+
+// After the model is split, the trainable parameters are exactly the adapters (AutoModel #547
+// lost the freeze under tensor parallelism), and every layout computes the one-rank run.
+TEST(TrainLoraTest, LayoutsComputeTheOneRankRun) {
+  const std::string reference = NewTempDir("reference");
+  Subprocess one = StartTrain(SameSamplesRun(reference, 10, Lora()), reference + "/stderr");
+  ASSERT_EQ(one.Wait(), 0) << one.Stderr();
+  for (const std::vector<std::string>& layout :
+       std::vector<std::vector<std::string>>{{kTp2, kLocal8},
+                                             {"distributed.pipeline_model_parallel_size=2"},
+                                             {"distributed.use_distributed_optimizer=true"}}) {
+    SCOPED_TRACE(layout[0]);
+    const std::string run_dir = NewTempDir("layout");
+    Subprocess ranks =
+        LaunchTrain(2, SameSamplesRun(run_dir, 10, Lora(layout)), run_dir + "/stderr");
+    ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+    EXPECT_THAT(ranks.DrainStdout(),
+                HasSubstr("28 LoRA adapter tensors (the rest frozen), 8192 trainable"));
+    ExpectLayoutInvariant(reference, run_dir);
+    EXPECT_EQ(ModelTensors(LatestCheckpoint(run_dir)), ExpectedAdapters());
+  }
+}
+
+// Killed with SIGKILL twice (once with its asynchronous save in flight) at tp=2, resumed each
+// time from the adapters' checkpoint and the base's directory: the uninterrupted run, to the bit.
+TEST(TrainLoraTest, KillNineAndResumeIsBitIdentical) {
+  ExpectKillNineResumesBitIdentically("lora_kill", 2, 18, [](const std::string& run_dir) {
+    return SameSamplesRun(run_dir, 18, Lora({kTp2, kLocal8}));
+  });
+}
+
+// One run through 1 rank, pp=2 and dp=2 with the distributed optimizer, each leg resuming from
+// the last one's checkpoint: the one-rank run's trace. (tp=2 pads the fixture's 131-token
+// vocabulary to 132, which the configuration check counts as another model.)
+TEST(TrainLoraTest, CheckpointsResumeOnAnotherLayout) {
+  ExpectResumesAcrossLayouts(
+      "lora_reshard",
+      {{1, {}},
+       {2, {"distributed.pipeline_model_parallel_size=2"}},
+       {2, {"distributed.use_distributed_optimizer=true"}}},
+      /*steps_per_leg=*/6, [](size_t, const std::string&) {}, Lora());
+}
+
+// model.bf16: the base in bf16, the adapters stepped as float32 main copies (what the checkpoint
+// holds); peft.lora_dtype=float32 keeps the adapters themselves in float32. Both follow the
+// float32 run within bf16's rounding, and B has left zero.
+TEST(TrainLoraTest, Bf16KeepsFloat32Adapters) {
+  const std::string reference = NewTempDir("float32");
+  Subprocess float32 = StartTrain(SameSamplesRun(reference, 4, Lora()), reference + "/stderr");
+  ASSERT_EQ(float32.Wait(), 0) << float32.Stderr();
+  for (const char* lora_dtype : {"base", "float32"}) {
+    SCOPED_TRACE(lora_dtype);
+    const std::string run_dir = NewTempDir("bf16");
+    Subprocess run = StartTrain(
+        SameSamplesRun(run_dir, 4,
+                       Lora({"model.bf16=true", absl::StrCat("peft.lora_dtype=", lora_dtype)})),
+        run_dir + "/stderr");
+    ASSERT_EQ(run.Wait(), 0) << run.Stderr();
+    const std::string checkpoint = LatestCheckpoint(run_dir);
+    std::set<std::string> dtypes;
+    EXPECT_EQ(ModelTensors(checkpoint, &dtypes), ExpectedAdapters());
+    EXPECT_EQ(dtypes, (std::set<std::string>{"F32"}));
+    ExpectCloseTrace(Metrics(reference), Metrics(run_dir), 1e-2, 5e-2);
+    absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
+        checkpoint::CheckpointReader::Open(checkpoint);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    absl::StatusOr<at::Tensor> b =
+        (*reader)->ReadTensor("model/base_model.model.model.layers.1.mlp.down_proj.adapter.lora_B");
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_GT(b->abs().max().item<double>(), 0.0);
+  }
+}
+
+TEST(TrainLoraTest, WhatLoraCannotDoIsNamed) {
+  const std::string run_dir = NewTempDir("refused");
+  ExpectRefused(1, Lora({"peft.target_modules=*.qkv"}),
+                "peft.target_modules pattern \"*.qkv\" matches none of the model's 15 linear "
+                "layers, which are named like: model.layers.0.self_attn.q_proj",
+                run_dir + "/pattern");
+  ExpectRefused(1, {"peft.dim=4", "model.num_moe_experts=4"},
+                "peft with model.num_moe_experts (4): the experts' grouped weights take no LoRA "
+                "adapters",
+                run_dir + "/moe");
+  // A checkpoint of other adapters (or of the whole model) is another model: refused, kept.
+  const std::string resumed = NewTempDir("other_adapters");
+  Subprocess first = StartTrain(SameSamplesRun(resumed, 3, Lora()), resumed + "/stderr");
+  ASSERT_EQ(first.Wait(), 0) << first.Stderr();
+  for (const std::vector<std::string>& other : std::vector<std::vector<std::string>>{
+           Lora({"peft.dim=8"}), PretrainedRun("llama_gqa_untied")}) {
+    Subprocess again = StartTrain(SameSamplesRun(resumed, 6, other), resumed + "/stderr.again");
+    EXPECT_EQ(again.Wait(), 2);
+    EXPECT_THAT(again.Stderr(), HasSubstr("holds another model, which this run cannot load: peft"));
+  }
+  EXPECT_EQ(Metrics(resumed).size(), 3u);
+}
+
+}  // namespace
+}  // namespace keel::tools
