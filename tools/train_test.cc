@@ -640,7 +640,8 @@ TEST(TrainTest, ExitCodesNameTheProblem) {
        "distributed.tensor_model_parallel_size (2) must divide model.ffn_hidden_size (255)"},
       {{"--set", "distributed.order=tp-dp-dp"}, 2, "distributed"},
       {{"--set", "numerics.on_nonfinite=ignore"}, 2, "numerics.on_nonfinite"},
-      {{"--set", "peft.target_modules=attn"}, 2,
+      {{"--set", "peft.target_modules=attn"},
+       2,
        "peft.target_modules pattern \"attn\" matches none of the model's"},
   };
   int run = 0;
