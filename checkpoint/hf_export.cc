@@ -68,12 +68,22 @@ absl::Status CheckNoExport(const std::string& output_dir) {
   return absl::OkStatus();
 }
 
-// `tensor` with the rows that options.unpadded_rows keeps for it.
-absl::Status ApplyUnpaddedRows(const HfExportOptions& options, const TensorEntry& entry,
-                               ExportedTensor& tensor) {
+// The dtype a tensor saved as `saved` is written in.
+at::ScalarType Written(const HfExportOptions& options, at::ScalarType saved) {
+  return options.dtype.has_value() && at::isFloatingType(saved) ? *options.dtype : saved;
+}
+
+// The tensor `name` (of the source), saved as `saved` with `shape`, exported under `key`: its
+// bytes in the export, with the rows that options.unpadded_rows keeps for it.
+absl::StatusOr<ExportedTensor> ToExport(std::string name, std::string key, at::ScalarType saved,
+                                        const std::vector<int64_t>& shape,
+                                        const HfExportOptions& options) {
+  ExportedTensor tensor{std::move(name), std::move(key),
+                        static_cast<int64_t>(c10::elementSize(Written(options, saved)))};
+  for (int64_t dim : shape) tensor.bytes *= dim;
   const auto rows = options.unpadded_rows.find(tensor.key);
-  if (rows == options.unpadded_rows.end()) return absl::OkStatus();
-  const int64_t have = entry.shape().empty() ? 0 : entry.shape(0);
+  if (rows == options.unpadded_rows.end()) return tensor;
+  const int64_t have = shape.empty() ? 0 : shape[0];
   if (rows->second < 1 || rows->second > have) {
     return absl::InvalidArgumentError(absl::StrCat("unpadded_rows of \"", tensor.key, "\" is ",
                                                    rows->second, "; the tensor has ", have,
@@ -81,8 +91,24 @@ absl::Status ApplyUnpaddedRows(const HfExportOptions& options, const TensorEntry
   }
   tensor.bytes = tensor.bytes / have * rows->second;
   tensor.rows = rows->second;
+  return tensor;
+}
+
+absl::Status CheckOptions(const HfExportOptions& options) {
+  if (options.max_shard_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_shard_bytes (", options.max_shard_bytes, ") must be >= 1"));
+  }
+  if (options.dtype.has_value() && !at::isFloatingType(*options.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype (", c10::toString(*options.dtype),
+                     ") must be a floating-point dtype: bfloat16, float16 or float32"));
+  }
   return absl::OkStatus();
 }
+
+// Reads the whole tensor `name` of the source, in its saved dtype.
+using ReadWhole = std::function<absl::StatusOr<at::Tensor>(const std::string& name)>;
 
 // transformers' config.json spelling: json.dumps(config, indent=2, sort_keys=True) + "\n".
 std::string ConfigText(const base::Json& config) {
@@ -91,10 +117,9 @@ std::string ConfigText(const base::Json& config) {
 
 // Writes the export of `tensors` into `output_dir`, naming each file in result.files once it
 // is written (config.json first, the index last).
-absl::Status WriteExport(const std::vector<ExportedTensor>& tensors, CheckpointReader& reader,
-                         const HfExportOptions& options,
-                         const std::function<at::ScalarType(at::ScalarType)>& written,
-                         const std::string& output_dir, HfExportResult& result) {
+absl::Status WriteExport(const std::vector<ExportedTensor>& tensors, const ReadWhole& read,
+                         const HfExportOptions& options, const std::string& output_dir,
+                         HfExportResult& result) {
   if (options.config.has_value()) {
     KEEL_RETURN_IF_ERROR(base::WriteFileAtomically(base::JoinPath(output_dir, kConfigName),
                                                    ConfigText(*options.config)));
@@ -111,9 +136,9 @@ absl::Status WriteExport(const std::vector<ExportedTensor>& tensors, CheckpointR
                           : absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
     std::vector<std::pair<std::string, at::Tensor>> contents;
     for (const ExportedTensor* tensor : files[f]) {
-      KEEL_ASSIGN_OR_RETURN(at::Tensor whole, reader.ReadTensor(tensor->name));
+      KEEL_ASSIGN_OR_RETURN(at::Tensor whole, read(tensor->name));
       if (tensor->rows >= 0) whole = whole.narrow(0, 0, tensor->rows);
-      contents.emplace_back(tensor->key, whole.to(written(whole.scalar_type())));
+      contents.emplace_back(tensor->key, whole.to(Written(options, whole.scalar_type())));
       weight_map[tensor->key] = file_name;
       result.total_size += tensor->bytes;
       ++result.num_tensors;
@@ -131,24 +156,40 @@ absl::Status WriteExport(const std::vector<ExportedTensor>& tensors, CheckpointR
   return absl::OkStatus();
 }
 
+// Writes `tensors` (none yet unless `what` holds them) into `output_dir`, all or nothing.
+absl::StatusOr<HfExportResult> Export(std::vector<ExportedTensor> tensors, const ReadWhole& read,
+                                      const std::string& what, const std::string& output_dir,
+                                      const HfExportOptions& options) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const ExportedTensor& a, const ExportedTensor& b) { return a.key < b.key; });
+  for (const auto& [key, rows] : options.unpadded_rows) {
+    if (std::none_of(tensors.begin(), tensors.end(),
+                     [&key = key](const ExportedTensor& t) { return t.key == key; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unpadded_rows names \"", key, "\", which ", what, " does not hold"));
+    }
+  }
+
+  KEEL_RETURN_IF_ERROR(base::MakeDirectories(output_dir));
+  KEEL_RETURN_IF_ERROR(CheckNoExport(output_dir));
+  HfExportResult result;
+  // All or nothing: a failure removes the files written so far, so a retry finds no export.
+  const absl::Status status = WriteExport(tensors, read, options, output_dir, result);
+  if (!status.ok()) {
+    for (const std::string& file : result.files) {
+      base::RemoveTree(base::JoinPath(output_dir, file)).IgnoreError();
+    }
+    return status;
+  }
+  return result;
+}
+
 }  // namespace
 
 absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint_path,
                                                    const std::string& output_dir,
                                                    const HfExportOptions& options) {
-  if (options.max_shard_bytes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_shard_bytes (", options.max_shard_bytes, ") must be >= 1"));
-  }
-  if (options.dtype.has_value() && !at::isFloatingType(*options.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype (", c10::toString(*options.dtype),
-                     ") must be a floating-point dtype: bfloat16, float16 or float32"));
-  }
-  // The dtype a tensor saved as `saved` is written in.
-  const auto written = [&options](at::ScalarType saved) {
-    return options.dtype.has_value() && at::isFloatingType(saved) ? *options.dtype : saved;
-  };
+  KEEL_RETURN_IF_ERROR(CheckOptions(options));
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                         CheckpointReader::Open(checkpoint_path));
   const Manifest& manifest = reader->manifest();
@@ -160,39 +201,36 @@ absl::StatusOr<HfExportResult> ExportHfSafetensors(const std::string& checkpoint
     objects.insert(entry.name().substr(0, entry.name().find('/')));
     if (!absl::StartsWith(entry.name(), prefix)) continue;
     KEEL_ASSIGN_OR_RETURN(at::ScalarType dtype, internal::ParseDtype(entry.dtype()));
-    int64_t bytes = static_cast<int64_t>(c10::elementSize(written(dtype)));
-    for (int64_t dim : entry.shape()) bytes *= dim;
-    ExportedTensor& tensor = tensors.emplace_back(
-        ExportedTensor{entry.name(), entry.name().substr(prefix.size()), bytes});
-    KEEL_RETURN_IF_ERROR(ApplyUnpaddedRows(options, entry, tensor));
+    KEEL_ASSIGN_OR_RETURN(ExportedTensor tensor,
+                          ToExport(entry.name(), entry.name().substr(prefix.size()), dtype,
+                                   {entry.shape().begin(), entry.shape().end()}, options));
+    tensors.push_back(std::move(tensor));
   }
   if (tensors.empty()) {
     return absl::NotFoundError(absl::StrCat(
         "object \"", options.object, "\" has no tensors in ", checkpoint_path,
         "; objects with state there: ", objects.empty() ? "none" : absl::StrJoin(objects, ", ")));
   }
-  std::sort(tensors.begin(), tensors.end(),
-            [](const ExportedTensor& a, const ExportedTensor& b) { return a.key < b.key; });
-  for (const auto& [key, rows] : options.unpadded_rows) {
-    if (std::none_of(tensors.begin(), tensors.end(),
-                     [&key = key](const ExportedTensor& t) { return t.key == key; })) {
-      return absl::InvalidArgumentError(absl::StrCat("unpadded_rows names \"", key, "\", which \"",
-                                                     options.object, "\" does not hold"));
-    }
-  }
+  return Export(
+      std::move(tensors), [&reader](const std::string& name) { return reader->ReadTensor(name); },
+      absl::StrCat("\"", options.object, "\""), output_dir, options);
+}
 
-  KEEL_RETURN_IF_ERROR(base::MakeDirectories(output_dir));
-  KEEL_RETURN_IF_ERROR(CheckNoExport(output_dir));
-  HfExportResult result;
-  // All or nothing: a failure removes the files written so far, so a retry finds no export.
-  const absl::Status status = WriteExport(tensors, *reader, options, written, output_dir, result);
-  if (!status.ok()) {
-    for (const std::string& file : result.files) {
-      base::RemoveTree(base::JoinPath(output_dir, file)).IgnoreError();
-    }
-    return status;
+absl::StatusOr<HfExportResult> ExportHfTensors(const std::map<std::string, at::Tensor>& tensors,
+                                               const std::string& output_dir,
+                                               const HfExportOptions& options) {
+  KEEL_RETURN_IF_ERROR(CheckOptions(options));
+  if (tensors.empty()) return absl::InvalidArgumentError("no tensors to export");
+  std::vector<ExportedTensor> exported;
+  for (const auto& [key, tensor] : tensors) {
+    KEEL_ASSIGN_OR_RETURN(ExportedTensor one,
+                          ToExport(key, key, tensor.scalar_type(), tensor.sizes().vec(), options));
+    exported.push_back(std::move(one));
   }
-  return result;
+  return Export(
+      std::move(exported),
+      [&tensors](const std::string& key) -> absl::StatusOr<at::Tensor> { return tensors.at(key); },
+      "the tensors", output_dir, options);
 }
 
 }  // namespace keel::checkpoint

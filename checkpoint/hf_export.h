@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "base/json.h"
 #include "c10/core/ScalarType.h"
@@ -70,6 +71,13 @@ struct HfExportResult {
 // ReadTensor; as WriteSafetensorsFile.
 [[nodiscard]] absl::StatusOr<HfExportResult> ExportHfSafetensors(
     const std::string& checkpoint_path, const std::string& output_dir,
+    const HfExportOptions& options = {});
+
+// The same export of `tensors` (whole, by key) from memory, options.object aside: a model that
+// a tool rewrote (a LoRA adapter merged into its base). Errors: kInvalidArgument for no tensors;
+// as ExportHfSafetensors otherwise (but for reading a checkpoint).
+[[nodiscard]] absl::StatusOr<HfExportResult> ExportHfTensors(
+    const std::map<std::string, at::Tensor>& tensors, const std::string& output_dir,
     const HfExportOptions& options = {});
 
 }  // namespace keel::checkpoint

@@ -19,9 +19,6 @@
 namespace keel::checkpoint {
 namespace {
 
-constexpr char kSingleFile[] = "model.safetensors";
-constexpr char kIndexFile[] = "model.safetensors.index.json";
-
 using base::Quote;
 using base::ShapeString;
 
@@ -32,18 +29,20 @@ constexpr size_t kMaxListedProblems = 20;
 // for the single file: all of them). The single file first, as transformers' from_pretrained
 // looks for it before the index.
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(
-    const std::string& directory) {
+    const std::string& directory, const HfFileNames& names) {
   if (!base::IsDirectory(directory)) {
     return absl::NotFoundError(absl::StrCat(directory, ": no such directory"));
   }
-  const std::string single = base::JoinPath(directory, kSingleFile);
+  const std::string single_file = absl::StrCat(names.stem, ".safetensors");
+  const std::string index_file = absl::StrCat(names.stem, ".safetensors.index.json");
+  const std::string single = base::JoinPath(directory, single_file);
   if (base::PathExists(single)) {
     return std::map<std::string, std::vector<std::string>>{{single, {}}};
   }
-  const std::string index_path = base::JoinPath(directory, kIndexFile);
+  const std::string index_path = base::JoinPath(directory, index_file);
   if (!base::PathExists(index_path)) {
     return absl::NotFoundError(
-        absl::StrCat(directory, " holds neither ", kSingleFile, " nor ", kIndexFile));
+        absl::StrCat(directory, " holds neither ", single_file, " nor ", index_file));
   }
   absl::StatusOr<base::Json> index = base::ReadJsonFile(index_path);
   if (!index.ok()) return absl::DataLossError(index.status().message());
@@ -185,14 +184,33 @@ std::string List(const std::vector<std::string>& problems) {
                       "; and ", problems.size() - kMaxListedProblems, " more");
 }
 
+// `by_key` under the names of `names` (a tied weight's own key included). Errors:
+// kInvalidArgument when two keys get one name.
+template <typename V>
+absl::StatusOr<std::map<std::string, V>> Renamed(std::map<std::string, V> by_key,
+                                                 const HfFileNames& names) {
+  std::map<std::string, V> renamed;
+  std::map<std::string, std::string> key_of;
+  for (auto& [key, value] : by_key) {
+    std::string name = names.name_in_files(key);
+    if (const auto [it, first] = key_of.emplace(name, key); !first) {
+      return absl::InvalidArgumentError(absl::StrCat("the model's keys ", Quote(it->second),
+                                                     " and ", Quote(key), " both have the name ",
+                                                     Quote(name), " in the files"));
+    }
+    renamed.emplace(std::move(name), std::move(value));
+  }
+  return renamed;
+}
+
 // The headers of a directory's files, and its tensors by name.
 struct HfFiles {
   std::map<std::string, SafetensorsHeader> headers;  // by path
   std::map<std::string, SafetensorsEntry> tensors;
 };
 
-absl::StatusOr<HfFiles> ReadHfFiles(const std::string& directory) {
-  KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory));
+absl::StatusOr<HfFiles> ReadHfFiles(const std::string& directory, const HfFileNames& names) {
+  KEEL_ASSIGN_OR_RETURN(auto files, FilesOf(directory, names));
   HfFiles read;
   std::map<std::string, SafetensorsEntry>& in_files = read.tensors;
   std::map<std::string, std::string> file_of;  // tensor name -> the file holding it
@@ -209,7 +227,8 @@ absl::StatusOr<HfFiles> ReadHfFiles(const std::string& directory) {
     }
     for (const std::string& name : indexed) {
       if (const auto it = file_of.find(name); it == file_of.end() || it->second != path) {
-        return absl::DataLossError(absl::StrCat(directory, "/", kIndexFile, " puts ", Quote(name),
+        return absl::DataLossError(absl::StrCat(directory, "/", names.stem,
+                                                ".safetensors.index.json puts ", Quote(name),
                                                 " in ", path, ", which does not hold it"));
       }
     }
@@ -221,20 +240,36 @@ absl::StatusOr<HfFiles> ReadHfFiles(const std::string& directory) {
 
 absl::StatusOr<std::map<std::string, SafetensorsEntry>> ReadHfTensors(
     const std::string& directory) {
-  KEEL_ASSIGN_OR_RETURN(HfFiles files, ReadHfFiles(directory));
+  KEEL_ASSIGN_OR_RETURN(HfFiles files, ReadHfFiles(directory, {}));
   return std::move(files.tensors);
+}
+
+absl::StatusOr<std::map<std::string, at::Tensor>> ReadHfSafetensors(const std::string& directory,
+                                                                    const HfFileNames& names) {
+  KEEL_ASSIGN_OR_RETURN(const HfFiles files, ReadHfFiles(directory, names));
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& [path, header] : files.headers) {
+    KEEL_ASSIGN_OR_RETURN(auto read, ReadSafetensorsFile(path));
+    for (auto& [name, tensor] : read) tensors.emplace(std::move(name), std::move(tensor));
+  }
+  return tensors;
 }
 
 absl::StatusOr<HfImportResult> LoadHfSafetensors(
     const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options,
     const std::set<std::string>& held_elsewhere,
-    const std::map<std::string, int64_t>& unpadded_rows) {
-  KEEL_ASSIGN_OR_RETURN(const HfFiles files, ReadHfFiles(directory));
+    const std::map<std::string, int64_t>& unpadded_rows, const HfFileNames& names) {
+  KEEL_ASSIGN_OR_RETURN(const HfFiles files, ReadHfFiles(directory, names));
   const std::map<std::string, SafetensorsEntry>& in_files = files.tensors;
   const std::map<std::string, SafetensorsHeader>& headers = files.headers;
   const ModelState state(model, options);
   KEEL_ASSIGN_OR_RETURN(State expected, state.StateDict());
-  const std::map<std::string, std::string> tied = state.TiedKeys();
+  std::map<std::string, std::string> tied = state.TiedKeys();
+  if (names.name_in_files) {
+    KEEL_ASSIGN_OR_RETURN(expected.tensors, Renamed(std::move(expected.tensors), names));
+    KEEL_ASSIGN_OR_RETURN(tied, Renamed(std::move(tied), names));
+    for (auto& [name, key] : tied) key = names.name_in_files(key);
+  }
   if (std::vector<std::string> problems =
           Mismatches(in_files, expected, tied, held_elsewhere, unpadded_rows);
       !problems.empty()) {

@@ -11,11 +11,13 @@
 #define KEEL_CHECKPOINT_HF_IMPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/model_state.h"
 #include "checkpoint/safetensors.h"
@@ -32,6 +34,16 @@ struct HfImportResult {
   // Tied lm_head weights found in the files and checked equal to what they are tied to
   // (ModelState neither saves nor reads them; the load of the embedding refills them).
   std::vector<std::string> tied_checked;
+};
+
+// Which files of a directory a load reads, and what its tensors are called there.
+struct HfFileNames {
+  // The single file is "<stem>.safetensors", the index of shards "<stem>.safetensors.index.json".
+  // Default: "model" (transformers' weights; peft's adapters are "adapter_model").
+  std::string stem = "model";
+  // The name in the files of the tensor that ModelState keys `key`; unset: the key itself.
+  // Default: unset.
+  std::function<std::string(const std::string& key)> name_in_files;
 };
 
 // The tensors of the directory by name, as their files' headers say (the files and the checks
@@ -57,11 +69,19 @@ struct HfImportResult {
 // naming the missing, unexpected, mis-shaped and mis-typed tensors (with both shapes or
 // dtypes; the first 20, and how many more), or a tied lm_head weight that differs from the
 // tensor it is tied to (the model is then partly loaded). Names from the files are quoted as
-// JSON strings, ASCII only, cut after 200 characters.
+// JSON strings, ASCII only, cut after 200 characters. `names` says which files hold the tensors
+// and under which names (the keys above, `held_elsewhere` and `unpadded_rows` are names in the
+// files); errors: kInvalidArgument when it gives two keys the same name.
 [[nodiscard]] absl::StatusOr<HfImportResult> LoadHfSafetensors(
     const std::string& directory, torch::nn::Module& model, const ModelStateOptions& options = {},
     const std::set<std::string>& held_elsewhere = {},
-    const std::map<std::string, int64_t>& unpadded_rows = {});
+    const std::map<std::string, int64_t>& unpadded_rows = {}, const HfFileNames& names = {});
+
+// Every tensor of the directory's files (LoadHfSafetensors' files, read as `names` says), whole,
+// on the CPU and as the files hold them, by their names there: all of a model in memory, for
+// tools that rewrite one. Errors: as ReadHfTensors and ReadSafetensorsFile.
+[[nodiscard]] absl::StatusOr<std::map<std::string, at::Tensor>> ReadHfSafetensors(
+    const std::string& directory, const HfFileNames& names = {});
 
 }  // namespace keel::checkpoint
 

@@ -82,6 +82,48 @@ TEST(HfImportTest, AnExportLoadsBackIntoTheSameModelBitForBit) {
   EXPECT_TRUE(target.named_parameters()["lm_head.weight"].is_alias_of(target.wte));
 }
 
+// Tensors from memory (ExportHfTensors) under other names in files of another stem load
+// through HfFileNames, and read back whole (ReadHfSafetensors); a renaming that gives two keys
+// one name is refused.
+TEST(HfImportTest, OtherFileNamesAndTensorNamesLoadThroughHfFileNames) {
+  const std::string dir = NewTempDir("hf_names");
+  TinyModel source(1);
+  std::map<std::string, at::Tensor> renamed;
+  for (const auto& [key, tensor] : Weights(source)) {
+    if (key != "lm_head.weight") renamed["x." + key] = tensor;
+  }
+  HfExportOptions options;
+  options.max_shard_bytes = 1;  // an index and shards
+  KEEL_ASSERT_OK_AND_ASSIGN(const HfExportResult exported,
+                            ExportHfTensors(renamed, dir + "/model", options));
+  EXPECT_EQ(exported.num_tensors, 4);
+  EXPECT_EQ(exported.files.back(), "model.safetensors.index.json");
+  ASSERT_TRUE(base::RenameDurably(dir + "/model/model.safetensors.index.json",
+                                  dir + "/model/adapter.safetensors.index.json")
+                  .ok());
+  HfFileNames names;
+  names.stem = "adapter";
+  names.name_in_files = [](const std::string& key) { return "x." + key; };
+  KEEL_ASSERT_OK_AND_ASSIGN(const auto read, ReadHfSafetensors(dir + "/model", names));
+  ASSERT_EQ(read.size(), renamed.size());
+  for (const auto& [name, tensor] : renamed) EXPECT_TRUE(at::equal(read.at(name), tensor)) << name;
+
+  TinyModel target(2);
+  KEEL_ASSERT_OK_AND_ASSIGN(const HfImportResult loaded,
+                            LoadHfSafetensors(dir + "/model", target, {}, {}, {}, names));
+  EXPECT_EQ(loaded.num_tensors, 4);
+  for (const auto& [name, tensor] : Weights(source)) {
+    EXPECT_TRUE(at::equal(Weights(target).at(name), tensor)) << name;
+  }
+  EXPECT_THAT(LoadHfSafetensors(dir + "/model", target, {}, {}, {}, {}),
+              StatusIs(StatusCode::kNotFound, HasSubstr("model.safetensors.index.json")));
+  names.name_in_files = [](const std::string&) { return std::string("same"); };
+  EXPECT_THAT(LoadHfSafetensors(dir + "/model", target, {}, {}, {}, names),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("both have the name \"same\"")));
+  EXPECT_THAT(ExportHfTensors({}, dir + "/empty"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("no tensors")));
+}
+
 TEST(HfImportTest, ASingleFileWithTheTiedHeadLoadsAndTheHeadIsChecked) {
   const std::string dir = NewTempDir("hf_single");
   TinyModel source(3);

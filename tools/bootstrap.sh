@@ -4,8 +4,9 @@
 # .venv/ (git-ignored), whose torch/ folder is the LibTorch Bazel uses unless KEEL_LIBTORCH
 # names another (third_party/libtorch/workspace.bzl), and whose torchrun and Python the tests
 # and the Python baselines use; with it, the pinned transformers and safetensors that
-# tools/scripts/hf_parity.py records testdata/hf_parity/ with, and pybind11 for the Megatron
-# helpers that tools/scripts/gpt_index_benchmark.py compiles.
+# tools/scripts/hf_parity.py records testdata/hf_parity/ with, peft for its LoRA adapter
+# fixture and check, and pybind11 for the Megatron helpers that
+# tools/scripts/gpt_index_benchmark.py compiles.
 # Idempotent: what is already present is reported and left alone; safe to run twice.
 set -euo pipefail
 
@@ -35,15 +36,17 @@ readonly PACKAGES=(
 # What .venv holds: PyPI's torch 2.11.0 (CUDA 13.0, with its nvidia-* libraries: cuDNN, NCCL,
 # cuBLAS, ...) and numpy, which torch's Python side imports; transformers (the newest PyPI release
 # when it was pinned, checked with this torch) and safetensors, for tools/scripts/hf_parity.py;
-# pybind11 for tools/scripts/gpt_index_benchmark.py.
+# peft (the newest PyPI release when it was pinned, checked with this torch and transformers),
+# for hf_parity.py's LoRA adapters; pybind11 for tools/scripts/gpt_index_benchmark.py.
 # pip adds what they depend on (huggingface_hub, tokenizers, ...) at the versions it resolves.
 readonly TORCH_VERSION=2.11.0
 readonly TRANSFORMERS_VERSION=5.24.0
 readonly SAFETENSORS_VERSION=0.8.0
+readonly PEFT_VERSION=0.21.2
 readonly PYBIND11_VERSION=3.1.0
 readonly PYTHON_PACKAGES=("torch==${TORCH_VERSION}" "numpy==2.3.5"
                           "transformers==${TRANSFORMERS_VERSION}" "safetensors==${SAFETENSORS_VERSION}"
-                          "pybind11==${PYBIND11_VERSION}")
+                          "peft==${PEFT_VERSION}" "pybind11==${PYBIND11_VERSION}")
 
 sudo_cmd=()
 if [[ "$(id -u)" != 0 ]]; then sudo_cmd=(sudo); fi
@@ -70,12 +73,14 @@ fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${repo_root}/.venv"
 has_torch="import sys, torch, numpy; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')"
-has_hf="import sys, transformers, safetensors, pybind11; sys.exit(transformers.__version__ != '${TRANSFORMERS_VERSION}' or safetensors.__version__ != '${SAFETENSORS_VERSION}' or pybind11.__version__ != '${PYBIND11_VERSION}')"
-if "${venv}/bin/python" -c "${has_torch}" 2>/dev/null && "${venv}/bin/python" -c "${has_hf}" 2>/dev/null; then
-  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}, transformers ${TRANSFORMERS_VERSION}, safetensors ${SAFETENSORS_VERSION} and pybind11 ${PYBIND11_VERSION} already"
-elif "${venv}/bin/python" -c "${has_torch}" 2>/dev/null; then
+# -P: the checkout's own peft/ (Keel's C++ package) must not stand in for Python's peft.
+has_hf="import sys, transformers, safetensors, peft, pybind11; sys.exit(transformers.__version__ != '${TRANSFORMERS_VERSION}' or safetensors.__version__ != '${SAFETENSORS_VERSION}' or peft.__version__ != '${PEFT_VERSION}' or pybind11.__version__ != '${PYBIND11_VERSION}')"
+hf_versions="transformers ${TRANSFORMERS_VERSION}, safetensors ${SAFETENSORS_VERSION}, peft ${PEFT_VERSION} and pybind11 ${PYBIND11_VERSION}"
+if "${venv}/bin/python" -P -c "${has_torch}" 2>/dev/null && "${venv}/bin/python" -P -c "${has_hf}" 2>/dev/null; then
+  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}, ${hf_versions} already"
+elif "${venv}/bin/python" -P -c "${has_torch}" 2>/dev/null; then
   # torch==2.11.0 is already satisfied, so pip leaves torch as it is and adds the rest.
-  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}; installing transformers ${TRANSFORMERS_VERSION}, safetensors ${SAFETENSORS_VERSION} and pybind11 ${PYBIND11_VERSION}"
+  echo "bootstrap: ${venv} holds torch ${TORCH_VERSION}; installing ${hf_versions}"
   "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check "${PYTHON_PACKAGES[@]}"
 else
   echo "bootstrap: installing ${PYTHON_PACKAGES[*]} from PyPI into ${venv} (about 3 GiB)"

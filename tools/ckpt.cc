@@ -1,10 +1,12 @@
 // Looks into Keel checkpoints: prints what one holds, checks every byte, compares two tensor by
-// tensor, and exports a model as Hugging Face sharded safetensors.
+// tensor, and exports a model as Hugging Face sharded safetensors, a LoRA run's adapter as
+// Hugging Face peft's adapter directory or merged into its base.
 //
 //   bazel run //tools:ckpt -- inspect runs/gpt/checkpoints/step_0000001000
 //   bazel run //tools:ckpt -- verify runs/gpt/checkpoints   # a run's newest checkpoint
 //   bazel run //tools:ckpt -- diff runs/a/step_0000001000 runs/b/step_0000001000
 //   bazel run //tools:ckpt -- export-safetensors runs/gpt/checkpoints hf/ --object=model
+//   bazel run //tools:ckpt -- export-safetensors runs/lora/checkpoints adapter/ [--merge]
 //
 // Exit status (tools/cli/exit_code.h): 0 when verified or identical; 1 when verify finds
 // problems, diff finds differences, or a checkpoint cannot be read; 2 for bad usage.
@@ -26,6 +28,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -35,10 +38,14 @@
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/model_state.h"
 #include "checkpoint/reader.h"
 #include "models/hf_config.h"
 #include "models/model_options.h"
+#include "peft/lora_options.h"
+#include "peft/peft_format.h"
 #include "tools/cli/exit_code.h"
 #include "tools/cli/user_path.h"
 #include "tools/recipe/options.h"
@@ -51,6 +58,10 @@ ABSL_FLAG(std::string, dtype, "",
           "export-safetensors: the floating-point tensors' dtype, bfloat16 or float32; empty: "
           "the model's (bfloat16 for a model.bf16 run, whose checkpoints hold float32 main "
           "parameters; else as saved).");
+ABSL_FLAG(bool, merge, false,
+          "export-safetensors of a LoRA run's checkpoint: the whole model with the adapter merged "
+          "into its base (read from the run's model.pretrained_path), as peft's "
+          "merge_and_unload(), instead of peft's adapter directory.");
 ABSL_FLAG(std::string, config_from, "",
           "export-safetensors: a Hugging Face directory whose config.json keys other than the "
           "model's (token ids, generation settings) the exported config.json keeps, and whose "
@@ -80,6 +91,12 @@ Commands:
                                config.json, the vocabulary without its padding rows
                                [--object=model] [--max_shard_bytes=5368709120]
                                [--dtype=bfloat16|float32] [--config_from=HF_DIR]
+                               A LoRA run's checkpoint (its adapters under "base_model.model."):
+                               Hugging Face peft's adapter directory (adapter_config.json,
+                               adapter_model.safetensors; float32 unless --dtype), which
+                               peft.PeftModel.from_pretrained loads over the run's base; with
+                               --merge, the base of model.pretrained_path with the adapter
+                               merged, as the full export above (peft's merge_and_unload())
 
 Exit status: 0 verified or identical; 1 problems or differences found, or an error;
 2 bad usage.)";
@@ -407,12 +424,6 @@ absl::StatusOr<std::string> AddHfModel(const Json& trainer_config,
                  "has the GPT's layout)\n";
     return std::string();
   }
-  if (saved.model_save_format == checkpoint::SerializationFormat::kSafetensors) {
-    return absl::FailedPreconditionError(
-        "the run saved its model with checkpoint.model_save_format \"safetensors\", whose keys "
-        "drop the outer \"model.\" of Hugging Face's names; export-safetensors writes "
-        "Hugging Face's names from checkpoints of model_save_format \"keel\" (the default)");
-  }
   std::string base_dir = absl::GetFlag(FLAGS_config_from);
   if (base_dir.empty() && !saved.pretrained_path.empty() &&
       base::PathExists(models::HfConfigPath(saved.pretrained_path))) {
@@ -450,6 +461,103 @@ absl::StatusOr<std::vector<std::string>> CopyCompanionFiles(const std::string& f
   return copied;
 }
 
+// Prints what an export wrote.
+void PrintExport(const checkpoint::HfExportResult& result, const std::string& what,
+                 const std::optional<at::ScalarType>& dtype, const std::string& out) {
+  std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size << " bytes) of "
+            << what << (dtype ? absl::StrCat(" in ", c10::toString(*dtype)) : "") << " to " << out
+            << ":\n";
+  for (const std::string& file : result.files) std::cout << "  " << file << "\n";
+}
+
+// Whether `object` of the checkpoint holds a LoRA adapter: keys under peft's
+// "base_model.model." (checkpoint::ModelState with is_peft).
+absl::StatusOr<bool> HoldsLoraAdapter(const std::string& dir, const std::string& object) {
+  KEEL_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  const std::string prefix = absl::StrCat(object, "/", checkpoint::kPeftPrefix);
+  for (const TensorEntry& tensor : reader->manifest().tensors()) {
+    if (absl::StartsWith(tensor.name(), prefix)) return true;
+  }
+  return false;
+}
+
+// The LoRA options of a trainer's configuration (its peft section).
+absl::StatusOr<peft::LoraOptions> RunLoraOptions(const std::optional<Json>& trainer_config,
+                                                 const std::string& dir) {
+  const Json* section = trainer_config.has_value() && trainer_config->contains("peft")
+                            ? &trainer_config->at("peft")
+                            : nullptr;
+  if (section == nullptr || section->is_null()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir,
+                     " holds a LoRA adapter but no trainer configuration with a \"peft\" section, "
+                     "whose alpha and dropout adapter_config.json needs"));
+  }
+  peft::LoraOptions options;
+  KEEL_RETURN_IF_ERROR(base::ReadJsonFields(*section, options, "peft."));
+  return options;
+}
+
+// A LoRA run's checkpoint: peft's adapter directory, or with --merge the merged model.
+absl::StatusOr<int> ExportLora(const std::string& dir, const std::string& out,
+                               const std::string& object, const std::optional<Json>& config) {
+  KEEL_ASSIGN_OR_RETURN(const peft::LoraOptions lora, RunLoraOptions(config, dir));
+  KEEL_ASSIGN_OR_RETURN(const recipe::SavedModel saved, recipe::ReadSavedModel(*config));
+  KEEL_ASSIGN_OR_RETURN(const auto adapter, peft::ReadCheckpointAdapter(dir, object));
+  const std::string flag = absl::GetFlag(FLAGS_dtype);
+  if (absl::GetFlag(FLAGS_merge)) {
+    if (saved.pretrained_path.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--merge adds the adapter to the run's base model, read from its "
+                       "model.pretrained_path, which ",
+                       dir, "'s configuration leaves empty"));
+    }
+    using Tensors = std::map<std::string, at::Tensor>;
+    KEEL_ASSIGN_OR_RETURN(Tensors weights, checkpoint::ReadHfSafetensors(saved.pretrained_path));
+    KEEL_RETURN_IF_ERROR(base::Annotate(peft::MergePeftAdapter(adapter, lora.alpha, weights),
+                                        absl::StrCat("merging into ", saved.pretrained_path)));
+    checkpoint::HfExportOptions options;
+    options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
+    KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(config, flag));
+    KEEL_ASSIGN_OR_RETURN(const std::string base_dir, AddHfModel(*config, options));
+    KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,
+                          checkpoint::ExportHfTensors(weights, out, options));
+    if (!base_dir.empty()) {
+      KEEL_ASSIGN_OR_RETURN(const std::vector<std::string> copied,
+                            CopyCompanionFiles(base_dir, out));
+      result.files.insert(result.files.end(), copied.begin(), copied.end());
+    }
+    PrintExport(result,
+                absl::StrCat(saved.pretrained_path, " with the LoRA adapter of ", dir, " merged"),
+                options.dtype, out);
+    return cli::kExitSuccess;
+  }
+  peft::PeftWriteOptions options;
+  options.lora_alpha = lora.alpha;
+  options.lora_dropout = lora.dropout;
+  options.base_model_name_or_path = saved.pretrained_path;
+  if (!flag.empty()) {
+    KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(std::nullopt, flag));
+  }
+  if (saved.options.family == models::ModelFamily::kGpt) {
+    std::cout << "model.family gpt: Keel's module names in the adapter's keys (no Hugging Face "
+                 "class has the GPT's layout)\n";
+  }
+  if (lora.dropout > 0 && lora.dropout_position == peft::DropoutPosition::kPost) {
+    std::cout << "note: peft applies lora_dropout " << lora.dropout
+              << " to A's input; the run applied it to the adapter's output "
+                 "(peft.dropout_position post)\n";
+  }
+  KEEL_ASSIGN_OR_RETURN(const peft::PeftLoraConfig written,
+                        peft::WritePeftAdapter(adapter, out, options));
+  std::cout << "wrote a peft LoRA adapter (r " << written.r << ", lora_alpha " << written.lora_alpha
+            << ", " << written.target_modules.size() << " modules, " << adapter.size() << " tensors"
+            << (options.dtype ? absl::StrCat(" in ", c10::toString(*options.dtype)) : "") << ") of "
+            << dir << " to " << out << ":\n  " << peft::kPeftWeightsName << "\n  "
+            << peft::kPeftConfigName << "\n";
+  return cli::kExitSuccess;
+}
+
 absl::StatusOr<int> ExportSafetensors(std::string dir, const std::string& out) {
   if (!base::PathExists(checkpoint::ManifestPath(dir))) {  // a run's checkpoint_dir
     KEEL_ASSIGN_OR_RETURN(const checkpoint::FindResult found, NewestValid(dir));
@@ -463,9 +571,23 @@ absl::StatusOr<int> ExportSafetensors(std::string dir, const std::string& out) {
   options.object = absl::GetFlag(FLAGS_object);
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
   KEEL_ASSIGN_OR_RETURN(const std::optional<Json> trainer_config, TrainerConfig(dir));
+  KEEL_ASSIGN_OR_RETURN(const bool lora, HoldsLoraAdapter(dir, options.object));
+  if (lora) return ExportLora(dir, out, options.object, trainer_config);
+  if (absl::GetFlag(FLAGS_merge)) {
+    return absl::InvalidArgumentError(absl::StrCat("--merge: \"", options.object, "\" of ", dir,
+                                                   " holds no LoRA adapter (no tensor under ",
+                                                   checkpoint::kPeftPrefix, ")"));
+  }
   KEEL_ASSIGN_OR_RETURN(options.dtype, ExportDtype(trainer_config, absl::GetFlag(FLAGS_dtype)));
   std::string base_dir;
   if (trainer_config.has_value() && options.object == recipe::kModelState) {
+    KEEL_ASSIGN_OR_RETURN(const recipe::SavedModel saved, recipe::ReadSavedModel(*trainer_config));
+    if (saved.model_save_format == checkpoint::SerializationFormat::kSafetensors) {
+      return absl::FailedPreconditionError(
+          "the run saved its model with checkpoint.model_save_format \"safetensors\", whose keys "
+          "drop the outer \"model.\" of Hugging Face's names; export-safetensors writes "
+          "Hugging Face's names from checkpoints of model_save_format \"keel\" (the default)");
+    }
     KEEL_ASSIGN_OR_RETURN(base_dir, AddHfModel(*trainer_config, options));
   }
   KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,
@@ -474,11 +596,7 @@ absl::StatusOr<int> ExportSafetensors(std::string dir, const std::string& out) {
     KEEL_ASSIGN_OR_RETURN(const std::vector<std::string> copied, CopyCompanionFiles(base_dir, out));
     result.files.insert(result.files.end(), copied.begin(), copied.end());
   }
-  std::cout << "wrote " << result.num_tensors << " tensors (" << result.total_size
-            << " bytes) of \"" << options.object << "\""
-            << (options.dtype ? absl::StrCat(" in ", c10::toString(*options.dtype)) : "") << " to "
-            << out << ":\n";
-  for (const std::string& file : result.files) std::cout << "  " << file << "\n";
+  PrintExport(result, absl::StrCat("\"", options.object, "\""), options.dtype, out);
   return cli::kExitSuccess;
 }
 

@@ -4,28 +4,41 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/model_state.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/state_dict.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/hf_config.h"
+#include "models/registry.h"
+#include "peft/lora_adapter.h"
+#include "peft/lora_options.h"
+#include "peft/module_matcher.h"
 #include "testing/files.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 
 ABSL_FLAG(std::string, ckpt, "", "Path of the //tools:ckpt binary.");
+ABSL_FLAG(std::string, python, "", "the Python of the LibTorch (@libtorch//:python)");
+ABSL_FLAG(std::string, hf_parity, "", "tools/scripts/hf_parity.py");
+ABSL_FLAG(std::string, fixtures, "testdata/hf_parity", "the Hugging Face fixtures' directory");
 
 namespace keel::tools {
 namespace {
@@ -83,8 +96,8 @@ struct ToolResult {
   std::string output;  // stdout and stderr
 };
 
-ToolResult RunCkpt(const std::string& args, const std::string& env = "") {
-  const std::string command = absl::StrCat(env, " ", absl::GetFlag(FLAGS_ckpt), " ", args, " 2>&1");
+ToolResult Run(const std::string& program, const std::string& args, const std::string& env) {
+  const std::string command = absl::StrCat(env, " ", program, " ", args, " 2>&1");
   ToolResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -94,6 +107,10 @@ ToolResult RunCkpt(const std::string& args, const std::string& env = "") {
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+ToolResult RunCkpt(const std::string& args, const std::string& env = "") {
+  return Run(absl::GetFlag(FLAGS_ckpt), args, env);
 }
 
 TEST(CkptToolTest, InspectPrintsPositionTablesValuesAndTotals) {
@@ -312,6 +329,127 @@ TEST(CkptToolTest, ErrorsNameTheProblemAndExitWith1) {
       RunCkpt(absl::StrCat("inspect ", NewDir("missing"), "/no_such_checkpoint"));
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, AllOf(HasSubstr("ckpt: "), HasSubstr("no_such_checkpoint")));
+}
+
+// A LoRA run's checkpoint as tools:train saves it: the adapters of the Llama of
+// testdata/hf_parity/llama_gqa_untied (every *_proj, r 4, alpha 12; B random, as after
+// training) under ModelState's is_peft keys, and the configuration with model.pretrained_path
+// and the peft section; beside it, Keel's logits of the fixture's input_ids.
+struct LoraRun {
+  std::string checkpoint;
+  std::string expected;  // a safetensors file: input_ids, logits
+  std::string base;
+  // check-peft's tolerance: 1e-5 of the logits' largest magnitude, as the Llama's parity with
+  // transformers (models/llama_hf_parity_test.cc).
+  double tolerance = 0;
+};
+
+absl::StatusOr<LoraRun> SaveLoraRun(const std::string& run_dir,
+                                    const std::string& pretrained_path) {
+  LoraRun run;
+  run.base = std::filesystem::absolute(absl::GetFlag(FLAGS_fixtures) + "/llama_gqa_untied");
+  KEEL_ASSIGN_OR_RETURN(const models::ModelOptions options, models::ReadHfConfig(run.base));
+  torch::manual_seed(5);
+  const std::shared_ptr<models::LanguageModel> model = models::BuildLanguageModel(options, {});
+  KEEL_RETURN_IF_ERROR(checkpoint::LoadHfSafetensors(run.base, *model).status());
+  peft::LoraOptions lora;
+  lora.dim = 4;
+  lora.alpha = 12;
+  KEEL_ASSIGN_OR_RETURN(const auto modules, peft::SelectLinearModules(*model, lora));
+  KEEL_RETURN_IF_ERROR(peft::AttachLoraAdapters(*model, modules, lora));
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& item : model->named_parameters()) {
+      if (absl::EndsWith(item.key(), ".lora_B")) item.value().normal_(0.0, 0.3);
+    }
+  }
+  KEEL_ASSIGN_OR_RETURN(auto fixture,
+                        checkpoint::ReadSafetensorsFile(run.base + "/expected.safetensors"));
+  at::Tensor input_ids;
+  for (const auto& [name, tensor] : fixture) {
+    if (name == "input_ids") input_ids = tensor;
+  }
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = model->forward(input_ids).narrow(-1, 0, options.vocab_size).contiguous();
+  }
+  run.tolerance = 1e-5 * std::max(1.0, logits.abs().max().item<double>());
+  run.expected = run_dir + "/expected.safetensors";
+  KEEL_RETURN_IF_ERROR(checkpoint::WriteSafetensorsFile(
+      run.expected, {{"input_ids", input_ids}, {"logits", logits}}, {}));
+
+  checkpoint::ModelStateOptions state_options;
+  state_options.is_peft = true;
+  checkpoint::ModelState state(*model, state_options);
+  PlainState config;
+  Json model_section = base::WriteJsonFields(options);
+  model_section["pretrained_path"] = pretrained_path.empty() ? "" : run.base;
+  config.values = {{"model", model_section}, {"peft", base::WriteJsonFields(lora)}};
+  CheckpointerOptions checkpointer_options;
+  checkpointer_options.checkpoint_dir = run_dir + "/checkpoints";
+  KEEL_ASSIGN_OR_RETURN(auto checkpointer, Checkpointer::Create(checkpointer_options, nullptr));
+  KEEL_RETURN_IF_ERROR(checkpointer->Save({{"model", &state}, {"config", &config}}, 3, 1));
+  run.checkpoint = run_dir + "/checkpoints/step_0000000003";
+  return run;
+}
+
+ToolResult CheckPeft(const std::string& args) {
+  return Run(absl::GetFlag(FLAGS_python),
+             absl::StrCat(absl::GetFlag(FLAGS_hf_parity), " check-peft ", args),
+             "HF_HUB_OFFLINE=1");
+}
+
+// The adapter of a LoRA checkpoint in peft's format: peft.PeftModel.from_pretrained over the
+// base computes Keel's logits (hf_parity.py check-peft); with --merge, the merged model that
+// transformers loads computes them as well (peft's merge_and_unload()).
+TEST(CkptToolTest, ExportOfALoraCheckpointLoadsInPeftAndMergedInTransformers) {
+  const std::string python = absl::GetFlag(FLAGS_python);
+  if (auto why = keel::testing::WhyNotExecutable(python)) GTEST_SKIP() << *why;
+  const std::string dir = NewDir("lora_export");
+  KEEL_ASSERT_OK_AND_ASSIGN(const LoraRun run, SaveLoraRun(dir, "base"));
+
+  const std::string adapter = dir + "/adapter";
+  ToolResult result = RunCkpt(absl::StrCat("export-safetensors ", run.checkpoint, " ", adapter));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("wrote a peft LoRA adapter (r 4, lora_alpha 12, 14 modules, "
+                                       "28 tensors)"));
+  KEEL_ASSERT_OK_AND_ASSIGN(const Json config,
+                            base::ReadJsonFile(adapter + "/adapter_config.json"));
+  EXPECT_EQ(config["base_model_name_or_path"], run.base);
+  result = CheckPeft(absl::StrCat("--base=", run.base, " --adapter=", adapter,
+                                  " --expected=", run.expected, " --tolerance=", run.tolerance));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("\"ok\": true"));
+
+  const std::string merged = dir + "/merged";
+  result = RunCkpt(absl::StrCat("export-safetensors ", run.checkpoint, " ", merged, " --merge"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("config.json"), HasSubstr("model.safetensors")));
+  result = CheckPeft(absl::StrCat("--merged=", merged, " --expected=", run.expected,
+                                  " --tolerance=", run.tolerance));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("\"ok\": true"));
+
+  // Into a directory that holds an adapter: refused (exit 1), nothing overwritten.
+  result = RunCkpt(absl::StrCat("export-safetensors ", run.checkpoint, " ", adapter));
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.output, HasSubstr("already holds an adapter"));
+}
+
+// --merge reads the base from model.pretrained_path (a failure, exit 1, naming it when empty);
+// on a checkpoint without an adapter it is bad usage (exit 2).
+TEST(CkptToolTest, MergeNeedsTheRunsPretrainedPathAndALoraCheckpoint) {
+  const std::string dir = NewDir("lora_no_base");
+  KEEL_ASSERT_OK_AND_ASSIGN(const LoraRun run, SaveLoraRun(dir, ""));
+  ToolResult result =
+      RunCkpt(absl::StrCat("export-safetensors ", run.checkpoint, " ", dir + "/merged --merge"));
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.output, HasSubstr("model.pretrained_path, which"));
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string plain, Save(NewDir("not_lora"), 1, Model()));
+  result = RunCkpt(absl::StrCat("export-safetensors ", plain, " ", dir + "/merged2 --merge"));
+  EXPECT_EQ(result.exit_code, 2);  // bad usage
+  EXPECT_THAT(result.output, HasSubstr("--merge: \"model\" of"));
 }
 
 }  // namespace

@@ -11,6 +11,10 @@ swapped norm or a dropped bias shows), and writes per case to OUT/<case>/:
                                    labels, logits, loss, grad.<parameter>, hidden_states, and
                                    loss/logits after one torch.optim.SGD step (lr in its metadata).
 It then reloads every case with from_pretrained and fails unless the logits are bitwise the same.
+It also records LoRA adapters (ADAPTER_CASES) on a case's model with Hugging Face peft, A and B both
+seeded random, into OUT/<adapter case>/: what PeftModel.save_pretrained writes (adapter_config.json,
+adapter_model.safetensors) and expected.safetensors (the base case's input_ids, PeftModel's logits
+and merge_and_unload()'s), checked the same way through PeftModel.from_pretrained.
 testdata/hf_parity/README.md describes the files; regenerate them with
 
     ATEN_CPU_CAPABILITY=avx2 .venv/bin/python tools/scripts/hf_parity.py record --out=testdata/hf_parity
@@ -35,7 +39,19 @@ into KEEL_JSONL (window i = tokens [i*L, i*L+L+1)), and compares them, window by
 
 Its JSON line and exit codes are check-export's.
 
-Needs torch 2.11.0, transformers 5.24.0 and safetensors 0.8.0 (tools/bootstrap.sh puts them in .venv).
+`check-peft` loads a base model with from_pretrained and a peft adapter directory over it with
+PeftModel.from_pretrained (e.g. Keel's export of a LoRA checkpoint), runs the input_ids of an
+expected.safetensors and compares the logits with its `logits`; with --merged instead of --adapter it
+loads a merged model (Keel's `ckpt export-safetensors --merge`) as check-export does:
+
+    .venv/bin/python tools/scripts/hf_parity.py check-peft --base=testdata/hf_parity/llama_gqa_untied \
+        --adapter=runs/adapter --expected=runs/expected.safetensors --tolerance=1e-5
+
+Its JSON line and exit codes are check-export's; an adapter file whose tensors peft does not take, or
+that leaves an adapter of the model unset, exits 1 (`missing_keys`/`unexpected_keys` in the line).
+
+Needs torch 2.11.0, transformers 5.24.0, safetensors 0.8.0 and peft 0.21.2 (tools/bootstrap.sh puts them
+in .venv).
 """
 
 import argparse
@@ -55,9 +71,16 @@ try:
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     import megatron_indexed  # beside this script
+    import peft
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft.utils import get_peft_model_state_dict
 except ImportError as e:  # pragma: no cover - environment problem, reported plainly
-    print(f"hf_parity: {e}; this script needs torch, transformers and safetensors "
+    print(f"hf_parity: {e}; this script needs torch, transformers, safetensors and peft "
           "(run tools/bootstrap.sh and use .venv/bin/python)", file=sys.stderr)
+    sys.exit(2)
+if not hasattr(peft, "__version__"):  # Keel's C++ peft/ folder, found on sys.path before the package
+    print(f"hf_parity: 'import peft' found {list(getattr(peft, '__path__', []))}, not Hugging Face peft; "
+          "run the script by its path (not with -c or -m) from any directory, or with python -P", file=sys.stderr)
     sys.exit(2)
 
 BATCH = 2
@@ -75,6 +98,30 @@ _COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_at
                vocab_size=131, max_position_embeddings=64, rms_norm_eps=1e-5, attention_dropout=0.0)
 _LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 4.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterCase:
+    """A LoRA adapter recorded with peft on the model of the case `base` (recorded first, or already in OUT)."""
+    name: str
+    base: str
+    seed: int
+    description: str
+    r: int
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: tuple
+
+
+ADAPTER_CASES = (
+    AdapterCase("llama_gqa_untied_lora", "llama_gqa_untied", 1101,
+                "LoRA r 4, lora_alpha 8 (scale 2) on q_proj, v_proj (column-parallel in Keel) and down_proj "
+                "(row-parallel) of llama_gqa_untied; A and B seeded random",
+                r=4, lora_alpha=8, lora_dropout=0.05, target_modules=("q_proj", "v_proj", "down_proj")),
+)
+# The files `record` writes into an adapter case directory, and the only ones it will delete there.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "expected.safetensors")
+_SAVE_ADAPTER_EXTRAS = ("README.md",)
 
 
 class ParityError(Exception):
@@ -269,10 +316,10 @@ def check_sliding_window(model, config, input_ids, logits) -> Dict[str, str]:
             "sliding_window_max_abs_diff_vs_full_attention": repr(after)}
 
 
-def _clear_case_dir(case_dir: str) -> None:
+def _clear_case_dir(case_dir: str, files=CASE_FILES + _SAVE_PRETRAINED_EXTRAS) -> None:
     if not os.path.isdir(case_dir):
         return
-    stray = sorted(set(os.listdir(case_dir)) - set(CASE_FILES) - set(_SAVE_PRETRAINED_EXTRAS))
+    stray = sorted(set(os.listdir(case_dir)) - set(files))
     if stray:
         raise ParityError(f"{case_dir} holds files record does not write ({', '.join(stray)}); "
                           "move them away or choose another --out")
@@ -374,18 +421,113 @@ def record_case(case: Case, out: str) -> Dict[str, int]:
     return {f: os.path.getsize(os.path.join(case_dir, f)) for f in sorted(os.listdir(case_dir))}
 
 
+def _peft_logits(model, input_ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits.detach().clone()
+
+
+def _adapter_state(model) -> Dict[str, torch.Tensor]:
+    """The adapter's tensors under the keys save_pretrained writes (base_model.model.<module>.lora_A.weight)."""
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def write_adapter_config(path: str, edits: Dict) -> None:
+    """Rewrites adapter_config.json with `edits` applied, as peft writes it (indent 2, keys sorted)."""
+    with open(path) as f:
+        config = json.load(f)
+    config.update(edits)
+    with open(path, "w") as f:
+        f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def record_adapter_case(case: AdapterCase, out: str) -> Dict[str, int]:
+    """Writes OUT/<adapter case>/ from OUT/<base>/ and verifies it; returns the file sizes."""
+    base_dir = os.path.join(out, case.base)
+    case_dir = os.path.join(out, case.name)
+    _clear_case_dir(case_dir, ADAPTER_FILES + _SAVE_ADAPTER_EXTRAS)
+    input_ids, base_logits, _ = _read_expected(os.path.join(base_dir, "expected.safetensors"))
+
+    torch.manual_seed(case.seed)  # peft's own initialisation, all of it overwritten below
+    config = LoraConfig(r=case.r, lora_alpha=case.lora_alpha, lora_dropout=case.lora_dropout,
+                        target_modules=list(case.target_modules), task_type="CAUSAL_LM")
+    model = get_peft_model(_load(base_dir), config)
+    model.eval()  # no dropout: the logits are the adapter's, deterministically
+    generator = torch.Generator().manual_seed(case.seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_A." in name or ".lora_B." in name:  # [r, in] and [out, r], unit-scale products
+                p.copy_(torch.randn(p.shape, generator=generator) / math.sqrt(p.shape[1]))
+    logits = _peft_logits(model, input_ids)
+    moved = (logits - base_logits).abs().max().item()
+    if moved < 1e-2:
+        raise ParityError(f"{case.name}: the adapter moves the logits by {moved} only")
+    adapter = _adapter_state(model)
+    model.save_pretrained(case_dir)
+    merged_logits = _peft_logits(model.merge_and_unload(), input_ids)
+    for extra in _SAVE_ADAPTER_EXTRAS:
+        extra_path = os.path.join(case_dir, extra)
+        if os.path.exists(extra_path):
+            os.remove(extra_path)
+    # peft writes target_modules from a set (its order depends on the hash seed) and the base's
+    # absolute path; make both stable.
+    write_adapter_config(os.path.join(case_dir, "adapter_config.json"),
+                         {"target_modules": sorted(case.target_modules),
+                          "base_model_name_or_path": f"testdata/hf_parity/{case.base}"})
+    written = sorted(os.listdir(case_dir))
+    if written != ["adapter_config.json", "adapter_model.safetensors"]:
+        raise ParityError(f"{case_dir}: save_pretrained wrote {written}, "
+                          "expected adapter_config.json and adapter_model.safetensors")
+
+    metadata = {
+        "case": case.name,
+        "base": case.base,
+        "description": case.description,
+        "seed": str(case.seed),
+        "r": str(case.r),
+        "lora_alpha": str(case.lora_alpha),
+        "transformers_version": transformers.__version__,
+        "peft_version": peft.__version__,
+        "torch_version": torch.__version__,
+        "safetensors_version": safetensors.__version__,
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_num_threads": str(torch.get_num_threads()),
+        "attn_implementation": "eager",
+        "dtype": "float32",
+        "logits": "PeftModel.from_pretrained(base, adapter) in eval mode",
+        "merged_logits": "the same model's merge_and_unload()",
+    }
+    save_file_stable({"input_ids": input_ids, "logits": logits, "merged_logits": merged_logits},
+                     os.path.join(case_dir, "expected.safetensors"), metadata)
+
+    # What a consumer gets back: the same adapter, bitwise the same logits, and the merge close to them.
+    loaded = PeftModel.from_pretrained(_load(base_dir), case_dir)
+    loaded.eval()
+    loaded_adapter = _adapter_state(loaded)
+    if loaded_adapter.keys() != adapter.keys():
+        raise ParityError(f"{case.name}: reloaded adapter keys {sorted(loaded_adapter)} != {sorted(adapter)}")
+    for key, value in adapter.items():
+        _require_equal(f"{case.name}: reloaded {key}", loaded_adapter[key], value)
+    _require_equal(f"{case.name}: logits of PeftModel.from_pretrained", _peft_logits(loaded, input_ids), logits)
+    merge_diff = (merged_logits - logits).abs().max().item()
+    if merge_diff > 1e-5:
+        raise ParityError(f"{case.name}: merge_and_unload() moves the logits by {merge_diff}")
+    return {f: os.path.getsize(os.path.join(case_dir, f)) for f in sorted(os.listdir(case_dir))}
+
+
 def cmd_record(args) -> int:
     torch.set_num_threads(args.threads)
-    selected = [c for c in CASES if not args.case or c.name in args.case]
-    unknown = sorted(set(args.case or ()) - {c.name for c in CASES})
+    names = [c.name for c in CASES] + [c.name for c in ADAPTER_CASES]
+    unknown = sorted(set(args.case or ()) - set(names))
     if unknown:
-        print(f"hf_parity: unknown --case {', '.join(unknown)}; cases are "
-              f"{', '.join(c.name for c in CASES)}", file=sys.stderr)
+        print(f"hf_parity: unknown --case {', '.join(unknown)}; cases are {', '.join(names)}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    for case in selected:
+    recorders = [(c, record_case) for c in CASES] + [(c, record_adapter_case) for c in ADAPTER_CASES]
+    for case, recorder in recorders:
+        if args.case and case.name not in args.case:
+            continue
         try:
-            sizes = record_case(case, args.out)
+            sizes = recorder(case, args.out)
         except ParityError as e:
             print(f"hf_parity: record failed: {e}", file=sys.stderr)
             return 1
@@ -418,54 +560,120 @@ def _read_expected(path: str):
     return tensors["input_ids"], tensors["logits"], metadata
 
 
-def cmd_check_export(args) -> int:
-    def finish(code, **result):
-        print(json.dumps(result, sort_keys=True))
-        return code
+def _finish(code, **result) -> int:
+    print(json.dumps(result, sort_keys=True))
+    return code
 
+
+def _check_tolerance(args) -> bool:
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         print(f"hf_parity: --tolerance={args.tolerance} must be a finite number >= 0", file=sys.stderr)
+        return False
+    return True
+
+
+def _load_hf_dir(flag: str, directory: str):
+    """from_pretrained of a directory in the Hugging Face layout, with its loading info."""
+    if not os.path.isdir(directory):
+        raise BadInput(f"{flag}={directory}: no such directory")
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise BadInput(f"{flag}={directory}: no config.json")
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    except Exception as e:
+        raise BadInput(f"{flag}={directory}: transformers cannot load it: {type(e).__name__}: {e}")
+
+
+def _warn_kernels(expected_path: str, metadata) -> None:
+    recorded, current = metadata.get("aten_cpu_capability"), torch.backends.cpu.get_cpu_capability()
+    if recorded and recorded != current:  # kernels differ by a few ulps (1.7e-6 on these logits)
+        print(f"hf_parity: {expected_path} was recorded with {recorded} kernels, this run "
+              f"uses {current}; set ATEN_CPU_CAPABILITY={recorded.lower()} for bitwise agreement",
+              file=sys.stderr)
+
+
+def _compare_logits(model, input_ids, expected, tolerance: float, problems) -> int:
+    """The JSON line and exit code of a check: `problems` (keys left uninitialised), then the logits."""
+    model.eval()
+    problems = {k: [str(x) for x in sorted(v)] for k, v in problems.items() if v}
+    if problems:  # weights left at their initial values: the export is incomplete
+        return _finish(1, max_abs_diff=None, ok=False, **problems)
+    if input_ids.max().item() >= model.config.vocab_size:
+        return _finish(1, max_abs_diff=None, ok=False,
+                       error=f"vocab_size {model.config.vocab_size} <= largest input id "
+                             f"{input_ids.max().item()}")
+    actual = _logits(model, input_ids)
+    if actual.shape != expected.shape:
+        return _finish(1, max_abs_diff=None, ok=False,
+                       error=f"logits shape {list(actual.shape)} != expected {list(expected.shape)}")
+    diff = (actual - expected).abs().max().item()
+    ok = math.isfinite(diff) and diff <= tolerance
+    result = {"max_abs_diff": diff if math.isfinite(diff) else None, "ok": ok}
+    if not math.isfinite(diff):
+        result["error"] = "logits are not finite"
+    return _finish(0 if ok else 1, **result)
+
+
+def cmd_check_export(args) -> int:
+    if not _check_tolerance(args):
         return 2
     torch.set_num_threads(args.threads)
     try:
         input_ids, expected, metadata = _read_expected(args.expected)
-        if not os.path.isdir(args.dir):
-            raise BadInput(f"--dir={args.dir}: no such directory")
-        if not os.path.isfile(os.path.join(args.dir, "config.json")):
-            raise BadInput(f"--dir={args.dir}: no config.json")
-        try:
-            model, info = AutoModelForCausalLM.from_pretrained(
-                args.dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
-        except Exception as e:
-            raise BadInput(f"--dir={args.dir}: transformers cannot load it: {type(e).__name__}: {e}")
+        model, info = _load_hf_dir("--dir", args.dir)
     except BadInput as e:
         print(f"hf_parity: check-export: {e}", file=sys.stderr)
-        return finish(2, error=str(e), max_abs_diff=None, ok=False)
-    model.eval()
-    recorded, current = metadata.get("aten_cpu_capability"), torch.backends.cpu.get_cpu_capability()
-    if recorded and recorded != current:  # kernels differ by a few ulps (1.7e-6 on these logits)
-        print(f"hf_parity: check-export: {args.expected} was recorded with {recorded} kernels, this run "
-              f"uses {current}; set ATEN_CPU_CAPABILITY={recorded.lower()} for bitwise agreement",
-              file=sys.stderr)
+        return _finish(2, error=str(e), max_abs_diff=None, ok=False)
+    _warn_kernels(args.expected, metadata)
+    return _compare_logits(model, input_ids, expected, args.tolerance,
+                           {k: info.get(k) or [] for k in ("missing_keys", "mismatched_keys")})
 
-    problems = {k: sorted(info.get(k) or []) for k in ("missing_keys", "mismatched_keys")}
-    problems = {k: [str(x) for x in v] for k, v in problems.items() if v}
-    if problems:  # transformers initialised these weights itself: the export is incomplete
-        return finish(1, max_abs_diff=None, ok=False, **problems)
-    if input_ids.max().item() >= model.config.vocab_size:
-        return finish(1, max_abs_diff=None, ok=False,
-                      error=f"vocab_size {model.config.vocab_size} <= largest input id "
-                            f"{input_ids.max().item()}")
-    actual = _logits(model, input_ids)
-    if actual.shape != expected.shape:
-        return finish(1, max_abs_diff=None, ok=False,
-                      error=f"logits shape {list(actual.shape)} != expected {list(expected.shape)}")
-    diff = (actual - expected).abs().max().item()
-    ok = math.isfinite(diff) and diff <= args.tolerance
-    result = {"max_abs_diff": diff if math.isfinite(diff) else None, "ok": ok}
-    if not math.isfinite(diff):
-        result["error"] = "logits are not finite"
-    return finish(0 if ok else 1, **result)
+
+def _load_peft(base: str, adapter: str):
+    """PeftModel.from_pretrained(base, adapter), and the adapter keys it left unset or did not take."""
+    model, info = _load_hf_dir("--base", base)
+    if any(info.get(k) for k in ("missing_keys", "mismatched_keys")):
+        raise BadInput(f"--base={base}: transformers left weights uninitialised: "
+                       f"{info.get('missing_keys') or info.get('mismatched_keys')}")
+    weights = os.path.join(adapter, "adapter_model.safetensors")
+    for path in (os.path.join(adapter, "adapter_config.json"), weights):
+        if not os.path.isfile(path):
+            raise BadInput(f"--adapter={adapter}: no {os.path.basename(path)}")
+    try:
+        in_file = safetensors.torch.load_file(weights)
+        model = PeftModel.from_pretrained(model, adapter)
+    except Exception as e:
+        raise BadInput(f"--adapter={adapter}: peft cannot load it: {type(e).__name__}: {e}")
+    # peft only warns about keys; compare what it holds with the file, key by key and value by value.
+    held = _adapter_state(model)
+    problems = {"missing_keys": sorted(set(held) - set(in_file)),
+                "unexpected_keys": sorted(set(in_file) - set(held)),
+                "mismatched_keys": sorted(k for k in set(held) & set(in_file)
+                                          if not torch.equal(held[k], in_file[k].to(held[k].dtype)))}
+    return model, problems
+
+
+def cmd_check_peft(args) -> int:
+    if not _check_tolerance(args):
+        return 2
+    torch.set_num_threads(args.threads)
+    try:
+        if (args.adapter is None) == (args.merged is None):
+            raise BadInput("give exactly one of --adapter (with --base) and --merged")
+        if args.adapter is not None and args.base is None:
+            raise BadInput("--adapter needs --base, the model it adapts")
+        input_ids, expected, metadata = _read_expected(args.expected)
+        if args.adapter is not None:
+            model, problems = _load_peft(args.base, args.adapter)
+        else:
+            model, info = _load_hf_dir("--merged", args.merged)
+            problems = {k: info.get(k) or [] for k in ("missing_keys", "mismatched_keys")}
+    except BadInput as e:
+        print(f"hf_parity: check-peft: {e}", file=sys.stderr)
+        return _finish(2, error=str(e), max_abs_diff=None, ok=False)
+    _warn_kernels(args.expected, metadata)
+    return _compare_logits(model, input_ids, expected, args.tolerance, problems)
 
 
 def _read_tokens(prefix: str, count: int) -> torch.Tensor:
@@ -497,10 +705,6 @@ def _read_keel_eval(path: str):
 
 
 def cmd_check_eval(args) -> int:
-    def finish(code, **result):
-        print(json.dumps(result, sort_keys=True))
-        return code
-
     torch.set_num_threads(args.threads)
     try:
         keel_losses, summary = _read_keel_eval(args.keel)
@@ -514,7 +718,7 @@ def cmd_check_eval(args) -> int:
             raise BadInput(f"--dir={args.dir}: transformers cannot load it: {type(e).__name__}: {e}")
     except BadInput as e:
         print(f"hf_parity: check-eval: {e}", file=sys.stderr)
-        return finish(2, error=str(e), max_abs_diff=None, ok=False)
+        return _finish(2, error=str(e), max_abs_diff=None, ok=False)
     inputs = tokens[:-1].view(samples, length)
     labels = tokens[1:].view(samples, length)
     with torch.no_grad():
@@ -525,7 +729,7 @@ def cmd_check_eval(args) -> int:
     mean_diff = abs(losses.mean().item() - summary["mean_loss"])
     diff = max(diffs.max().item(), mean_diff)
     ok = math.isfinite(diff) and diff <= args.tolerance
-    return finish(0 if ok else 1, max_abs_diff=diff if math.isfinite(diff) else None, ok=ok,
+    return _finish(0 if ok else 1, max_abs_diff=diff if math.isfinite(diff) else None, ok=ok,
                   windows=samples, mean_loss=losses.mean().item())
 
 
@@ -546,6 +750,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                        help="directory in the Hugging Face layout (config.json, *.safetensors)")
     check.add_argument("--expected", required=True, help="a fixture's expected.safetensors")
     check.add_argument("--tolerance", type=float, default=1e-5, help="max |logit diff| allowed (default 1e-5)")
+    check_peft = sub.add_parser("check-peft", parents=[common],
+                                help="compare a peft adapter's (or a merged model's) logits with expected ones")
+    check_peft.add_argument("--base", help="the adapted model's directory in the Hugging Face layout")
+    check_peft.add_argument("--adapter", help="a peft adapter directory (adapter_config.json, "
+                                              "adapter_model.safetensors), loaded over --base")
+    check_peft.add_argument("--merged", help="instead of --base and --adapter: a merged model's directory")
+    check_peft.add_argument("--expected", required=True,
+                            help="a safetensors file with input_ids and the logits expected")
+    check_peft.add_argument("--tolerance", type=float, default=1e-5,
+                            help="max |logit diff| allowed (default 1e-5)")
     check_eval = sub.add_parser("check-eval", parents=[common],
                                 help="compare tools:eval's losses with transformers' on the same windows")
     check_eval.add_argument("--dir", required=True, help="directory in the Hugging Face layout")
@@ -558,7 +772,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.threads < 1:
         parser.error(f"--threads={args.threads} must be >= 1")
     transformers.utils.logging.disable_progress_bar()
-    commands = {"record": cmd_record, "check-export": cmd_check_export, "check-eval": cmd_check_eval}
+    commands = {"record": cmd_record, "check-export": cmd_check_export, "check-peft": cmd_check_peft,
+                "check-eval": cmd_check_eval}
     return commands[args.command](args)
 
 
