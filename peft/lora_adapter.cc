@@ -16,8 +16,8 @@ namespace keel::peft {
 namespace {
 
 // The weight of a linear layer (where its adapter lives, and in what dtype by default).
-const at::Tensor& WeightOf(const torch::nn::Module& layer) {
-  return *layer.named_parameters(/*recurse=*/false).find("weight");
+at::Tensor WeightOf(const torch::nn::Module& layer) {
+  return layer.named_parameters(/*recurse=*/false)["weight"];
 }
 
 // A's whole values, drawn from the default generator by `init` on the CPU in float32.
