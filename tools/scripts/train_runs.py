@@ -6,6 +6,7 @@ import re
 def measure(work_dir, name, round_, untimed):
     """Milliseconds per step after `untimed` steps, the final loss, and the log's shares.
 
+    rss_mib: the peak resident memory of a one-rank run (train_runs.sh's NAME.ROUND.rss), else 0.
     shares: the percentages the trainer's last line gives ("tensor-parallel collectives X%",
     "waiting for gradients X%", "pipeline waits X%"), 0 where it gives none.
     """
@@ -19,6 +20,10 @@ def measure(work_dir, name, round_, untimed):
         found = re.search(pattern + r" ([0-9.eE+-]+)%", log)
         return float(found.group(1)) if found else 0.0
 
-    return {"ms": ms_per_step, "tp": share("tensor-parallel collectives"),
+    try:
+        rss_mib = int(open(f"{run}.rss").read().split()[-1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        rss_mib = 0.0
+    return {"ms": ms_per_step, "rss_mib": rss_mib, "tp": share("tensor-parallel collectives"),
             "wait": share("waiting for gradients"), "pp": share("pipeline waits"),
             "loss": metrics[-1]["loss"]}
