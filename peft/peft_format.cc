@@ -305,9 +305,9 @@ absl::StatusOr<PeftLoraConfig> WritePeftAdapter(const std::map<std::string, at::
   return config;
 }
 
-absl::StatusOr<checkpoint::HfImportResult> LoadPeftAdapter(const std::string& directory,
-                                                           torch::nn::Module& model,
-                                                           const LoraOptions& options) {
+absl::StatusOr<checkpoint::HfImportResult> LoadPeftAdapter(
+    const std::string& directory, torch::nn::Module& model, const LoraOptions& options,
+    const std::set<std::string>& held_elsewhere) {
   KEEL_ASSIGN_OR_RETURN(const PeftLoraConfig config, ReadPeftConfig(directory));
   if (options.dim != config.r || options.alpha != config.lora_alpha) {
     return absl::InvalidArgumentError(
@@ -327,7 +327,9 @@ absl::StatusOr<checkpoint::HfImportResult> LoadPeftAdapter(const std::string& di
         PeftKey(absl::string_view(key).substr(checkpoint::kPeftPrefix.size()));
     return peft_key.ok() ? *peft_key : key;
   };
-  return checkpoint::LoadHfSafetensors(directory, model, state, {}, {}, names);
+  std::set<std::string> elsewhere_in_files;
+  for (const std::string& key : held_elsewhere) elsewhere_in_files.insert(names.name_in_files(key));
+  return checkpoint::LoadHfSafetensors(directory, model, state, elsewhere_in_files, {}, names);
 }
 
 absl::Status MergePeftAdapter(const std::map<std::string, at::Tensor>& adapter, double lora_alpha,

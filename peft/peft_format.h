@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,9 +116,12 @@ struct PeftWriteOptions {
 // both ways. Errors: as ReadPeftConfig; kInvalidArgument when options.dim or options.alpha
 // (those the adapters were built with) differ from r and lora_alpha; as LoadHfSafetensors
 // (kNotFound without adapter_model.safetensors; kFailedPrecondition naming missing, unexpected
-// and mis-shaped tensors). Requires: `options` are the adapters'.
+// and mis-shaped tensors). `held_elsewhere`: the adapters of the other parts of a model split
+// over ranks (pipeline stages), by their ModelState keys with is_peft, which the file may hold
+// and this call leaves alone. Requires: `options` are the adapters'.
 [[nodiscard]] absl::StatusOr<checkpoint::HfImportResult> LoadPeftAdapter(
-    const std::string& directory, torch::nn::Module& model, const LoraOptions& options);
+    const std::string& directory, torch::nn::Module& model, const LoraOptions& options,
+    const std::set<std::string>& held_elsewhere = {});
 
 // peft's merge_and_unload() on tensors: for each adapted <module> of `adapter` (by peft key),
 // weights["<module>.weight"] += (B @ A) * lora_alpha / r, the product in float32 and added in

@@ -481,28 +481,23 @@ absl::StatusOr<bool> HoldsLoraAdapter(const std::string& dir, const std::string&
   return false;
 }
 
-// The LoRA options of a trainer's configuration (its peft section).
-absl::StatusOr<peft::LoraOptions> RunLoraOptions(const std::optional<Json>& trainer_config,
-                                                 const std::string& dir) {
-  const Json* section = trainer_config.has_value() && trainer_config->contains("peft")
-                            ? &trainer_config->at("peft")
-                            : nullptr;
-  if (section == nullptr || section->is_null()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir,
-                     " holds a LoRA adapter but no trainer configuration with a \"peft\" section, "
-                     "whose alpha and dropout adapter_config.json needs"));
-  }
-  peft::LoraOptions options;
-  KEEL_RETURN_IF_ERROR(base::ReadJsonFields(*section, options, "peft."));
-  return options;
-}
-
 // A LoRA run's checkpoint: peft's adapter directory, or with --merge the merged model.
 absl::StatusOr<int> ExportLora(const std::string& dir, const std::string& out,
                                const std::string& object, const std::optional<Json>& config) {
-  KEEL_ASSIGN_OR_RETURN(const peft::LoraOptions lora, RunLoraOptions(config, dir));
+  if (!config.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir,
+        " holds a LoRA adapter but no trainer configuration, whose peft section gives the "
+        "alpha and dropout adapter_config.json needs"));
+  }
   KEEL_ASSIGN_OR_RETURN(const recipe::SavedModel saved, recipe::ReadSavedModel(*config));
+  if (!saved.peft.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir,
+                     " holds a LoRA adapter but its trainer configuration has no \"peft\" section, "
+                     "whose alpha and dropout adapter_config.json needs"));
+  }
+  const peft::LoraOptions& lora = *saved.peft;
   KEEL_ASSIGN_OR_RETURN(const auto adapter, peft::ReadCheckpointAdapter(dir, object));
   const std::string flag = absl::GetFlag(FLAGS_dtype);
   if (absl::GetFlag(FLAGS_merge)) {

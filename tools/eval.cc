@@ -37,6 +37,9 @@
 
 ABSL_FLAG(std::string, model, "",
           "A Hugging Face directory, a tools:train checkpoint, or a run's checkpoint_dir.");
+ABSL_FLAG(std::string, adapter, "",
+          "A Hugging Face peft LoRA adapter directory (adapter_config.json, "
+          "adapter_model.safetensors) evaluated over --model, its base.");
 ABSL_FLAG(std::string, data_prefix, "",
           "The indexed dataset: PREFIX.bin and PREFIX.idx (tools:preprocess writes them).");
 ABSL_FLAG(int64_t, sequence_length, 0, "L: the tokens each window predicts.");
@@ -53,7 +56,7 @@ namespace {
 constexpr char kUsage[] = R"(Evaluates a model's loss on an indexed dataset's tokens.
 
 Usage: eval --model=DIR --data_prefix=PREFIX --sequence_length=L --samples=N
-            [--batch_size=8] [--device=cpu] [--dtype=float32]
+            [--adapter=PEFT_DIR] [--batch_size=8] [--device=cpu] [--dtype=float32]
 
 Prints {"window", "loss", "tokens"} per window i (tokens [i*L, i*L+L+1) of the dataset's
 tokens end to end), then {"mean_loss", "tokens", "perplexity"}.)";
@@ -131,6 +134,12 @@ absl::Status Run() {
                      (data.num_tokens() - 1) / length, " windows of ", length, ")"));
   }
   KEEL_ASSIGN_OR_RETURN(recipe::OneRankModel loaded, recipe::LoadOneRankModel(model_path));
+  if (const std::string adapter = absl::GetFlag(FLAGS_adapter); !adapter.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        base::Annotate(recipe::AddPeftAdapter(cli::UserPath(adapter), loaded), "--adapter"));
+  }
+  loaded.model->eval();  // no dropout (a LoRA adapter's)
+
   if (loaded.options.family == models::ModelFamily::kGpt &&
       length > loaded.options.max_sequence_length) {
     return absl::InvalidArgumentError(absl::StrCat("--sequence_length (", length,

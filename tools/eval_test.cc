@@ -26,6 +26,8 @@
 #include "tools/cli/subprocess_testutil.h"
 
 ABSL_FLAG(std::string, eval, "", "Path of the //tools:eval binary.");
+ABSL_FLAG(std::string, python, "", "The Python of Keel's LibTorch (@libtorch//:python).");
+ABSL_FLAG(std::string, hf_parity, "", "Path of tools/scripts/hf_parity.py.");
 
 namespace keel::tools {
 namespace {
@@ -221,6 +223,57 @@ TEST(EvalToolTest, MalformedDirectoriesAreNamed) {
     EXPECT_TRUE(result.lines.empty());
     EXPECT_THAT(result.err, HasSubstr(c.said));
   }
+}
+
+// --adapter: the peft adapter that peft saved (testdata/hf_parity/llama_gqa_untied_lora) over its
+// base evaluates as peft.PeftModel.from_pretrained computes it (hf_parity.py check-eval
+// --adapter), and not as the base alone; a directory that is no adapter is named.
+TEST(EvalToolTest, APeftAdapterEvaluatesAsInPeft) {
+  std::vector<int64_t> tokens(4 * 12 + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 53 + 7) % 131;
+  const std::string prefix = WriteTokens("adapter", tokens);
+  const std::vector<std::string> args = {"--model=testdata/hf_parity/llama_gqa_untied",
+                                         "--data_prefix=" + prefix, "--sequence_length=12",
+                                         "--samples=4"};
+  std::vector<std::string> with_adapter = args;
+  with_adapter.push_back("--adapter=testdata/hf_parity/llama_gqa_untied_lora");
+  const ToolResult adapted = RunEval(with_adapter);
+  ASSERT_EQ(adapted.exit_code, 0) << adapted.err;
+  EXPECT_THAT(adapted.err, HasSubstr("with the peft LoRA adapter "
+                                     "testdata/hf_parity/llama_gqa_untied_lora (r 4, lora_alpha 8, "
+                                     "6 layers)"));
+  const ToolResult base = RunEval(args);
+  ASSERT_EQ(base.exit_code, 0) << base.err;
+  ASSERT_EQ(adapted.lines.size(), 5u);
+  EXPECT_GT(std::abs(adapted.lines[4]["mean_loss"].get<double>() -
+                     base.lines[4]["mean_loss"].get<double>()),
+            1e-3);
+
+  std::vector<std::string> not_adapter = args;
+  not_adapter.push_back("--adapter=testdata/hf_parity/llama_tied");
+  const ToolResult refused = RunEval(not_adapter);
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;  // as a missing --model
+  EXPECT_THAT(refused.err, AllOf(HasSubstr("--adapter"), HasSubstr("adapter_config.json")));
+
+  const std::string python = absl::GetFlag(FLAGS_python);
+  if (auto why = keel::testing::WhyNotExecutable(python)) GTEST_SKIP() << *why;
+  const std::string keel = keel::testing::NewTempDir("adapter_eval") + "/eval.jsonl";
+  std::string lines;
+  for (const base::Json& line : adapted.lines) lines += line.dump() + "\n";
+  keel::testing::WriteFileOrFail(keel, lines);
+  cli::SubprocessOptions options;
+  options.stderr_path = keel + ".stderr";
+  options.pipe_stdout = true;
+  options.add_environment = {"HF_HUB_OFFLINE=1"};
+  cli::Subprocess check = cli::Subprocess::Start(
+      {python, absl::GetFlag(FLAGS_hf_parity), "check-eval",
+       "--dir=testdata/hf_parity/llama_gqa_untied",
+       "--adapter=testdata/hf_parity/llama_gqa_untied_lora", "--data_prefix=" + prefix,
+       "--sequence_length=12", "--keel=" + keel, "--tolerance=1e-5"},
+      options);
+  const std::string verdict = check.DrainStdout();
+  EXPECT_EQ(check.Wait(), 0) << verdict << check.Stderr();
+  EXPECT_THAT(verdict, HasSubstr("\"ok\": true"));
 }
 
 TEST(EvalToolTest, BadInputIsNamed) {

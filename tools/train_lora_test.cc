@@ -8,9 +8,12 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/reader.h"
@@ -20,6 +23,9 @@
 #include "testing/status_matchers.h"
 #include "tools/cli/subprocess_testutil.h"
 #include "tools/train_testutil.h"
+
+ABSL_FLAG(std::string, ckpt, "", "Path of //tools:ckpt.");
+ABSL_FLAG(std::string, eval, "", "Path of //tools:eval.");
 
 namespace keel::tools {
 namespace {
@@ -181,6 +187,90 @@ TEST(TrainLoraTest, Bf16KeepsFloat32Adapters) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_GT(b->abs().max().item<double>(), 0.0);
   }
+}
+
+// A tool's exit code and stdout (its stderr into `dir`/<name>.stderr).
+std::pair<int, std::string> RunTool(const std::string& binary, const std::vector<std::string>& args,
+                                    const std::string& stderr_path) {
+  std::vector<std::string> argv = {Absolute(binary)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  cli::SubprocessOptions options;
+  options.stderr_path = stderr_path;
+  options.pipe_stdout = true;
+  Subprocess child = Subprocess::Start(argv, options);
+  std::string out = child.DrainStdout();
+  const int code = child.Wait();
+  return {code, out + child.Stderr()};
+}
+
+// tools:eval's mean loss over the first 6 windows of 16 tokens of HfFixtureTokens.
+double EvalMeanLoss(const std::vector<std::string>& model, const std::string& stderr_path) {
+  std::vector<std::string> args = {"--data_prefix=" + HfFixtureTokens(), "--sequence_length=16",
+                                   "--samples=6"};
+  args.insert(args.end(), model.begin(), model.end());
+  const auto [code, out] = RunTool(absl::GetFlag(FLAGS_eval), args, stderr_path);
+  EXPECT_EQ(code, 0) << out;
+  const size_t at = out.find("\"mean_loss\":");
+  EXPECT_NE(at, std::string::npos) << out;
+  return at == std::string::npos ? 0.0 : std::stod(out.substr(at + 12));
+}
+
+// A trained LoRA checkpoint out to Hugging Face and back: tools:eval of the checkpoint (its base
+// from model.pretrained_path, its adapters), of the base with the exported peft adapter
+// (--adapter) and of the --merge export compute one loss; a new run at pp=2 whose adapters start
+// from the export (peft.adapter_path, each stage its own) holds the trained adapters.
+TEST(TrainLoraTest, ExportsToPeftAndStartsFromAPeftAdapter) {
+  const std::string run_dir = NewTempDir("trained");
+  Subprocess train = StartTrain(SameSamplesRun(run_dir, 6, Lora()), run_dir + "/stderr");
+  ASSERT_EQ(train.Wait(), 0) << train.Stderr();
+  const std::string checkpoint = LatestCheckpoint(run_dir);
+  const std::string adapter = run_dir + "/adapter", merged = run_dir + "/merged";
+  auto [code, out] = RunTool(absl::GetFlag(FLAGS_ckpt), {"export-safetensors", checkpoint, adapter},
+                             run_dir + "/export");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("wrote a peft LoRA adapter (r 4, lora_alpha 8, 14 modules"));
+  std::tie(code, out) =
+      RunTool(absl::GetFlag(FLAGS_ckpt), {"export-safetensors", checkpoint, merged, "--merge"},
+              run_dir + "/merge");
+  ASSERT_EQ(code, 0) << out;
+
+  const double from_checkpoint = EvalMeanLoss({"--model=" + checkpoint}, run_dir + "/eval1");
+  const std::string base = PretrainedRun("llama_gqa_untied")[0].substr(22);
+  const double base_loss = EvalMeanLoss({"--model=" + base}, run_dir + "/eval0");
+  EXPECT_GT(std::abs(from_checkpoint - base_loss), 1e-3);
+  EXPECT_NEAR(EvalMeanLoss({"--model=" + base, "--adapter=" + adapter}, run_dir + "/eval2"),
+              from_checkpoint, 1e-6);
+  EXPECT_NEAR(EvalMeanLoss({"--model=" + merged}, run_dir + "/eval3"), from_checkpoint, 1e-5);
+
+  const std::string started = NewTempDir("from_adapter");
+  Subprocess pp2 = LaunchTrain(
+      2,
+      SameSamplesRun(
+          started, 1,
+          Lora({"peft.adapter_path=" + adapter, "distributed.pipeline_model_parallel_size=2",
+                "optimizer.lr=0", "lr_scheduler.max_lr=0", "lr_scheduler.min_lr=0"})),
+      started + "/stderr");
+  ASSERT_EQ(pp2.Wait(), 0) << pp2.Stderr();
+  EXPECT_THAT(pp2.DrainStdout(), HasSubstr("peft: the adapters start from " + adapter));
+  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> trained =
+      checkpoint::CheckpointReader::Open(checkpoint);
+  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> loaded =
+      checkpoint::CheckpointReader::Open(LatestCheckpoint(started));
+  ASSERT_TRUE(trained.ok() && loaded.ok());
+  const std::map<std::string, std::vector<int64_t>> adapters = ExpectedAdapters();
+  EXPECT_EQ(ModelTensors(LatestCheckpoint(started)), adapters);
+  for (const auto& [name, shape] : adapters) {
+    absl::StatusOr<at::Tensor> a = (*trained)->ReadTensor(name);
+    absl::StatusOr<at::Tensor> b = (*loaded)->ReadTensor(name);
+    ASSERT_TRUE(a.ok() && b.ok()) << name;
+    EXPECT_TRUE(at::equal(*a, *b)) << name;
+  }
+
+  // The adapter's own fields decide; one that contradicts it is named.
+  ExpectRefused(
+      1, Lora({"peft.adapter_path=" + adapter, "peft.dim=8"}),
+      "peft.dim (8) contradicts peft.adapter_path's " + adapter + "/adapter_config.json (r 4)",
+      started + "/contradiction");
 }
 
 TEST(TrainLoraTest, WhatLoraCannotDoIsNamed) {

@@ -20,7 +20,12 @@
 #include "models/hf_config.h"
 #include "models/hf_directory.h"
 #include "models/registry.h"
+#include "peft/lora_adapter.h"
+#include "peft/module_matcher.h"
+#include "peft/peft_format.h"
+#include "tools/recipe/lora.h"
 #include "tools/recipe/options.h"
+#include "torch/utils.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -67,9 +72,25 @@ absl::StatusOr<OneRankModel> FromCheckpoint(const std::string& step_dir) {
   }
   KEEL_RETURN_IF_ERROR(
       base::Annotate(CheckModelValues(loaded.options), absl::StrCat(step_dir, "'s configuration")));
+  if (saved.peft.has_value()) {
+    // A LoRA run's checkpoint holds the adapters: the frozen base is built as the run built it.
+    torch::manual_seed(saved.seed);
+  }
   KEEL_ASSIGN_OR_RETURN(loaded.model, Build(loaded.options, step_dir));
   checkpoint::ModelStateOptions keys;
   keys.model_save_format = saved.model_save_format;
+  if (saved.peft.has_value()) {
+    if (!saved.pretrained_path.empty()) {
+      KEEL_RETURN_IF_ERROR(
+          base::Annotate(checkpoint::LoadHfSafetensors(saved.pretrained_path, *loaded.model, keys,
+                                                       {}, models::HfVocabRows(loaded.options))
+                             .status(),
+                         absl::StrCat("the frozen base of LoRA checkpoint ", step_dir,
+                                      " (its model.pretrained_path)")));
+    }
+    KEEL_RETURN_IF_ERROR(AttachAdapters(*loaded.model, loaded.options, *saved.peft, saved.seed));
+    keys.is_peft = true;
+  }
   KEEL_ASSIGN_OR_RETURN(const checkpoint::State state,
                         checkpoint::ModelState(*loaded.model, keys).StateDict());
   for (const auto& [key, ref] : state.tensors) {
@@ -107,6 +128,18 @@ absl::StatusOr<OneRankModel> LoadOneRankModel(const std::string& path) {
                                : absl::StrCat(" (", absl::StrJoin(found.warnings, "; "), ")")));
   }
   return FromCheckpoint(found.latest->path);
+}
+
+absl::Status AddPeftAdapter(const std::string& directory, OneRankModel& loaded) {
+  KEEL_ASSIGN_OR_RETURN(const peft::PeftLoraConfig config, peft::ReadPeftConfig(directory));
+  const peft::LoraOptions lora = peft::LoraOptionsFromPeft(config);
+  KEEL_ASSIGN_OR_RETURN(const std::vector<peft::LinearModule> modules,
+                        peft::SelectLinearModules(*loaded.model, lora));
+  KEEL_RETURN_IF_ERROR(peft::AttachLoraAdapters(*loaded.model, modules, lora));
+  KEEL_RETURN_IF_ERROR(peft::LoadPeftAdapter(directory, *loaded.model, lora).status());
+  absl::StrAppend(&loaded.source, " with the peft LoRA adapter ", directory, " (r ", config.r,
+                  ", lora_alpha ", config.lora_alpha, ", ", modules.size(), " layers)");
+  return absl::OkStatus();
 }
 
 }  // namespace keel::tools::recipe

@@ -30,12 +30,21 @@ struct OneRankModel {
 
 // `path`: a directory holding config.json (Hugging Face), a checkpoint's step directory, or a
 // run's checkpoint_dir (its newest checkpoint that verifies). The model is in float32 on the
-// CPU, in training mode as built (Keel's models have no dropout).
+// CPU, in training mode as built (a LoRA adapter's dropout acts until eval()). A LoRA run's
+// checkpoint gives its base (model.pretrained_path's weights, or the seed's initialisation
+// without one) with the checkpoint's adapters.
 // Errors: kNotFound for a path that is none of these (or a checkpoint_dir without a
 // checkpoint); kFailedPrecondition for a checkpoint not written by tools:train (no saved
 // configuration); as models::ReadHfConfig, checkpoint::LoadHfSafetensors and
 // checkpoint::CheckpointReader (a tensor missing, mis-shaped or corrupt is named).
 [[nodiscard]] absl::StatusOr<OneRankModel> LoadOneRankModel(const std::string& path);
+
+// Adds Hugging Face peft's LoRA adapter in `directory` (adapter_config.json and
+// adapter_model.safetensors, peft/peft_format.h) to `loaded`'s model: adapters on the layers it
+// names, with its weights. Errors: as peft::ReadPeftConfig, peft::SelectLinearModules (a target
+// the model lacks), peft::AttachLoraAdapters (a model with adapters already) and
+// peft::LoadPeftAdapter.
+[[nodiscard]] absl::Status AddPeftAdapter(const std::string& directory, OneRankModel& loaded);
 
 }  // namespace keel::tools::recipe
 

@@ -18,6 +18,7 @@
 #include "google/protobuf/message.h"
 #include "models/hf_config.h"
 #include "models/hf_directory.h"
+#include "peft/peft_format.h"
 #include "sampling/gpt_dataset_config.h"
 #include "sampling/numpy_random.h"
 #include "tools/recipe/config.h"
@@ -472,6 +473,11 @@ absl::StatusOr<SavedModel> ReadSavedModel(const base::Json& fingerprint) {
                                       "model.pretrained_path", saved.pretrained_path));
   KEEL_RETURN_IF_ERROR(base::FromJson(model->value("padded_vocab_size", base::Json(0)),
                                       "model.padded_vocab_size", saved.padded_vocab_size));
+  if (const auto peft = fingerprint.find("peft"); peft != fingerprint.end() && peft->is_object()) {
+    KEEL_RETURN_IF_ERROR(base::ReadJsonFields(*peft, saved.peft.emplace(), "peft."));
+  }
+  KEEL_RETURN_IF_ERROR(
+      base::FromJson(fingerprint.value("seed", base::Json(0)), "seed", saved.seed));
   const auto checkpoint = fingerprint.find("checkpoint");
   if (checkpoint != fingerprint.end() && checkpoint->contains("model_save_format")) {
     KEEL_RETURN_IF_ERROR(base::FromJson(checkpoint->at("model_save_format"),
@@ -499,6 +505,52 @@ ConfigChanges CompareConfigs(const base::Json& saved, const base::Json& current)
     }
   }
   return changes;
+}
+
+// peft.adapter_path: the adapter's r, lora_alpha, lora_dropout (peft's on A's input) and
+// target modules into options.peft, where the section sets none of them otherwise.
+absl::Status ReadAdapterPath(const PeftConfig& section, TrainOptions& options) {
+  options.peft_adapter_path = section.adapter_path();
+  absl::StatusOr<peft::PeftLoraConfig> config = peft::ReadPeftConfig(options.peft_adapter_path);
+  KEEL_RETURN_IF_ERROR(base::Annotate(config.status(), "peft.adapter_path"));
+  const peft::LoraOptions adapter = peft::LoraOptionsFromPeft(*config);
+  peft::LoraOptions& lora = *options.peft;
+  const std::string source = absl::StrCat(
+      "peft.adapter_path's ", base::JoinPath(options.peft_adapter_path, peft::kPeftConfigName));
+  auto contradiction = [&](absl::string_view field, const std::string& set,
+                           const std::string& theirs) {
+    return absl::InvalidArgumentError(absl::StrCat("peft.", field, " (", set, ") contradicts ",
+                                                   source, " (", theirs,
+                                                   "); allowed: unset, or the adapter's value"));
+  };
+  if (section.has_dim() && lora.dim != adapter.dim) {
+    return contradiction("dim", absl::StrCat(lora.dim), absl::StrCat("r ", adapter.dim));
+  }
+  if (section.has_alpha() && lora.alpha != adapter.alpha) {
+    return contradiction("alpha", absl::StrCat(lora.alpha),
+                         absl::StrCat("lora_alpha ", adapter.alpha));
+  }
+  if (section.has_dropout() && lora.dropout != adapter.dropout) {
+    return contradiction("dropout", absl::StrCat(lora.dropout),
+                         absl::StrCat("lora_dropout ", adapter.dropout));
+  }
+  if (section.has_dropout_position() && lora.dropout_position != adapter.dropout_position) {
+    return contradiction("dropout_position", peft::AbslUnparseFlag(lora.dropout_position),
+                         "peft's dropout acts on A's input: \"pre\"");
+  }
+  if (!lora.target_modules.empty() || !lora.exclude_modules.empty() || lora.match_all_linear) {
+    return contradiction(
+        lora.match_all_linear
+            ? "match_all_linear"
+            : (lora.target_modules.empty() ? "exclude_modules" : "target_modules"),
+        "set", absl::StrCat("target_modules: ", config->target_modules.size(), " layers"));
+  }
+  lora.dim = adapter.dim;
+  lora.alpha = adapter.alpha;
+  lora.dropout = adapter.dropout;
+  lora.dropout_position = adapter.dropout_position;
+  lora.target_modules = adapter.target_modules;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
@@ -548,7 +600,10 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
   if (config.has_peft()) {
     peft::LoraOptions& lora = options.peft.emplace();
-    KEEL_RETURN_IF_ERROR(CopyFields(config.peft(), lora));
+    KEEL_RETURN_IF_ERROR(CopyFields(config.peft(), lora, {"adapter_path"}));
+    if (!config.peft().adapter_path().empty()) {
+      KEEL_RETURN_IF_ERROR(ReadAdapterPath(config.peft(), options));
+    }
     KEEL_RETURN_IF_ERROR(peft::CheckLoraOptions(lora));
     if (options.model.num_moe_experts > 0) {
       return absl::InvalidArgumentError(absl::StrCat(

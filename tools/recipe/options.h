@@ -225,6 +225,10 @@ struct TrainOptions {
   // The peft section: LoRA adapters on the linear layers it selects; nullopt: none (the whole
   // model trains). Default: nullopt.
   std::optional<peft::LoraOptions> peft;
+  // peft.adapter_path: a Hugging Face peft adapter directory whose weights a new run's adapters
+  // start from (its r, lora_alpha, lora_dropout and target modules are peft's fields). Default:
+  // empty (A drawn, B zero).
+  std::string peft_adapter_path;
 };
 
 // Reads and checks `config`. Errors: kInvalidArgument naming "<section>.<field>", its value
@@ -275,6 +279,10 @@ struct SavedModel {
   std::string pretrained_path;
   int64_t padded_vocab_size = 0;
   checkpoint::SerializationFormat model_save_format = checkpoint::SerializationFormat::kKeel;
+  // A LoRA run's adapters (its model object holds them alone, ModelState's is_peft keys; the
+  // frozen base is pretrained_path's, or without one the seed's initialisation).
+  std::optional<peft::LoraOptions> peft;
+  int64_t seed = 0;
 };
 // Errors: kInvalidArgument naming a missing "model" section or a field of the wrong type.
 [[nodiscard]] absl::StatusOr<SavedModel> ReadSavedModel(const base::Json& fingerprint);

@@ -80,9 +80,10 @@ class Run {
   // the state is reset after each that failed part-way; a checkpoint of another
   // configuration warns, field by field, and one of another model is an error naming the
   // fields (another peft section's adapters too). When none loads, a new run starts from
-  // model.pretrained_path's weights, if set (LoadPretrained); a resumed run ignores it, saying
-  // so, except a LoRA run, whose frozen base Build loaded from it. Collective. Errors: as
-  // Checkpointer::LoadLatest; kInvalidArgument for another model; as LoadPretrained.
+  // model.pretrained_path's weights, if set (LoadPretrained), and peft.adapter_path's adapter
+  // (LoadPeftAdapter); a resumed run ignores them, saying so, except a LoRA run's base, which
+  // Build loaded. Collective. Errors: as Checkpointer::LoadLatest; kInvalidArgument for
+  // another model; as LoadPretrained and LoadPeftAdapter.
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> Resume();
 
   // One optimizer step over `micro_batches` (this rank's sample indices of each micro-batch):
@@ -129,6 +130,9 @@ class Run {
   // Loads the model's weights from model.pretrained_path (checkpoint::LoadHfSafetensors, with
   // the checkpoint's key layout) on every rank, all agreeing on the outcome.
   absl::Status LoadPretrained();
+  // A new LoRA run's adapters from peft.adapter_path (peft::LoadPeftAdapter), if set, on every
+  // rank, all agreeing on the outcome.
+  absl::Status LoadPeftAdapter();
   absl::Status OpenOutputs();
   // Mixture of experts: the routing statistics of the step's micro-batches into `output`,
   // summed over the data-parallel ranks and the pipeline stages, and the model's taken back

@@ -15,6 +15,7 @@
 #include "checkpoint/hf_import.h"
 #include "checkpoint/reader.h"
 #include "models/registry.h"
+#include "peft/peft_format.h"
 #include "tools/recipe/internal/run_state.h"
 #include "tools/recipe/lora.h"
 #include "tools/recipe/run.h"
@@ -44,6 +45,7 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
     if (chief && !result.quarantined.empty())
       log << "warning: no checkpoint loads; starting afresh\n";
     if (!options_.peft.has_value()) KEEL_RETURN_IF_ERROR(LoadPretrained());  // LoRA's: at Build
+    KEEL_RETURN_IF_ERROR(LoadPeftAdapter());
     s.optimizer->CopyModelToMain();
     return std::nullopt;
   }
@@ -56,6 +58,10 @@ absl::StatusOr<std::optional<std::string>> Run::Resume() {
                 : absl::StrCat("model: resuming from the run's own checkpoint, not from "
                                "model.pretrained_path (",
                                options_.pretrained_path, ")\n"));
+  }
+  if (chief && !options_.peft_adapter_path.empty()) {
+    log << "peft: the adapters from the run's own checkpoint, not from peft.adapter_path ("
+        << options_.peft_adapter_path << ")\n";
   }
   if (chief) {
     for (const std::string& change : changes) {
@@ -136,6 +142,24 @@ absl::Status Run::LoadPretrained() {
                   << (other_stages.empty() ? "" : " into the first pipeline stage") << " ("
                   << loaded->files.size() << " file(s)"
                   << (loaded->tied_checked.empty() ? "" : "; tied lm_head checked") << ")\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run::LoadPeftAdapter() {
+  if (options_.peft_adapter_path.empty()) return absl::OkStatus();
+  checkpoint::ModelStateOptions keys;
+  keys.is_peft = true;
+  KEEL_ASSIGN_OR_RETURN(const std::set<std::string> other_stages,
+                        KeysOfOtherStages(*state_->model, keys, runtime_));
+  absl::StatusOr<checkpoint::HfImportResult> loaded = peft::LoadPeftAdapter(
+      options_.peft_adapter_path, *state_->model, *options_.peft, other_stages);
+  KEEL_RETURN_IF_ERROR(AgreeOverRanks(base::Annotate(loaded.status(), "peft.adapter_path"),
+                                      runtime_, "loading peft.adapter_path"));
+  if (runtime_.rank == 0) {
+    *runtime_.log << "peft: the adapters start from " << options_.peft_adapter_path << " ("
+                  << loaded->num_tensors << " tensors"
+                  << (other_stages.empty() ? "" : " into the first pipeline stage") << ")\n";
   }
   return absl::OkStatus();
 }

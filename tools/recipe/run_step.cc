@@ -129,6 +129,12 @@ absl::Status Run::CheckNorm(double norm) {
 absl::StatusOr<std::optional<double>> Run::Validate() {
   State& s = *state_;
   at::NoGradGuard no_grad;
+  // No dropout (a LoRA adapter's) in validation, nor its draws from the training's generator.
+  struct EvalMode {
+    explicit EvalMode(torch::nn::Module& model) : model(model) { model.eval(); }
+    ~EvalMode() { model.train(); }
+    torch::nn::Module& model;
+  } eval_mode(*s.model);
   const Splits& splits = s.data.splits;
   const int64_t batch_size = options_.local_batch_size;
   // Every rank runs the same number of rounds (a batch each, or none at the end), so that all

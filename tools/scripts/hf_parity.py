@@ -32,7 +32,9 @@ and 2 when it cannot compare (a missing or unreadable file, an expected file wit
 
 `check-eval` loads a directory in the Hugging Face layout with from_pretrained and computes, over the
 indexed dataset PREFIX (.bin/.idx, tokens end to end), the per-window losses that `tools:eval` printed
-into KEEL_JSONL (window i = tokens [i*L, i*L+L+1)), and compares them, window by window and the mean:
+into KEEL_JSONL (window i = tokens [i*L, i*L+L+1)), and compares them, window by window and the mean;
+with --adapter=PEFT_DIR, over the peft adapter loaded with PeftModel.from_pretrained (tools:eval's
+--adapter):
 
     .venv/bin/python tools/scripts/hf_parity.py check-eval --dir=runs/export --data_prefix=data/text \
         --sequence_length=16 --keel=eval.jsonl --tolerance=1e-5
@@ -712,10 +714,16 @@ def cmd_check_eval(args) -> int:
         if length < 1:
             raise BadInput(f"--sequence_length={length} must be >= 1")
         tokens = _read_tokens(args.data_prefix, samples * length + 1)
-        try:
-            model = _load(args.dir)
-        except Exception as e:
-            raise BadInput(f"--dir={args.dir}: transformers cannot load it: {type(e).__name__}: {e}")
+        if args.adapter is not None:
+            model, problems = _load_peft(args.dir, args.adapter)
+            if any(problems.values()):
+                raise BadInput(f"--adapter={args.adapter}: peft did not take it as it is: {problems}")
+            model.eval()
+        else:
+            try:
+                model = _load(args.dir)
+            except Exception as e:
+                raise BadInput(f"--dir={args.dir}: transformers cannot load it: {type(e).__name__}: {e}")
     except BadInput as e:
         print(f"hf_parity: check-eval: {e}", file=sys.stderr)
         return _finish(2, error=str(e), max_abs_diff=None, ok=False)
@@ -763,6 +771,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     check_eval = sub.add_parser("check-eval", parents=[common],
                                 help="compare tools:eval's losses with transformers' on the same windows")
     check_eval.add_argument("--dir", required=True, help="directory in the Hugging Face layout")
+    check_eval.add_argument("--adapter", help="a peft adapter directory over --dir, loaded with "
+                            "PeftModel.from_pretrained (tools:eval's --adapter)")
     check_eval.add_argument("--data_prefix", required=True, help="the indexed dataset tools:eval read")
     check_eval.add_argument("--sequence_length", type=int, required=True, help="tools:eval's L")
     check_eval.add_argument("--keel", required=True, help="tools:eval's output (JSON lines)")
