@@ -3,8 +3,8 @@
 // the base model's, only the adapters train and are checkpointed (the frozen base comes from
 // model.pretrained_path at every start), tensor and pipeline parallelism and data parallelism
 // with the distributed optimizer follow the one-rank run, kill -9 resumes to the bit and a
-// checkpoint resumes on another layout; bf16 keeps float32 adapters; what LoRA cannot do is
-// refused by name.
+// checkpoint resumes on another layout; bf16 keeps float32 adapters; a checkpoint goes out to
+// peft and back; what LoRA cannot do is refused by name.
 #include <map>
 #include <set>
 #include <string>
@@ -140,20 +140,22 @@ TEST(TrainLoraTest, LayoutsComputeTheOneRankRun) {
 }
 
 // Killed with SIGKILL twice (once with its asynchronous save in flight) at tp=2, resumed each
-// time from the adapters' checkpoint and the base's directory: the uninterrupted run, to the bit.
+// time from the adapters' checkpoint and the base's directory: the uninterrupted run, to the bit
+// (so the uninterrupted run's frozen base never left the file's bytes either).
 TEST(TrainLoraTest, KillNineAndResumeIsBitIdentical) {
   ExpectKillNineResumesBitIdentically("lora_kill", 2, 18, [](const std::string& run_dir) {
     return SameSamplesRun(run_dir, 18, Lora({kTp2, kLocal8}));
   });
 }
 
-// One run through 1 rank, pp=2 and dp=2 with the distributed optimizer, each leg resuming from
-// the last one's checkpoint: the one-rank run's trace. (tp=2 pads the fixture's 131-token
-// vocabulary to 132, which the configuration check counts as another model.)
+// One run through 1 rank, tp=2 (whose padded vocabulary, 132 rows, is the frozen base's, not
+// the checkpoint's), pp=2 and dp=2 with the distributed optimizer, each leg resuming from the
+// last one's checkpoint: the one-rank run's trace.
 TEST(TrainLoraTest, CheckpointsResumeOnAnotherLayout) {
   ExpectResumesAcrossLayouts(
       "lora_reshard",
       {{1, {}},
+       {2, {kTp2, kLocal8}},
        {2, {"distributed.pipeline_model_parallel_size=2"}},
        {2, {"distributed.use_distributed_optimizer=true"}}},
       /*steps_per_leg=*/6, [](size_t, const std::string&) {}, Lora());

@@ -125,8 +125,11 @@ class Run {
   // says so, and what it means for the sampler's epoch.
   void ContinueOnNewWorldSize(int64_t saved_world_size);
   // Compares this run's configuration with the checkpoint's at `path` (before_load): the fields
-  // that differ go to `changes`; another model is an error.
+  // that differ go to `changes`; another model is an error (a LoRA run's padded vocabulary
+  // aside, unless an adapter has its rows: the frozen base is not in the checkpoint).
   absl::Status CheckConfig(const std::string& path, std::vector<std::string>& changes) const;
+  // Whether a LoRA adapter sits on a layer whose rows are the (padded) vocabulary.
+  bool AdaptsVocabulary() const;
   // Loads the model's weights from model.pretrained_path (checkpoint::LoadHfSafetensors, with
   // the checkpoint's key layout) on every rank, all agreeing on the outcome.
   absl::Status LoadPretrained();

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -8,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
@@ -111,6 +113,16 @@ absl::Status Run::CheckConfig(const std::string& path, std::vector<std::string>&
   if (absl::IsNotFound(saved.status())) return absl::OkStatus();  // saved by an older Keel
   KEEL_RETURN_IF_ERROR(saved.status());
   ConfigChanges compared = CompareConfigs(*saved, ConfigFingerprint(options_));
+  if (options_.peft.has_value() && !AdaptsVocabulary()) {
+    // The padded vocabulary (another tensor-parallel size) is the frozen base's, which comes
+    // from model.pretrained_path, not from the checkpoint.
+    std::vector<std::string>& incompatible = compared.incompatible;
+    incompatible.erase(std::remove_if(incompatible.begin(), incompatible.end(),
+                                      [](const std::string& line) {
+                                        return absl::StartsWith(line, "model.padded_vocab_size:");
+                                      }),
+                       incompatible.end());
+  }
   if (!compared.incompatible.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint ", path, " holds another model, which this run cannot load: ",
@@ -119,6 +131,14 @@ absl::Status Run::CheckConfig(const std::string& path, std::vector<std::string>&
   }
   changes = std::move(compared.changed);
   return absl::OkStatus();
+}
+
+bool Run::AdaptsVocabulary() const {
+  for (const std::string& vocab : state_->model->VocabParameters()) {
+    const std::string module = vocab.substr(0, vocab.rfind('.'));
+    if (state_->model->named_modules().contains(module + ".adapter")) return true;
+  }
+  return false;
 }
 
 absl::Status Run::LoadPretrained() {
