@@ -313,9 +313,12 @@ absl::Status PrintPeft(const TrainOptions& options, std::ostream& out) {
       << peft::AbslUnparseFlag(lora.lora_A_init) << ", on " << adapted.size()
       << " linear layers (N: a layer's index):\n";
   for (const auto& [name, count] : folded) out << "  " << name << " x" << count << "\n";
-  out << "peft: trainable " << trainable << " adapter parameters (" << Mib(4 * trainable)
-      << " in float32); frozen " << frozen << " model parameters ("
-      << Mib((options.bf16 ? 2 : 4) * frozen) << ")\n";
+  // An adapter parameter's weight (float32; bf16 with its float32 main copy), gradient and
+  // AdamW's two moments, on the whole model.
+  const int64_t state_bytes = (options.bf16 ? 2 + 4 + 4 : 4 + 4) + 8;
+  out << "peft: trainable " << trainable << " adapter parameters (" << Mib(state_bytes * trainable)
+      << " with their gradients and AdamW state, over all ranks); frozen " << frozen
+      << " model parameters (" << Mib((options.bf16 ? 2 : 4) * frozen) << ")\n";
   return absl::OkStatus();
 }
 

@@ -170,7 +170,8 @@ TEST(DryRunTest, ShowsTheAdaptedLayersAndWhatTrains) {
   // (32 x 32 + 2 x 16 x 32 + 32 x 32) and the MLP (3 x 64 x 32); the final norm (32).
   EXPECT_THAT(out.str(),
               HasSubstr(absl::StrCat(
-                  "peft: trainable 8192 adapter parameters (0.0 MiB in float32); frozen ",
+                  "peft: trainable 8192 adapter parameters (0.1 MiB with their gradients and AdamW "
+                  "state, over all ranks); frozen ",
                   256 * 32 + 2 * (64 + 1024 + 1024 + 1024 + 6144) + 32, " model parameters")));
   options.peft->target_modules = {"*.qkv"};
   EXPECT_THAT(DryRun(options, 1, out),

@@ -27,6 +27,10 @@ RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshL
   }
   const int64_t dense = memory.parameters.dense, experts = memory.parameters.experts;
   const int64_t all = dense + experts;
+  if (options.peft.has_value()) {  // frozen: the adapters' state is the peft lines'
+    memory.weight_bytes = (options.bf16 ? kBf16 : kFloat32) * all;
+    return memory;
+  }
   const int64_t dp = layout.data_parallel_size();
   const int64_t expert_dp = layout.expert_data_parallel_size();
   // The elements of this rank's optimizer state: all of them, or its shards.
@@ -65,6 +69,12 @@ void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLa
   if (pp > 1) out << " (pipeline stage " << m.stage << " of " << pp << ", the largest)";
   out << ": " << m.parameters.dense + m.parameters.experts << " parameters";
   if (m.parameters.experts > 0) out << " (" << m.parameters.experts << " of experts)";
+  if (options.peft.has_value()) {
+    out << "; frozen weights " << Mib(m.weight_bytes)
+        << " (no gradients, no optimizer state), plus the LoRA adapters' (below) before "
+           "activations\n";
+    return;
+  }
   out << "; weights " << Mib(m.weight_bytes) << ", gradients " << Mib(m.gradient_bytes);
   if (m.main_param_bytes > 0) out << ", main parameters " << Mib(m.main_param_bytes);
   out << ", optimizer state " << Mib(m.optimizer_bytes);

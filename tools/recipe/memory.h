@@ -38,8 +38,9 @@ struct RankMemory {
   }
 };
 
-// The rank of `layout` running `options` that holds the most. Requires: options and layout
-// that CheckGeometry accepted.
+// The rank of `layout` running `options` that holds the most. With LoRA (options.peft) only
+// its frozen weights: the adapters and their state are counted apart (--dry_run's peft lines).
+// Requires: options and layout that CheckGeometry accepted.
 RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshLayout& layout);
 
 // `bytes` for a reader: "12.5 MiB".

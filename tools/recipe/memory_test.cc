@@ -82,5 +82,18 @@ TEST(MemoryTest, PrintsThePrecisionAndTheLargestStage) {
   EXPECT_THAT(fp32.str(), ::testing::Not(HasSubstr("main parameters")));
 }
 
+// LoRA: the model's weights are frozen, with no gradients or optimizer state of their own.
+TEST(MemoryTest, LoraCountsOnlyTheFrozenWeights) {
+  TrainOptions options = Options(true, false);
+  options.peft.emplace();
+  const parallel::MeshLayout layout = *parallel::MeshLayout::Create({}, 1);
+  const RankMemory memory = EstimateRankMemory(options, layout);
+  EXPECT_EQ(memory.weight_bytes, 2 * memory.parameters.dense);
+  EXPECT_EQ(memory.total_bytes(), memory.weight_bytes);
+  std::ostringstream out;
+  PrintPrecisionAndMemory(options, layout, out);
+  EXPECT_THAT(out.str(), HasSubstr("(no gradients, no optimizer state), plus the LoRA adapters'"));
+}
+
 }  // namespace
 }  // namespace keel::tools::recipe
