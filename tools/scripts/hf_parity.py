@@ -14,7 +14,11 @@ It then reloads every case with from_pretrained and fails unless the logits are 
 It also records LoRA adapters (ADAPTER_CASES) on a case's model with Hugging Face peft, A and B both
 seeded random, into OUT/<adapter case>/: what PeftModel.save_pretrained writes (adapter_config.json,
 adapter_model.safetensors) and expected.safetensors (the base case's input_ids, PeftModel's logits
-and merge_and_unload()'s), checked the same way through PeftModel.from_pretrained.
+and merge_and_unload()'s), checked the same way through PeftModel.from_pretrained. And it records supervised fine-tuning data
+(SFT_CASES) for a case's model into OUT/<sft case>/: a tiny chat tokenizer built here (no Hub), chat
+templates with and without {% generation %} blocks and one that rewrites earlier turns, conversations
+(conversations.jsonl), and expected.safetensors (transformers' tokens, assistant masks, and the
+answer-only loss of each conversation on the base model).
 testdata/hf_parity/README.md describes the files; regenerate them with
 
     ATEN_CPU_CAPABILITY=avx2 .venv/bin/python tools/scripts/hf_parity.py record --out=testdata/hf_parity
