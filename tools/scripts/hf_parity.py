@@ -14,7 +14,11 @@ It then reloads every case with from_pretrained and fails unless the logits are 
 It also records LoRA adapters (ADAPTER_CASES) on a case's model with Hugging Face peft, A and B both
 seeded random, into OUT/<adapter case>/: what PeftModel.save_pretrained writes (adapter_config.json,
 adapter_model.safetensors) and expected.safetensors (the base case's input_ids, PeftModel's logits
-and merge_and_unload()'s), checked the same way through PeftModel.from_pretrained.
+and merge_and_unload()'s), checked the same way through PeftModel.from_pretrained. And it records supervised fine-tuning data
+(SFT_CASES) for a case's model into OUT/<sft case>/: a tiny chat tokenizer built here (no Hub), chat
+templates with and without {% generation %} blocks and one that rewrites earlier turns, conversations
+(conversations.jsonl), and expected.safetensors (transformers' tokens, assistant masks, and the
+answer-only loss of each conversation on the base model).
 testdata/hf_parity/README.md describes the files; regenerate them with
 
     ATEN_CPU_CAPABILITY=avx2 .venv/bin/python tools/scripts/hf_parity.py record --out=testdata/hf_parity
@@ -516,15 +520,187 @@ def record_adapter_case(case: AdapterCase, out: str) -> Dict[str, int]:
     return {f: os.path.getsize(os.path.join(case_dir, f)) for f in sorted(os.listdir(case_dir))}
 
 
+# A tiny chat tokenizer and conversations for supervised fine-tuning (issue 44): OUT/<sft case>/.
+# Special tokens first, then the template's markers (added tokens), then every word of the
+# conversations in sorted order; the vocabulary fits the base case's 131 ids.
+_SFT_SPECIAL = ("<unk>", "<s>", "</s>", "<pad>")
+_SFT_MARKERS = ("[INST]", "[/INST]", "<<SYS>>", "<</SYS>>", "<think>", "</think>")
+
+
+def _sft_template(generation: bool) -> str:
+    """A Llama-2-like template: the assistant's message (its text and EOS) is all the model writes,
+    so the {% generation %} blocks and the renders of message prefixes mark the same tokens."""
+    open_, close = ("{% generation %}", "{% endgeneration %}") if generation else ("", "")
+    return ("{{ bos_token }}{% for m in messages %}"
+            "{% if m['role'] == 'system' %}<<SYS>>{{ m['content'] }}<</SYS>>"
+            "{% elif m['role'] == 'user' %}[INST]{{ m['content'] }}[/INST]"
+            "{% elif m['role'] == 'assistant' %}" + open_ + "{{ m['content'] }}{{ eos_token }}" + close +
+            "{% endif %}{% endfor %}")
+
+
+# Qwen3's habit in miniature: an assistant message before the last user message loses its
+# <think>...</think>, so rendering a prefix does not reproduce the start of the whole render.
+_SFT_REWRITING_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(last_user=-1) %}{% for m in messages %}"
+    "{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if m['role'] == 'system' %}<<SYS>>{{ m['content'] }}<</SYS>>"
+    "{% elif m['role'] == 'user' %}[INST]{{ m['content'] }}[/INST]"
+    "{% elif loop.index0 < ns.last_user and '</think>' in m['content'] %}"
+    "{{ m['content'].split('</think>')[-1] }}{{ eos_token }}"
+    "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SftCase:
+    """A chat tokenizer, conversations and transformers' answer-only loss on the model of `base`."""
+    name: str
+    base: str
+    description: str
+    conversations: tuple  # OpenAI messages lists
+    # The prompt/completion row (AutoModel's context/question/answer) recorded without a template.
+    prompt_completion: tuple  # (context, question, answer)
+
+
+def _sys(text): return {"role": "system", "content": text}
+def _user(text): return {"role": "user", "content": text}
+def _assistant(text): return {"role": "assistant", "content": text}
+
+
+SFT_CASES = (
+    SftCase("llama_gqa_untied_sft", "llama_gqa_untied",
+            "a WordLevel chat tokenizer (Llama-2-like template with {% generation %}) and four conversations "
+            "on llama_gqa_untied: transformers' assistant masks and answer-only loss",
+            conversations=(
+                (_sys("You are terse."), _user("What is two plus two?"), _assistant("Four."),
+                 _user("And three plus three?"), _assistant("Six.")),
+                (_user("Say hi"), _assistant("Hi!")),
+                (_sys("The cat sat on the mat."), _user("Where did the cat sit?"), _assistant("On the mat.")),
+                (_user("What is two plus two?"), _assistant("<think>two and two</think>Four."),
+                 _user("Say hi"), _assistant("Hi!")),
+            ),
+            prompt_completion=("The cat sat on the mat.", "Where did the cat sit?", "On the mat.")),
+)
+SFT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "prefix_template.jinja",
+             "rewriting_template.jinja", "conversations.jsonl", "expected.safetensors")
+
+
+def _sft_tokenizer(case: SftCase):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    pre = pre_tokenizers.Whitespace()
+    texts = [m["content"] for c in case.conversations for m in c] + list(case.prompt_completion)
+    for marker in _SFT_MARKERS:
+        texts = [t.replace(marker, " ") for t in texts]
+    words = sorted({piece for t in texts for piece, _ in pre.pre_tokenize_str(t)})
+    vocab = {token: i for i, token in enumerate(_SFT_SPECIAL + _SFT_MARKERS + tuple(words))}
+    word_level = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>", pad_token="<pad>",
+                                        additional_special_tokens=list(_SFT_MARKERS))
+    tokenizer.chat_template = _sft_template(generation=True)
+    return tokenizer
+
+
+def record_sft_case(case: SftCase, out: str) -> Dict[str, int]:
+    """Writes OUT/<sft case>/ from OUT/<base>/ and verifies it; returns the file sizes."""
+    from transformers import AutoTokenizer
+    case_dir = os.path.join(out, case.name)
+    _clear_case_dir(case_dir, SFT_FILES)
+    tokenizer = _sft_tokenizer(case)
+    model = _load(os.path.join(out, case.base))
+    if len(tokenizer) > model.config.vocab_size:
+        raise ParityError(f"{case.name}: the tokenizer has {len(tokenizer)} ids, the model {model.config.vocab_size}")
+    tokenizer.save_pretrained(case_dir)
+    written = sorted(os.listdir(case_dir))
+    if written != ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]:
+        raise ParityError(f"{case_dir}: save_pretrained wrote {written}")
+    for name, text in (("prefix_template.jinja", _sft_template(generation=False)),
+                       ("rewriting_template.jinja", _SFT_REWRITING_TEMPLATE)):
+        with open(os.path.join(case_dir, name), "w") as f:
+            f.write(text)
+    with open(os.path.join(case_dir, "conversations.jsonl"), "w") as f:
+        for messages in case.conversations:
+            f.write(json.dumps({"messages": list(messages)}) + "\n")
+
+    loaded = AutoTokenizer.from_pretrained(case_dir, local_files_only=True)
+    rendered = [loaded.apply_chat_template(list(c), tokenize=True, return_dict=True,
+                                           return_assistant_tokens_mask=True) for c in case.conversations]
+    ids = [torch.tensor(r["input_ids"], dtype=torch.int64) for r in rendered]
+    masks = [torch.tensor(r["assistant_masks"], dtype=torch.int64) for r in rendered]
+    lengths = torch.tensor([len(i) for i in ids], dtype=torch.int64)
+    width = int(lengths.max())
+    pad = loaded.pad_token_id
+
+    def padded(rows, value):
+        return torch.stack([torch.nn.functional.pad(r, (0, width - len(r)), value=value) for r in rows])
+
+    loss_sums, label_tokens = [], []
+    for i, (row, mask) in enumerate(zip(ids, masks)):
+        labels = torch.where(mask.bool(), row, torch.full_like(row, -100))
+        with torch.no_grad():
+            output = model(input_ids=row[None], labels=labels[None])
+        targets = labels[1:]
+        total = torch.nn.functional.cross_entropy(output.logits[0, :-1], targets, ignore_index=-100,
+                                                  reduction="sum")
+        count = int((targets != -100).sum())
+        if count == 0 or not torch.allclose(total / count, output.loss, rtol=1e-6, atol=0):
+            raise ParityError(f"{case.name}: conversation {i}: HF loss {output.loss.item()} is not the mean "
+                              f"{total.item()}/{count} of its shifted learned targets")
+        loss_sums.append(total)
+        label_tokens.append(count)
+    loss_sum = torch.stack(loss_sums)
+    label_tokens = torch.tensor(label_tokens, dtype=torch.int64)
+
+    context, question, answer = case.prompt_completion
+    prompt = f"{context} {question} "
+    plain = loaded(prompt + answer)["input_ids"] + [loaded.eos_token_id]
+    plain_prompt = len(loaded(prompt, add_special_tokens=False)["input_ids"])
+    metadata = {
+        "case": case.name,
+        "base": case.base,
+        "description": case.description,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_num_threads": str(torch.get_num_threads()),
+        "attn_implementation": "eager",
+        "dtype": "float32",
+        "assistant_masks": "apply_chat_template(return_assistant_tokens_mask=True) with chat_template.jinja",
+        "labels": "input_ids with -100 where assistant_masks is 0 (and on padding), unshifted",
+        "loss_sum": "per conversation, alone (no padding): the summed cross-entropy of its shifted learned "
+                    "targets, logits[:-1] against labels[1:]",
+        "loss": "sum(loss_sum) / sum(label_tokens), AutoModel's MaskedCrossEntropy over num_label_tokens",
+        "prompt_completion": "AutoModel's plain format: tokenizer('context question ' + answer) + [EOS]; "
+                             "the first prompt_completion_prompt_tokens are not learned",
+    }
+    tensors = {
+        "input_ids": padded(ids, pad), "lengths": lengths, "assistant_masks": padded(masks, 0),
+        "labels": padded([torch.where(m.bool(), r, torch.full_like(r, -100)) for r, m in zip(ids, masks)], -100),
+        "loss_sum": loss_sum, "label_tokens": label_tokens,
+        "loss": (loss_sum.sum() / label_tokens.sum()).to(torch.float32),
+        "prompt_completion_ids": torch.tensor(plain, dtype=torch.int64),
+        "prompt_completion_prompt_tokens": torch.tensor(plain_prompt, dtype=torch.int64),
+    }
+    save_file_stable(tensors, os.path.join(case_dir, "expected.safetensors"), metadata)
+    if sorted(os.listdir(case_dir)) != sorted(SFT_FILES):
+        raise ParityError(f"{case_dir}: holds {sorted(os.listdir(case_dir))}, expected {sorted(SFT_FILES)}")
+    for i, (row, mask) in enumerate(zip(ids, masks)):
+        if not (mask.any() and (mask == 0).any()):
+            raise ParityError(f"{case.name}: conversation {i}: the mask {mask.tolist()} learns all or nothing")
+    return {f: os.path.getsize(os.path.join(case_dir, f)) for f in sorted(os.listdir(case_dir))}
+
+
 def cmd_record(args) -> int:
     torch.set_num_threads(args.threads)
-    names = [c.name for c in CASES] + [c.name for c in ADAPTER_CASES]
+    names = [c.name for c in CASES] + [c.name for c in ADAPTER_CASES] + [c.name for c in SFT_CASES]
     unknown = sorted(set(args.case or ()) - set(names))
     if unknown:
         print(f"hf_parity: unknown --case {', '.join(unknown)}; cases are {', '.join(names)}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    recorders = [(c, record_case) for c in CASES] + [(c, record_adapter_case) for c in ADAPTER_CASES]
+    recorders = [(c, record_case) for c in CASES] + [(c, record_adapter_case) for c in ADAPTER_CASES] + \
+        [(c, record_sft_case) for c in SFT_CASES]
     for case, recorder in recorders:
         if args.case and case.name not in args.case:
             continue
@@ -751,7 +927,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                             help="write the fixtures (config.json, model.safetensors, expected.safetensors)")
     record.add_argument("--out", required=True, help="directory that receives one folder per case")
     record.add_argument("--case", action="append",
-                        help=f"record only this case (repeatable): {', '.join(c.name for c in CASES)}")
+                        help="record only this case (repeatable): " +
+                        ", ".join(c.name for c in CASES + ADAPTER_CASES + SFT_CASES))
     check = sub.add_parser("check-export", parents=[common],
                            help="compare an exported directory's logits with a fixture's")
     check.add_argument("--dir", required=True,

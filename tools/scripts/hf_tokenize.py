@@ -62,20 +62,12 @@ def main(argv=None) -> int:
     parser.add_argument("files", nargs="+", metavar="FILE")
     args = parser.parse_args(argv)
     try:
-        from transformers import AutoTokenizer
-
+        import hf_tokenizer
         import megatron_indexed
-    except ImportError as e:
-        print(f"hf_tokenize: {e}; run tools/bootstrap.sh and use .venv/bin/python", file=sys.stderr)
-        return 2
-    if not os.path.isdir(args.model):
-        print(f"hf_tokenize: --model={args.model}: no such directory", file=sys.stderr)
-        return 2
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
-    except Exception as e:  # transformers raises OSError or ValueError for a directory without one
-        print(f"hf_tokenize: --model={args.model}: no tokenizer transformers can load "
-              f"({type(e).__name__}: {e})", file=sys.stderr)
+
+        tokenizer = hf_tokenizer.load(args.model)
+    except (ImportError, hf_tokenizer.UsageError) as e:
+        print(f"hf_tokenize: {e}", file=sys.stderr)
         return 2
     eos = tokenizer.eos_token_id
     if args.append_eod and eos is None:
@@ -94,9 +86,7 @@ def main(argv=None) -> int:
                 ids[-1] = ids[-1] + [eos]
             yield ids
 
-    record = {"tokenizer_model": os.path.abspath(args.model), "vocab_size": vocab_size,
-              "eos_id": -1 if eos is None else eos, "append_eod": args.append_eod,
-              "tokenizer_type": "huggingface"}
+    record = hf_tokenizer.record(args.model, tokenizer, args.append_eod)
     outputs = [(key, f"{args.output_prefix}_{key}_document") for key in keys] or [(None, args.output_prefix)]
     for key, prefix in outputs:
         try:

@@ -1,6 +1,6 @@
 """Megatron's indexed datasets (PREFIX.bin and PREFIX.idx, the MMIDIDX index of version 1, as
 megatron/core/datasets/indexed_dataset.py writes and reads them), for the Python scripts here:
-hf_tokenize.py writes them, hf_parity.py check-eval reads their tokens. Keel's C++ side is
+hf_tokenize.py and hf_sft_tokenize.py write them, hf_parity.py check-eval reads their tokens. Keel's C++ side is
 sampling/indexed_dataset.h. Errors are ValueError naming the file."""
 
 import json
@@ -21,37 +21,68 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size < 65500 else np.int32
 
 
+class Writer:
+    """Megatron's IndexedDatasetBuilder, streaming: add_document() appends a document's sequences to
+    PREFIX.bin.tmp as they come; finish() writes `record` (unless None) as PREFIX.tokenizer.json,
+    then PREFIX.idx (tools:preprocess's order: the index last, so a dataset without it is
+    unfinished) and returns the counts. Files are renamed into place only by finish()."""
+
+    def __init__(self, prefix: str, dtype):
+        self.prefix, self.dtype = prefix, np.dtype(dtype)
+        self.sizes, self.document_index = [], [0]
+        os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+        self._bin = open(prefix + ".bin.tmp", "wb")
+
+    def add_document(self, sequences) -> None:
+        """Appends one document: each sequence a list of ids (or values of the dtype)."""
+        for sequence in sequences:
+            self._bin.write(np.asarray(sequence, dtype=self.dtype).tobytes(order="C"))
+            self.sizes.append(len(sequence))
+        self.document_index.append(len(self.sizes))
+
+    def abandon(self) -> None:
+        """Closes and removes the .bin of an unfinished writer; does nothing after finish()."""
+        if self._bin.closed:
+            return
+        self._bin.close()
+        os.remove(self.prefix + ".bin.tmp")
+
+    def finish(self, record) -> dict:
+        prefix, sizes = self.prefix, self.sizes
+        if not sizes:
+            self.abandon()
+            raise ValueError(f"{prefix}: no sequence to write")
+        self._bin.close()
+        pointers = np.zeros(len(sizes), dtype=np.int64)
+        pointers[1:] = np.cumsum(np.asarray(sizes[:-1], dtype=np.int64) * self.dtype.itemsize)
+        with open(prefix + ".idx.tmp", "wb") as idx:
+            idx.write(_MAGIC)
+            idx.write(struct.pack("<QBQQ", 1, _CODES[self.dtype], len(sizes), len(self.document_index)))
+            idx.write(np.asarray(sizes, dtype=np.int32).tobytes())
+            idx.write(pointers.tobytes())
+            idx.write(np.asarray(self.document_index, dtype=np.int64).tobytes())
+        os.replace(prefix + ".bin.tmp", prefix + ".bin")
+        if record is not None:
+            with open(prefix + ".tokenizer.json.tmp", "w") as f:
+                json.dump(record, f, indent=1)
+                f.write("\n")
+            os.replace(prefix + ".tokenizer.json.tmp", prefix + ".tokenizer.json")
+        os.replace(prefix + ".idx.tmp", prefix + ".idx")
+        return {"documents": len(self.document_index) - 1, "sequences": len(sizes), "tokens": int(sum(sizes)),
+                "dtype": self.dtype.name}
+
+
 def write(prefix: str, documents, dtype, record: dict) -> dict:
-    """Writes each document (a list of sequences, each a list of ids) to PREFIX.bin, then `record`
-    as PREFIX.tokenizer.json, then PREFIX.idx (tools:preprocess's order: the index last, so a
-    dataset without it is unfinished). Returns the counts."""
-    sizes, document_index = [], [0]
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    with open(prefix + ".bin.tmp", "wb") as bin_file:
+    """Writes each document (a list of sequences, each a list of ids) with a Writer, then
+    finishes it with `record`. Returns the counts."""
+    writer = Writer(prefix, dtype)
+    try:
         for document in documents:
-            for sequence in document:
-                bin_file.write(np.asarray(sequence, dtype=dtype).tobytes(order="C"))
-                sizes.append(len(sequence))
-            document_index.append(len(sizes))
-    if not sizes:
-        os.remove(prefix + ".bin.tmp")
-        raise ValueError(f"{prefix}: no sequence to write")
-    pointers = np.zeros(len(sizes), dtype=np.int64)
-    pointers[1:] = np.cumsum(np.asarray(sizes[:-1], dtype=np.int64) * np.dtype(dtype).itemsize)
-    with open(prefix + ".idx.tmp", "wb") as idx:
-        idx.write(_MAGIC)
-        idx.write(struct.pack("<QBQQ", 1, _CODES[np.dtype(dtype)], len(sizes), len(document_index)))
-        idx.write(np.asarray(sizes, dtype=np.int32).tobytes())
-        idx.write(pointers.tobytes())
-        idx.write(np.asarray(document_index, dtype=np.int64).tobytes())
-    os.replace(prefix + ".bin.tmp", prefix + ".bin")
-    with open(prefix + ".tokenizer.json.tmp", "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
-    os.replace(prefix + ".tokenizer.json.tmp", prefix + ".tokenizer.json")
-    os.replace(prefix + ".idx.tmp", prefix + ".idx")
-    return {"documents": len(document_index) - 1, "sequences": len(sizes), "tokens": int(sum(sizes)),
-            "dtype": np.dtype(dtype).name}
+            writer.add_document(document)
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.finish(record)
 
 
 def read_tokens(prefix: str, count: int) -> np.ndarray:
