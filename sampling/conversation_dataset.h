@@ -37,8 +37,8 @@ class ConversationDataset {
   static std::string LossMaskPrefix(const std::string& path_prefix);
 
   // Opens both datasets (IndexedDataset::Open's checks and errors) and checks that they agree,
-  // reading the whole mask once. Errors: kDataLoss naming the file for integer tokens that are
-  // not, a mask that is not uint8, a document that is not exactly one sequence, a different
+  // reading the whole mask once. Errors: kDataLoss naming the file for tokens that are not
+  // integers, a mask that is not uint8, a document that is not exactly one sequence, a different
   // number of conversations or a different length of one (naming it and both values), and a
   // mask value other than 0 or 1 (naming the conversation, the position and the value).
   [[nodiscard]] static absl::StatusOr<ConversationDataset> Open(const std::string& path_prefix);
