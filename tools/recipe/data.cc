@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "sampling/conversation_dataset.h"
 #include "sampling/indexed_dataset.h"
 #include "tools/recipe/corpus.h"
 #include "tools/recipe/named_dataset.h"
@@ -102,6 +103,7 @@ TokenBatch TokenBatch::To(const at::Device& device) const {
 }
 
 Splits::Splits(std::unique_ptr<MegatronData> megatron) : megatron_(std::move(megatron)) {}
+Splits::Splits(std::unique_ptr<SftData> sft) : sft_(std::move(sft)) {}
 Splits::Splits(Splits&&) noexcept = default;
 Splits& Splits::operator=(Splits&&) noexcept = default;
 Splits::~Splits() = default;
@@ -112,31 +114,33 @@ int64_t Splits::TrainWindows(int64_t windows, int64_t every_n) {
 
 int64_t Splits::train_size() const {
   if (megatron_ != nullptr) return megatron_->train_size();
+  if (sft_ != nullptr) return sft_->train_size();
   return TrainWindows(windows_->size(), every_n_);
 }
 
 int64_t Splits::val_size() const {
   if (megatron_ != nullptr) return megatron_->val_size();
+  if (sft_ != nullptr) return sft_->val_size();
   return every_n_ == 0 ? 0 : windows_->size() / every_n_;
 }
 
 absl::StatusOr<TokenBatch> Splits::Batch(const std::vector<int64_t>& indices,
                                          bool validation) const {
-  if (megatron_ == nullptr) return WindowBatch(indices, validation);
+  if (megatron_ == nullptr && sft_ == nullptr) return WindowBatch(indices, validation);
   std::vector<int64_t> kept;
   for (int64_t index : indices) {
     if (index >= 0) kept.push_back(index);
   }
   if (kept.empty()) return TokenBatch();
   const int64_t n = static_cast<int64_t>(kept.size());
-  const int64_t L = megatron_->sequence_length();
+  const int64_t L = megatron_ != nullptr ? megatron_->sequence_length() : sft_->sequence_length();
   TokenBatch batch{at::empty({n, L}, at::kLong), at::empty({n, L}, at::kLong),
                    at::empty({n, L}, at::kFloat)};
   for (int64_t i = 0; i < n; ++i) {
-    KEEL_RETURN_IF_ERROR(
-        megatron_->Fill(kept[i], validation,
-                        {batch.inputs[i].data_ptr<int64_t>(), batch.labels[i].data_ptr<int64_t>(),
-                         batch.loss_mask[i].data_ptr<float>()}));
+    const SampleRow row{batch.inputs[i].data_ptr<int64_t>(), batch.labels[i].data_ptr<int64_t>(),
+                        batch.loss_mask[i].data_ptr<float>()};
+    KEEL_RETURN_IF_ERROR(megatron_ != nullptr ? megatron_->Fill(kept[i], validation, row)
+                                              : sft_->Fill(kept[i], validation, row));
   }
   return batch;
 }
@@ -177,10 +181,51 @@ absl::StatusOr<TrainData> OpenMegatronData(const TrainOptions& options, const Tr
   return TrainData{options.data.megatron.paths, std::move(splits), *std::move(sampler)};
 }
 
+// The conversations of data.format "sft" at data.prefix, with the sampler over their training
+// split.
+absl::StatusOr<TrainData> OpenSftData(const TrainOptions& options, const TrainRuntime& runtime) {
+  const std::string& prefix = options.data.prefix;
+  KEEL_RETURN_IF_ERROR(OpenNamedDataset("data.prefix", prefix).status());
+  const std::string mask = sampling::ConversationDataset::LossMaskPrefix(prefix);
+  if (absl::IsNotFound(sampling::IndexedDataset::Open(mask).status())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.prefix (", prefix, ") holds tokens but no loss mask (", mask,
+        ".bin/.idx): data.format \"sft\" trains on conversations that "
+        "tools/scripts/hf_sft_tokenize.py writes; a token stream trains with data.format "
+        "\"pretraining\""));
+  }
+  KEEL_RETURN_IF_ERROR(
+      CheckDataFitsModel(prefix, {options.model.vocab_size, options.pretrained_path}));
+  absl::StatusOr<std::unique_ptr<SftData>> sft =
+      SftData::Open(prefix, options.data.sft, options.data.dataset.sequence_length,
+                    options.data.validation_every_n_samples);
+  KEEL_RETURN_IF_ERROR(base::Annotate(sft.status(), "data.prefix (data.format \"sft\")"));
+  if (runtime.rank == 0) {
+    *runtime.log << "data: " << (*sft)->train_size() << " training and " << (*sft)->val_size()
+                 << " validation conversations of " << prefix;
+    if ((*sft)->overlong() > 0) {
+      *runtime.log << "; " << (*sft)->overlong() << " longer than data.sequence_length + 1 ("
+                   << options.data.dataset.sequence_length + 1 << ") tokens "
+                   << ((*sft)->options().overlong == Overlong::kDrop ? "dropped" : "truncated")
+                   << " (data.overlong)";
+    }
+    *runtime.log << "\n";
+  }
+  Splits splits(*std::move(sft));
+  const int64_t sampled = SampledWindows(options, splits);
+  absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
+      sampling::CreateMegatronSampler(options.sampler, sampled, runtime.dp_rank, runtime.dp_size);
+  KEEL_RETURN_IF_ERROR(base::Annotate(
+      sampler.status(), absl::StrCat("sampler over ", sampled, " of the ", splits.train_size(),
+                                     " training conversations of ", prefix)));
+  return TrainData{prefix, std::move(splits), *std::move(sampler)};
+}
+
 // OpenTrainData on this rank alone.
 absl::StatusOr<TrainData> OpenOnRank(const TrainOptions& options, const TrainRuntime& runtime,
                                      bool plan_only) {
   if (!options.data.megatron.paths.empty()) return OpenMegatronData(options, runtime, plan_only);
+  if (options.data.sft.format == DataFormat::kSft) return OpenSftData(options, runtime);
   KEEL_ASSIGN_OR_RETURN(std::string prefix, DataPrefix(options, runtime));
   KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset tokens, OpenNamedDataset("data.prefix", prefix));
   KEEL_RETURN_IF_ERROR(

@@ -1,7 +1,8 @@
 // The data of a training run: GPT windows of a Megatron indexed dataset (data.prefix, or the
 // default corpus that rank 0 prepares into <run_dir>/data) split into training and validation
-// windows, or Megatron's GPT datasets of data.paths (megatron_data.h); and the Megatron
-// sampler that slices the training samples across ranks.
+// windows, Megatron's GPT datasets of data.paths (megatron_data.h), or the conversations of
+// data.format "sft" (sft_data.h); and the Megatron sampler that slices the training samples
+// across ranks.
 //
 //   KEEL_ASSIGN_OR_RETURN(TrainData data, OpenTrainData(options, runtime));
 //   KEEL_ASSIGN_OR_RETURN(TokenBatch batch, data.splits.Batch(indices, /*validation=*/false));
@@ -21,6 +22,7 @@
 #include "tools/recipe/megatron_data.h"
 #include "tools/recipe/options.h"
 #include "tools/recipe/runtime.h"
+#include "tools/recipe/sft_data.h"
 
 namespace keel::tools::recipe {
 
@@ -44,6 +46,7 @@ class Splits {
   Splits(sampling::FixedWindowDataset dataset, int64_t every_n)
       : windows_(std::move(dataset)), every_n_(every_n) {}
   explicit Splits(std::unique_ptr<MegatronData> megatron);
+  explicit Splits(std::unique_ptr<SftData> sft);
   Splits(Splits&&) noexcept;
   Splits& operator=(Splits&&) noexcept;
   ~Splits();
@@ -55,14 +58,16 @@ class Splits {
   static int64_t TrainWindows(int64_t windows, int64_t every_n);
 
   // The samples of the given split indices (negative ones, padding, are skipped); an
-  // undefined batch when none is left. Windows have all labels counted; Megatron's samples
-  // carry their loss masks. Not thread-safe. Errors: as FixedWindowDataset::Sample and
-  // MegatronData::Fill.
+  // undefined batch when none is left. Windows have all labels counted; Megatron's samples and
+  // conversations carry their loss masks. Not thread-safe. Errors: as
+  // FixedWindowDataset::Sample, MegatronData::Fill and SftData::Fill.
   [[nodiscard]] absl::StatusOr<TokenBatch> Batch(const std::vector<int64_t>& indices,
                                                  bool validation) const;
 
-  // The Megatron datasets of data.paths; nullptr for windows.
+  // The Megatron datasets of data.paths; nullptr otherwise.
   MegatronData* megatron() const { return megatron_.get(); }
+  // The conversations of data.format "sft"; nullptr otherwise.
+  const SftData* sft() const { return sft_.get(); }
 
  private:
   int64_t TrainIndex(int64_t j) const;
@@ -73,6 +78,7 @@ class Splits {
   std::optional<sampling::FixedWindowDataset> windows_;
   int64_t every_n_ = 0;
   std::unique_ptr<MegatronData> megatron_;
+  std::unique_ptr<SftData> sft_;
 };
 
 // The training windows the sampler draws from: with sampler.drop_last, the split cut to whole

@@ -26,15 +26,9 @@
 #include "sampling/resumable_blend.h"
 #include "tools/recipe/options.h"
 #include "tools/recipe/runtime.h"
+#include "tools/recipe/sample_row.h"
 
 namespace keel::tools::recipe {
-
-// Where one sample of a split lands: sequence_length tokens, labels and loss-mask values.
-struct SampleRow {
-  int64_t* tokens = nullptr;
-  int64_t* labels = nullptr;
-  float* loss_mask = nullptr;
-};
 
 // Where a sample comes from.
 struct SampleSource {

@@ -271,6 +271,15 @@ absl::Status ReadData(const DataConfig& config, DataOptions& options) {
   options.prefix = config.prefix();
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.dataset));
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.megatron));
+  KEEL_RETURN_IF_ERROR(CopyFields(config, options.sft));
+  if (options.sft.format == DataFormat::kSft &&
+      (options.prefix.empty() || !config.paths().empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.format \"sft\" trains on the conversations at data.prefix (",
+        options.prefix.empty() ? "unset" : options.prefix,
+        ") that tools/scripts/hf_sft_tokenize.py writes; allowed: data.prefix set, data.paths "
+        "unset"));
+  }
   // Unset: every 20th window validates, or with data.paths none (data.split's validation).
   options.validation_every_n_samples = config.has_validation_every_n_samples()
                                            ? config.validation_every_n_samples()
@@ -433,6 +442,9 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   base::Json data = base::WriteJsonFields(options.data.dataset);
   data["prefix"] = options.data.prefix;
   data["validation_every_n_samples"] = options.data.validation_every_n_samples;
+  if (options.data.sft.format == DataFormat::kSft) {  // pretraining's fingerprint unchanged
+    data.update(base::WriteJsonFields(options.data.sft));
+  }
   if (!options.data.megatron.paths.empty()) {
     data.update(base::WriteJsonFields(options.data.megatron));
   }

@@ -31,6 +31,7 @@
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/config.pb.h"
 #include "tools/recipe/lr_schedule.h"
+#include "tools/recipe/sft_data.h"
 
 namespace keel::tools::recipe {
 
@@ -74,6 +75,8 @@ struct DataOptions {
   int64_t validation_every_n_samples = 0;
   // Megatron's GPT datasets instead of prefix (paths set).
   MegatronDataOptions megatron;
+  // data.format and data.overlong: conversations at prefix instead of windows.
+  SftDataOptions sft;
 };
 
 // torch::optim::AdamW's options (the trainer's only optimizer), with its defaults.

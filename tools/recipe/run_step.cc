@@ -43,7 +43,7 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   KEEL_RETURN_IF_ERROR(SumOverData(global_tokens, runtime_, "label-token count"));
   StepOutput output;
   output.label_tokens = global_tokens.item<int64_t>();
-  const double label_tokens = static_cast<double>(output.label_tokens);
+  const double label_tokens = static_cast<double>(std::max<int64_t>(output.label_tokens, 1));
   output.lr = s.lr_scheduler->GetLr();
   s.optimizer->PrepareForGradAccumulation();
   const StepScaling scaling =

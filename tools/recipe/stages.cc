@@ -1,5 +1,6 @@
 #include "tools/recipe/stages.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -38,7 +39,9 @@ void MarkSharedEmbedding(const models::LanguageModel& model,
 StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRuntime& runtime) {
   const int averaged_over = base::GroupSize(runtime.gradient_group());
   const bool pipelined = runtime.pipeline_group() != nullptr;
-  const double tokens = static_cast<double>(label_tokens);
+  // A step without a learned token (conversations whose answers data.overlong "truncate" cut
+  // off) has loss 0 and no gradient, not a division by zero.
+  const double tokens = static_cast<double>(std::max<int64_t>(label_tokens, 1));
   StepScaling scaling;
   scaling.loss_scale = pipelined ? 1.0 : averaged_over / tokens;
   const double pp_scaling = pipelined ? tokens / averaged_over : 1.0;

@@ -1,0 +1,170 @@
+// //tools:train on conversations (data.format "sft"), as child processes: the first step's loss
+// is transformers' answer-only loss on the same conversations (the fixture
+// testdata/hf_parity/llama_gqa_untied_sft, recorded by hf_parity.py: labels -100 where not
+// learned, shifted per conversation, summed over the conversations and divided by their learned
+// tokens, as NeMo AutoModel's MaskedCrossEntropy over num_label_tokens), tensor and pipeline
+// parallelism and data parallelism with the distributed optimizer follow the one-rank run, with
+// LoRA too; overlong conversations are counted; what the format needs is named.
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sampling/conversation_dataset.h"
+#include "sampling/indexed_dataset_writer.h"
+#include "testing/files.h"
+#include "tools/cli/subprocess_testutil.h"
+#include "tools/train_testutil.h"
+
+namespace keel::tools {
+namespace {
+
+using ::keel::testing::NewTempDir;
+using ::keel::tools::cli::Subprocess;
+using ::testing::HasSubstr;
+
+// Conversations as hf_sft_tokenize.py writes them: tokens and their loss mask, one document per
+// conversation. Returns the prefix.
+std::string WriteConversations(
+    const std::string& name,
+    const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>& conversations) {
+  const std::string prefix = NewTempDir(name) + "/chat";
+  for (const bool mask : {false, true}) {
+    absl::StatusOr<sampling::IndexedDatasetWriter> writer = sampling::IndexedDatasetWriter::Create(
+        mask ? sampling::ConversationDataset::LossMaskPrefix(prefix) : prefix,
+        mask ? sampling::TokenDtype::kUint8 : sampling::TokenDtype::kUint16);
+    EXPECT_TRUE(writer.ok()) << writer.status();
+    for (const auto& [tokens, learned] : conversations) {
+      const std::vector<int64_t>& values = mask ? learned : tokens;
+      EXPECT_TRUE(writer->AddDocument(values, {static_cast<int64_t>(values.size())}).ok());
+    }
+    EXPECT_TRUE(writer->Finalize().ok());
+  }
+  return prefix;
+}
+
+std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A run of the fixture Llama on the conversations at `prefix`: sequence_length 32, no
+// validation, in file order.
+std::vector<std::string> SftRun(const std::string& prefix, std::vector<std::string> more = {}) {
+  std::vector<std::string> args = PretrainedRun("llama_gqa_untied");
+  for (const std::string& field :
+       {"data.prefix=" + prefix, std::string("data.format=sft"),
+        std::string("data.sequence_length=32"), std::string("data.validation_every_n_samples=0"),
+        std::string("lr_scheduler.max_lr=1e-2"), std::string("lr_scheduler.min_lr=1e-3")}) {
+    args.push_back(field);
+  }
+  return With(args, more);
+}
+
+// The fixture's conversations, each with its unshifted mask.
+std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> FixtureConversations(
+    double* loss) {
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> read =
+      checkpoint::ReadSafetensorsFile(
+          "testdata/hf_parity/llama_gqa_untied_sft/expected.safetensors");
+  EXPECT_TRUE(read.ok()) << read.status();
+  std::map<std::string, at::Tensor> expected(read->begin(), read->end());
+  *loss = expected.at("loss").item<double>();
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> conversations;
+  for (int64_t c = 0; c < expected.at("lengths").size(0); ++c) {
+    const int64_t n = expected.at("lengths")[c].item<int64_t>();
+    const at::Tensor ids = expected.at("input_ids")[c].narrow(0, 0, n).contiguous();
+    const at::Tensor mask = expected.at("assistant_masks")[c].narrow(0, 0, n).contiguous();
+    conversations.push_back({{ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n},
+                             {mask.data_ptr<int64_t>(), mask.data_ptr<int64_t>() + n}});
+  }
+  return conversations;
+}
+
+// The first step over all four conversations of the fixture (two micro-batches of two, padded
+// to 32 tokens) computes transformers' answer-only loss.
+TEST(TrainSftTest, TheLossIsTransformersAnswerOnlyLoss) {
+  double expected = 0;
+  const std::string prefix = WriteConversations("fixture", FixtureConversations(&expected));
+  const std::string run_dir = NewTempDir("fixture_run");
+  Subprocess run = StartTrain(SameSamplesRun(run_dir, 1,
+                                             SftRun(prefix, {"step_scheduler.global_batch_size=4",
+                                                             "step_scheduler.local_batch_size=2"})),
+                              run_dir + "/stderr");
+  ASSERT_EQ(run.Wait(), 0) << run.Stderr();
+  EXPECT_THAT(run.DrainStdout(), HasSubstr("data: 4 training and 0 validation conversations of "));
+  const std::vector<recipe::StepMetrics> trace = Metrics(run_dir);
+  ASSERT_EQ(trace.size(), 1u);
+  EXPECT_NEAR(trace[0].loss, expected, 1e-5 * expected);
+}
+
+// 80 conversations of 6 to 45 tokens below the fixture's vocabulary, the first third of each
+// a prompt that is not learned; those longer than 33 tokens truncated.
+std::string SkewedConversations() {
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> conversations;
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/3);
+  for (int c = 0; c < 80; ++c) {
+    const int64_t n = 6 + at::randint(40, {1}, generator, at::kLong).item<int64_t>();
+    const at::Tensor ids = at::randint(131, {n}, generator, at::kLong);
+    std::vector<int64_t> mask(n, 1);
+    for (int64_t j = 0; j < n / 3; ++j) mask[j] = 0;
+    conversations.push_back({{ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n}, mask});
+  }
+  return WriteConversations("skewed", conversations);
+}
+
+// Every layout computes the one-rank run's trace on conversations, with LoRA too.
+TEST(TrainSftTest, LayoutsComputeTheOneRankRun) {
+  const std::string prefix = SkewedConversations();
+  for (const std::vector<std::string>& lora :
+       std::vector<std::vector<std::string>>{{}, {"peft.dim=4", "peft.alpha=8"}}) {
+    SCOPED_TRACE(lora.empty() ? "full" : "lora");
+    const std::vector<std::string> common = SftRun(
+        prefix, With({"data.overlong=truncate", "data.validation_every_n_samples=10"}, lora));
+    const std::string reference = NewTempDir("sft_reference");
+    Subprocess one = StartTrain(SameSamplesRun(reference, 8, common), reference + "/stderr");
+    ASSERT_EQ(one.Wait(), 0) << one.Stderr();
+    EXPECT_THAT(one.DrainStdout(),
+                HasSubstr("data: 72 training and 8 validation conversations of "));
+    for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
+             {"distributed.tensor_model_parallel_size=2", "step_scheduler.local_batch_size=8"},
+             {"distributed.pipeline_model_parallel_size=2"},
+             {"distributed.use_distributed_optimizer=true"}}) {
+      SCOPED_TRACE(layout[0]);
+      const std::string run_dir = NewTempDir("sft_layout");
+      Subprocess ranks =
+          LaunchTrain(2, SameSamplesRun(run_dir, 8, With(common, layout)), run_dir + "/stderr");
+      ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+      ExpectLayoutInvariant(reference, run_dir);
+    }
+  }
+}
+
+TEST(TrainSftTest, WhatTheFormatNeedsIsNamed) {
+  const std::string run_dir = NewTempDir("refused");
+  ExpectRefused(1, {"data.format=sft"},
+                "data.format \"sft\" trains on the conversations at data.prefix (unset)",
+                run_dir + "/no_prefix");
+  // A token stream without a loss mask beside it.
+  ExpectRefused(1, SftRun(HfFixtureTokens()),
+                "tokens_loss_mask.bin/.idx): data.format \"sft\" trains on conversations that "
+                "tools/scripts/hf_sft_tokenize.py writes",
+                run_dir + "/no_mask");
+  ExpectRefused(1, SftRun(SkewedConversations(), {"data.overlong=cut"}), "data.overlong",
+                run_dir + "/overlong");
+  // Dropped conversations are counted.
+  const std::string dropped = NewTempDir("dropped");
+  Subprocess run =
+      StartTrain(SameSamplesRun(dropped, 1, SftRun(SkewedConversations())), dropped + "/stderr");
+  ASSERT_EQ(run.Wait(), 0) << run.Stderr();
+  EXPECT_THAT(run.DrainStdout(), HasSubstr(" longer than data.sequence_length + 1 (33) tokens "
+                                           "dropped (data.overlong)"));
+}
+
+}  // namespace
+}  // namespace keel::tools
