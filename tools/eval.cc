@@ -12,6 +12,7 @@
 // to stderr. Exit status (tools/cli/exit_code.h): 0; 1 when the model or the data cannot be
 // read; 2 for bad usage or data the model cannot take (too few tokens, a token outside its
 // vocabulary, windows longer than its positions).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -29,17 +30,22 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "models/registry.h"
+#include "sampling/conversation_dataset.h"
 #include "sampling/indexed_dataset.h"
 #include "tools/cli/exit_code.h"
 #include "tools/cli/user_path.h"
 #include "tools/recipe/named_dataset.h"
 #include "tools/recipe/one_rank_model.h"
+#include "tools/recipe/sft_data.h"
 
 ABSL_FLAG(std::string, model, "",
           "A Hugging Face directory, a tools:train checkpoint, or a run's checkpoint_dir.");
 ABSL_FLAG(std::string, adapter, "",
           "A Hugging Face peft LoRA adapter directory (adapter_config.json, "
           "adapter_model.safetensors) evaluated over --model, its base.");
+ABSL_FLAG(std::string, data_format, "pretraining",
+          "pretraining (windows of the tokens end to end) or sft (conversations with their loss "
+          "mask, as tools/scripts/hf_sft_tokenize.py writes them; --sequence_length unused).");
 ABSL_FLAG(std::string, data_prefix, "",
           "The indexed dataset: PREFIX.bin and PREFIX.idx (tools:preprocess writes them).");
 ABSL_FLAG(int64_t, sequence_length, 0, "L: the tokens each window predicts.");
@@ -56,10 +62,15 @@ namespace {
 constexpr char kUsage[] = R"(Evaluates a model's loss on an indexed dataset's tokens.
 
 Usage: eval --model=DIR --data_prefix=PREFIX --sequence_length=L --samples=N
-            [--adapter=PEFT_DIR] [--batch_size=8] [--device=cpu] [--dtype=float32]
+            [--data_format=pretraining|sft] [--adapter=PEFT_DIR] [--batch_size=8]
+            [--device=cpu] [--dtype=float32]
 
 Prints {"window", "loss", "tokens"} per window i (tokens [i*L, i*L+L+1) of the dataset's
-tokens end to end), then {"mean_loss", "tokens", "perplexity"}.)";
+tokens end to end), then {"mean_loss", "tokens", "perplexity"}.
+
+With --data_format=sft (--sequence_length unused): {"sample", "loss", "tokens"} per
+conversation i < N, whole, its loss the mean over its learned tokens (null without one), then
+{"mean_loss", "tokens", "perplexity"} over all their learned tokens.)";
 
 // The first `count` tokens of the dataset's sequences laid end to end, as int64.
 absl::StatusOr<at::Tensor> EndToEnd(const sampling::IndexedDataset& data, int64_t count) {
@@ -107,14 +118,103 @@ absl::StatusOr<at::ScalarType> DtypeOf(const std::string& name) {
       absl::StrCat("--dtype=", name, " is not a dtype eval runs; allowed: float32, bfloat16"));
 }
 
+// --model, with --adapter's adapter, in eval mode (no dropout: a LoRA adapter's).
+absl::StatusOr<recipe::OneRankModel> LoadModel(const std::string& model_path) {
+  KEEL_ASSIGN_OR_RETURN(recipe::OneRankModel loaded, recipe::LoadOneRankModel(model_path));
+  if (const std::string adapter = absl::GetFlag(FLAGS_adapter); !adapter.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        base::Annotate(recipe::AddPeftAdapter(cli::UserPath(adapter), loaded), "--adapter"));
+  }
+  loaded.model->eval();
+  std::cerr << "eval: " << loaded.source << "\n"
+            << "model: " << models::DescribeModel(loaded.options) << "\n";
+  return loaded;
+}
+
+// --data_format=sft: the first `samples` conversations at `prefix`, each whole.
+absl::Status EvaluateConversations(const std::string& model_path, const std::string& prefix,
+                                   int64_t samples, const c10::Device& device,
+                                   at::ScalarType dtype) {
+  absl::StatusOr<sampling::ConversationDataset> data = sampling::ConversationDataset::Open(prefix);
+  KEEL_RETURN_IF_ERROR(base::Annotate(data.status(), "--data_prefix"));
+  if (data->size() < samples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, " holds ", data->size(), " conversations; --samples=", samples));
+  }
+  KEEL_ASSIGN_OR_RETURN(recipe::OneRankModel loaded, LoadModel(model_path));
+  if (!loaded.hf_directory.empty()) {
+    KEEL_RETURN_IF_ERROR(
+        recipe::CheckDataFitsModel(prefix, {loaded.options.vocab_size, loaded.hf_directory}));
+  }
+  KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "moving the model",
+                                       [&] { loaded.model->to(device, dtype); }));
+  double total = 0;
+  int64_t learned_total = 0;
+  for (int64_t i = 0; i < samples; ++i) {
+    KEEL_ASSIGN_OR_RETURN(const sampling::Conversation conversation, data->Get(i));
+    const int64_t n = conversation.tokens.size(0);
+    const int64_t vocab_size = loaded.options.vocab_size;
+    if (n > 0 && (conversation.tokens.min().item<int64_t>() < 0 ||
+                  conversation.tokens.max().item<int64_t>() >= vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, ": conversation ", i, " holds a token outside the model's vocabulary of ",
+          vocab_size, " (allowed: 0 to ", vocab_size - 1, ")"));
+    }
+    if (loaded.options.family == models::ModelFamily::kGpt &&
+        n - 1 > loaded.options.max_sequence_length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, ": conversation ", i, " predicts ", n - 1,
+                       " tokens, more than the GPT's learned positions (",
+                       loaded.options.max_sequence_length, ")"));
+    }
+    double sum = 0;
+    int64_t learned = 0;
+    if (n > 1) {
+      KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "evaluating", [&] {
+        at::NoGradGuard no_grad;
+        const at::Tensor tokens = conversation.tokens.to(device);
+        const at::Tensor mask = conversation.loss_mask.narrow(0, 1, n - 1).to(at::kDouble);
+        const at::Tensor losses = loaded.model
+                                      ->TokenLosses(tokens.narrow(0, 0, n - 1).unsqueeze(0),
+                                                    tokens.narrow(0, 1, n - 1).unsqueeze(0))
+                                      .to(at::kDouble)
+                                      .cpu()[0];
+        sum = (losses * mask).sum().item<double>();
+        learned = static_cast<int64_t>(mask.sum().item<double>());
+      }));
+    }
+    total += sum;
+    learned_total += learned;
+    std::cout << base::Json{{"sample", i},
+                            {"loss", learned > 0 ? base::Json(sum / static_cast<double>(learned))
+                                                 : base::Json()},
+                            {"tokens", learned}}
+                     .dump()
+              << "\n";
+  }
+  const double mean = total / static_cast<double>(std::max<int64_t>(learned_total, 1));
+  std::cout << base::Json{{"mean_loss", mean},
+                          {"tokens", learned_total},
+                          {"perplexity", std::exp(mean)}}
+                   .dump()
+            << std::endl;
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   const std::string model_path = cli::UserPath(absl::GetFlag(FLAGS_model));
   const std::string prefix = cli::UserPath(absl::GetFlag(FLAGS_data_prefix));
   const int64_t length = absl::GetFlag(FLAGS_sequence_length);
   const int64_t samples = absl::GetFlag(FLAGS_samples);
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
+  recipe::DataFormat format = recipe::DataFormat::kPretraining;
+  if (std::string error;
+      !recipe::AbslParseFlag(absl::GetFlag(FLAGS_data_format), &format, &error)) {
+    return absl::InvalidArgumentError(absl::StrCat("--data_format: ", error));
+  }
+  const bool sft = format == recipe::DataFormat::kSft;
   KEEL_RETURN_IF_ERROR(CheckFlags(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_data_prefix),
-                                  length, samples, batch_size));
+                                  sft ? 1 : length, samples, batch_size));
   c10::Device device(c10::kCPU);
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument, "--device",
                                        [&] { device = c10::Device(absl::GetFlag(FLAGS_device)); }));
@@ -123,6 +223,7 @@ absl::Status Run() {
         absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": this machine has no GPU"));
   }
   KEEL_ASSIGN_OR_RETURN(const at::ScalarType dtype, DtypeOf(absl::GetFlag(FLAGS_dtype)));
+  if (sft) return EvaluateConversations(model_path, prefix, samples, device, dtype);
 
   KEEL_ASSIGN_OR_RETURN(const sampling::IndexedDataset data,
                         recipe::OpenNamedDataset("--data_prefix", prefix));
@@ -133,12 +234,7 @@ absl::Status Run() {
                      " windows of --sequence_length=", length, " need ", needed, " (at most ",
                      (data.num_tokens() - 1) / length, " windows of ", length, ")"));
   }
-  KEEL_ASSIGN_OR_RETURN(recipe::OneRankModel loaded, recipe::LoadOneRankModel(model_path));
-  if (const std::string adapter = absl::GetFlag(FLAGS_adapter); !adapter.empty()) {
-    KEEL_RETURN_IF_ERROR(
-        base::Annotate(recipe::AddPeftAdapter(cli::UserPath(adapter), loaded), "--adapter"));
-  }
-  loaded.model->eval();  // no dropout (a LoRA adapter's)
+  KEEL_ASSIGN_OR_RETURN(recipe::OneRankModel loaded, LoadModel(model_path));
 
   if (loaded.options.family == models::ModelFamily::kGpt &&
       length > loaded.options.max_sequence_length) {
@@ -152,9 +248,6 @@ absl::Status Run() {
   }
   KEEL_ASSIGN_OR_RETURN(const at::Tensor tokens, EndToEnd(data, needed));
   KEEL_RETURN_IF_ERROR(CheckVocabulary(tokens, loaded.options.vocab_size, length, prefix));
-  std::cerr << "eval: " << loaded.source << "\n"
-            << "model: " << models::DescribeModel(loaded.options) << "\n";
-
   double total = 0;
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInternal, "evaluating", [&] {
     at::NoGradGuard no_grad;

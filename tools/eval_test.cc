@@ -24,6 +24,7 @@
 #include "testing/files.h"
 #include "testing/status_matchers.h"
 #include "tools/cli/subprocess_testutil.h"
+#include "tools/sft_testutil.h"
 
 ABSL_FLAG(std::string, eval, "", "Path of the //tools:eval binary.");
 ABSL_FLAG(std::string, python, "", "The Python of Keel's LibTorch (@libtorch//:python).");
@@ -274,6 +275,31 @@ TEST(EvalToolTest, APeftAdapterEvaluatesAsInPeft) {
   const std::string verdict = check.DrainStdout();
   EXPECT_EQ(check.Wait(), 0) << verdict << check.Stderr();
   EXPECT_THAT(verdict, HasSubstr("\"ok\": true"));
+}
+
+// --data_format=sft: each conversation of the fixture whole, its loss the mean over its learned
+// tokens, as transformers computes it (labels -100 where not learned), and the mean over all.
+TEST(EvalToolTest, ConversationsEvaluateAsTransformersAnswerOnlyLoss) {
+  const SftFixture fixture = ReadSftFixture();
+  const std::string prefix = WriteConversations("eval_sft", fixture.conversations);
+  const ToolResult result =
+      RunEval({"--model=testdata/hf_parity/llama_gqa_untied", "--data_prefix=" + prefix,
+               "--data_format=sft", "--samples=4"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  ASSERT_EQ(result.lines.size(), 5u);
+  for (size_t c = 0; c < 4; ++c) {
+    SCOPED_TRACE(c);
+    EXPECT_EQ(result.lines[c]["sample"], c);
+    EXPECT_EQ(result.lines[c]["tokens"], fixture.label_tokens[c]);
+    const double expected = fixture.loss_sums[c] / fixture.label_tokens[c];
+    EXPECT_NEAR(result.lines[c]["loss"].get<double>(), expected, 1e-5 * expected);
+  }
+  EXPECT_NEAR(result.lines[4]["mean_loss"].get<double>(), fixture.loss, 1e-5 * fixture.loss);
+  const ToolResult too_many =
+      RunEval({"--model=testdata/hf_parity/llama_gqa_untied", "--data_prefix=" + prefix,
+               "--data_format=sft", "--samples=5"});
+  EXPECT_EQ(too_many.exit_code, 2);
+  EXPECT_THAT(too_many.err, HasSubstr("holds 4 conversations; --samples=5"));
 }
 
 TEST(EvalToolTest, BadInputIsNamed) {

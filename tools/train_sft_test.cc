@@ -5,20 +5,17 @@
 // tokens, as NeMo AutoModel's MaskedCrossEntropy over num_label_tokens), tensor and pipeline
 // parallelism and data parallelism with the distributed optimizer follow the one-rank run, with
 // LoRA too; overlong conversations are counted; what the format needs is named.
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "sampling/conversation_dataset.h"
-#include "sampling/indexed_dataset_writer.h"
 #include "testing/files.h"
 #include "tools/cli/subprocess_testutil.h"
+#include "tools/sft_testutil.h"
 #include "tools/train_testutil.h"
 
 namespace keel::tools {
@@ -27,26 +24,6 @@ namespace {
 using ::keel::testing::NewTempDir;
 using ::keel::tools::cli::Subprocess;
 using ::testing::HasSubstr;
-
-// Conversations as hf_sft_tokenize.py writes them: tokens and their loss mask, one document per
-// conversation. Returns the prefix.
-std::string WriteConversations(
-    const std::string& name,
-    const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>& conversations) {
-  const std::string prefix = NewTempDir(name) + "/chat";
-  for (const bool mask : {false, true}) {
-    absl::StatusOr<sampling::IndexedDatasetWriter> writer = sampling::IndexedDatasetWriter::Create(
-        mask ? sampling::ConversationDataset::LossMaskPrefix(prefix) : prefix,
-        mask ? sampling::TokenDtype::kUint8 : sampling::TokenDtype::kUint16);
-    EXPECT_TRUE(writer.ok()) << writer.status();
-    for (const auto& [tokens, learned] : conversations) {
-      const std::vector<int64_t>& values = mask ? learned : tokens;
-      EXPECT_TRUE(writer->AddDocument(values, {static_cast<int64_t>(values.size())}).ok());
-    }
-    EXPECT_TRUE(writer->Finalize().ok());
-  }
-  return prefix;
-}
 
 std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -66,31 +43,11 @@ std::vector<std::string> SftRun(const std::string& prefix, std::vector<std::stri
   return With(args, more);
 }
 
-// The fixture's conversations, each with its unshifted mask.
-std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> FixtureConversations(
-    double* loss) {
-  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> read =
-      checkpoint::ReadSafetensorsFile(
-          "testdata/hf_parity/llama_gqa_untied_sft/expected.safetensors");
-  EXPECT_TRUE(read.ok()) << read.status();
-  std::map<std::string, at::Tensor> expected(read->begin(), read->end());
-  *loss = expected.at("loss").item<double>();
-  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> conversations;
-  for (int64_t c = 0; c < expected.at("lengths").size(0); ++c) {
-    const int64_t n = expected.at("lengths")[c].item<int64_t>();
-    const at::Tensor ids = expected.at("input_ids")[c].narrow(0, 0, n).contiguous();
-    const at::Tensor mask = expected.at("assistant_masks")[c].narrow(0, 0, n).contiguous();
-    conversations.push_back({{ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n},
-                             {mask.data_ptr<int64_t>(), mask.data_ptr<int64_t>() + n}});
-  }
-  return conversations;
-}
-
 // The first step over all four conversations of the fixture (two micro-batches of two, padded
 // to 32 tokens) computes transformers' answer-only loss.
 TEST(TrainSftTest, TheLossIsTransformersAnswerOnlyLoss) {
-  double expected = 0;
-  const std::string prefix = WriteConversations("fixture", FixtureConversations(&expected));
+  const SftFixture fixture = ReadSftFixture();
+  const std::string prefix = WriteConversations("fixture", fixture.conversations);
   const std::string run_dir = NewTempDir("fixture_run");
   Subprocess run = StartTrain(SameSamplesRun(run_dir, 1,
                                              SftRun(prefix, {"step_scheduler.global_batch_size=4",
@@ -100,13 +57,13 @@ TEST(TrainSftTest, TheLossIsTransformersAnswerOnlyLoss) {
   EXPECT_THAT(run.DrainStdout(), HasSubstr("data: 4 training and 0 validation conversations of "));
   const std::vector<recipe::StepMetrics> trace = Metrics(run_dir);
   ASSERT_EQ(trace.size(), 1u);
-  EXPECT_NEAR(trace[0].loss, expected, 1e-5 * expected);
+  EXPECT_NEAR(trace[0].loss, fixture.loss, 1e-5 * fixture.loss);
 }
 
 // 80 conversations of 6 to 45 tokens below the fixture's vocabulary, the first third of each
 // a prompt that is not learned; those longer than 33 tokens truncated.
 std::string SkewedConversations() {
-  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> conversations;
+  std::vector<TestConversation> conversations;
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/3);
   for (int c = 0; c < 80; ++c) {
     const int64_t n = 6 + at::randint(40, {1}, generator, at::kLong).item<int64_t>();
