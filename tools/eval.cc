@@ -9,7 +9,8 @@
 // tools:train, or a run's checkpoint_dir (its newest checkpoint). Prints one JSON line per
 // window, {"window": i, "loss": mean over its L tokens, "tokens": L}, then
 // {"mean_loss": ..., "tokens": N*L, "perplexity": exp(mean_loss)}; the model's description goes
-// to stderr. Exit status (tools/cli/exit_code.h): 0; 1 when the model or the data cannot be
+// to stderr. --data_format=sft evaluates the first N conversations (tools/scripts/
+// hf_sft_tokenize.py's) whole instead, over their learned tokens only. Exit status (tools/cli/exit_code.h): 0; 1 when the model or the data cannot be
 // read; 2 for bad usage or data the model cannot take (too few tokens, a token outside its
 // vocabulary, windows longer than its positions).
 #include <algorithm>
