@@ -30,7 +30,7 @@ std::vector<LinearModule> LinearModules(const torch::nn::Module& model) {
         dynamic_cast<const parallel::RowParallelLinearImpl*>(module) == nullptr) {
       continue;
     }
-    const at::Tensor& weight = module->named_parameters(/*recurse=*/false)["weight"];
+    const at::Tensor weight = module->named_parameters(/*recurse=*/false)["weight"];
     linears.push_back({item.key(), weight.size(1), weight.size(0)});
   }
   return linears;
