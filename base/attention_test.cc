@@ -1,6 +1,10 @@
-// CausalAttention and SlidingWindowAttention against the explicit masked softmax.
+// CausalAttention and SlidingWindowAttention against the explicit masked softmax; packed rows
+// of several sequences (PackedCausalAttention) against each sequence attended alone, on the
+// CPU and, where there is one, on a GPU through ATen's variable-length flash kernel.
 #include "base/attention.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -85,6 +89,126 @@ TEST(SlidingWindowAttentionTest, EachPositionSeesTheWindowBeforeIt) {
   EXPECT_TRUE(at::allclose(out.select(2, 20), window20.select(2, 4), 1e-5, 1e-6));
   EXPECT_TRUE(at::equal(SlidingWindowAttention(qkv[0], qkv[1], qkv[2], 37),
                         CausalAttention(qkv[0], qkv[1], qkv[2])));
+}
+
+TEST(PackRowsTest, OffsetsPositionsAndThePaddingSequence) {
+  const PackedSequences packed = PackRows({{3, 0, 2}, {6}, {1, 4}}, 6);
+  const std::vector<int32_t> offsets(packed.cu_seqlens.data_ptr<int32_t>(),
+                                     packed.cu_seqlens.data_ptr<int32_t>() + 7);
+  // Row 0: 3, 2 and a padding of 1; row 1 full; row 2: 1, 4 and a padding of 1.
+  EXPECT_EQ(offsets, (std::vector<int32_t>{0, 3, 5, 6, 12, 13, 17}));
+  EXPECT_EQ(packed.cu_seqlens.numel(), 8);
+  EXPECT_EQ(packed.cu_seqlens[7].item<int32_t>(), 18);
+  EXPECT_EQ(packed.max_seqlen, 6);
+  EXPECT_TRUE(at::equal(
+      packed.position_ids,
+      at::tensor({0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5, 0, 0, 1, 2, 3, 0}, at::kLong).view({3, 6})));
+}
+
+// The sequences of PackRows({{5, 7, 9}, {21}, {4, 10, 3}}, 24): each row's padding is one
+// more sequence.
+PackedSequences ThreeRows() { return PackRows({{5, 7, 9}, {21}, {4, 10, 3}}, 24); }
+
+// q, k, v [3 rows, 2 heads, 24 positions, 8] from a fixed generator, needing gradients.
+std::vector<at::Tensor> PackedInputs(const at::TensorOptions& options) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/5);
+  std::vector<at::Tensor> qkv;
+  for (int i = 0; i < 3; ++i) {
+    qkv.push_back(at::randn({3, 2, 24, 8}, generator, at::kFloat).to(options).requires_grad_(true));
+  }
+  return qkv;
+}
+
+// Each sequence of `packed` attended alone by the explicit masked softmax (within `window`
+// positions, when positive), its own batch: the expected output of packed rows.
+at::Tensor EachAlone(const std::vector<at::Tensor>& qkv, const PackedSequences& packed,
+                     int64_t window) {
+  const at::Tensor offsets = packed.cu_seqlens.to(at::kLong).cpu();
+  const int64_t seq = qkv[0].size(2);
+  std::vector<at::Tensor> rows(qkv[0].size(0));
+  std::vector<std::vector<at::Tensor>> pieces(rows.size());
+  for (int64_t i = 0; i + 1 < offsets.numel(); ++i) {
+    const int64_t begin = offsets[i].item<int64_t>(),
+                  length = offsets[i + 1].item<int64_t>() - begin;
+    std::vector<at::Tensor> part;
+    for (const at::Tensor& x : qkv) {
+      part.push_back(x.narrow(0, begin / seq, 1).narrow(2, begin % seq, length).contiguous());
+    }
+    at::Tensor out;
+    if (window == 0) {
+      out = CausalAttentionExplicit(part[0], part[1], part[2]);
+    } else {  // the window's positions, each attended alone
+      std::vector<at::Tensor> each;
+      for (int64_t t = 0; t < length; ++t) {
+        const int64_t first = std::max<int64_t>(0, t - window + 1);
+        each.push_back(CausalAttentionExplicit(part[0].narrow(2, first, t + 1 - first),
+                                               part[1].narrow(2, first, t + 1 - first),
+                                               part[2].narrow(2, first, t + 1 - first))
+                           .narrow(2, t - first, 1));
+      }
+      out = at::cat(each, 2);
+    }
+    pieces[begin / seq].push_back(out);
+  }
+  for (size_t r = 0; r < rows.size(); ++r) rows[r] = at::cat(pieces[r], 2);
+  return at::cat(rows, 0);
+}
+
+void ExpectPackedIsEachAlone(const at::TensorOptions& options, int64_t window, double rtol,
+                             double atol) {
+  const PackedSequences packed = ThreeRows().To(options.device());
+  const std::vector<at::Tensor> fused = PackedInputs(options);
+  const std::vector<at::Tensor> alone = PackedInputs(options);
+  const at::Tensor out = PackedCausalAttention(fused[0], fused[1], fused[2], packed, window);
+  const at::Tensor expected = EachAlone(alone, packed, window);
+  ASSERT_EQ(out.sizes(), expected.sizes());
+  EXPECT_TRUE(at::allclose(out.to(at::kFloat), expected.to(at::kFloat), rtol, atol))
+      << "max difference " << (out - expected).abs().max().item<float>();
+  const at::Tensor weights = at::linspace(-1, 1, out.numel(), options).view(out.sizes());
+  (out * weights).sum().backward();
+  (expected * weights).sum().backward();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(at::allclose(fused[i].grad().to(at::kFloat), alone[i].grad().to(at::kFloat),
+                             10 * rtol, 10 * atol))
+        << "gradient of input " << i << ": max difference "
+        << (fused[i].grad() - alone[i].grad()).abs().max().item<float>();
+  }
+}
+
+TEST(PackedCausalAttentionTest, EachSequenceAttendsAsIfAlone) {
+  ExpectPackedIsEachAlone(at::kFloat, /*window=*/0, 1e-5, 1e-6);
+}
+
+TEST(PackedCausalAttentionTest, WithinASlidingWindowToo) {
+  ExpectPackedIsEachAlone(at::kFloat, /*window=*/4, 1e-5, 1e-6);
+}
+
+// Changing the keys and values of the second sequence of row 0 (positions 5..11) changes its
+// outputs and leaves every other position's exactly as it was.
+TEST(PackedCausalAttentionTest, NothingCrossesASequence) {
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor> qkv = PackedInputs(at::kFloat);
+  const PackedSequences packed = ThreeRows();
+  const at::Tensor out = PackedCausalAttention(qkv[0], qkv[1], qkv[2], packed, 0);
+  const at::Tensor k = qkv[1].clone(), v = qkv[2].clone();
+  k[0].narrow(1, 5, 7).mul_(-3.0);
+  v[0].narrow(1, 5, 7).add_(1.0);
+  const at::Tensor moved =
+      (PackedCausalAttention(qkv[0], k, v, packed, 0) - out).abs().amax({1, 3});  // [row, seq]
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t t = 0; t < 24; ++t) {
+      EXPECT_EQ(moved[r][t].item<float>() > 0, r == 0 && t >= 5 && t < 12)
+          << "row " << r << ", position " << t;
+    }
+  }
+}
+
+// ATen's variable-length flash kernel in bf16, against the sequences attended alone.
+TEST(PackedCausalAttentionTest, OnAGpuThroughTheVariableLengthFlashKernel) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU on this machine: the flash path is not run";
+  const auto options = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  ExpectPackedIsEachAlone(options, /*window=*/0, 2e-2, 2e-2);
+  ExpectPackedIsEachAlone(options, /*window=*/4, 2e-2, 2e-2);
 }
 
 }  // namespace

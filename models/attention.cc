@@ -29,7 +29,8 @@ at::Tensor AttentionImpl::Heads(const at::Tensor& projected, int64_t heads) cons
   return projected.view({projected.size(0), projected.size(1), heads, options_.head_dim});
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& tables) {
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& tables,
+                                  const base::PackedSequences* packed) {
   at::Tensor q = Heads(q_proj_->forward(x), local_heads_);
   at::Tensor k = Heads(k_proj_->forward(x), local_kv_heads_);
   if (options_.qk_norm) {
@@ -44,9 +45,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& table
     k = k.repeat_interleave(group, 1);
     v = v.repeat_interleave(group, 1);
   }
-  const at::Tensor attended = options_.window > 0
-                                  ? base::SlidingWindowAttention(q, k, v, options_.window)
-                                  : base::CausalAttention(q, k, v);
+  const at::Tensor attended =
+      packed != nullptr     ? base::PackedCausalAttention(q, k, v, *packed, options_.window)
+      : options_.window > 0 ? base::SlidingWindowAttention(q, k, v, options_.window)
+                            : base::CausalAttention(q, k, v);
   return o_proj_->forward(
       attended.transpose(1, 2).reshape({x.size(0), x.size(1), local_heads_ * options_.head_dim}));
 }

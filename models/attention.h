@@ -6,13 +6,14 @@
 // it; Qwen2's q/k/v have biases; Mistral's window limits how far back a position attends.
 //
 //   Attention attention(options, tp);
-//   at::Tensor y = attention->forward(x, tables);  // x [batch, seq, hidden], whole
+//   at::Tensor y = attention->forward(x, tables, /*packed=*/nullptr);  // x [batch, seq, hidden]
 #ifndef KEEL_MODELS_ATTENTION_H_
 #define KEEL_MODELS_ATTENTION_H_
 
 #include <cstdint>
 
 #include "ATen/core/Tensor.h"
+#include "base/attention.h"
 #include "models/rms_norm.h"
 #include "models/rotary.h"
 #include "parallel/tensor_parallel/layers.h"
@@ -44,9 +45,11 @@ class AttentionImpl : public torch::nn::Module {
  public:
   // Requires: sizes positive; num_kv_heads divides num_heads; tp's size divides num_kv_heads.
   AttentionImpl(const AttentionOptions& options, c10d::ProcessGroup* tp);
-  // `x` [batch, seq, hidden] whole on every rank, `tables` the RoPE tables of seq positions in
-  // x's dtype. Returns [batch, seq, hidden], whole.
-  at::Tensor forward(const at::Tensor& x, const RotaryTables& tables);
+  // `x` [batch, seq, hidden] whole on every rank, `tables` the RoPE tables of its positions in
+  // x's dtype (of seq positions, or AtPositions'), `packed` the sequences packed into its rows
+  // (nullptr: one per row). Returns [batch, seq, hidden], whole.
+  at::Tensor forward(const at::Tensor& x, const RotaryTables& tables,
+                     const base::PackedSequences* packed);
 
  private:
   // [batch, seq, heads x head_dim] -> [batch, heads, seq, head_dim].

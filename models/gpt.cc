@@ -57,8 +57,8 @@ class BlockImpl : public torch::nn::Module {
                                            options.ffn_hidden_size, groups.ep, groups.expert_tp));
   }
 
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor h = x + attn_->forward(ln_1_->forward(x));
+  at::Tensor forward(const at::Tensor& x, const base::PackedSequences* packed) {
+    const at::Tensor h = x + attn_->forward(ln_1_->forward(x), packed);
     return h + Mlp(ln_2_->forward(h));
   }
 
@@ -171,14 +171,17 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t
   if (last) register_module("lm_head", TiedHead(wte_));
 }
 
-at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& input) {
+at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& input,
+                                 const base::PackedSequences* packed) {
   const int64_t seq = tokens.size(1);
   at::Tensor x = input;
   if (first_stage()) {
-    const at::Tensor positions = at::arange(seq, tokens.options().dtype(at::kLong));
+    const at::Tensor positions = packed != nullptr
+                                     ? packed->position_ids
+                                     : at::arange(seq, tokens.options().dtype(at::kLong));
     x = wte_->forward(tokens) + wpe_->forward(positions);
   }
-  for (const auto& block : blocks_) x = block->as<BlockImpl>()->forward(x);
+  for (const auto& block : blocks_) x = block->as<BlockImpl>()->forward(x, packed);
   return x;
 }
 

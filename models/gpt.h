@@ -12,7 +12,7 @@
 //   torch::manual_seed(seed);
 //   keel::models::Gpt model(options, {.tp = tp, .pp = pp});  // {}: one rank, one stage
 //   at::Tensor losses = model->TokenLosses(tokens, labels);  // [batch, seq], one stage
-//   at::Tensor hidden = model->StageForward(tokens, input);  // a stage of several
+//   at::Tensor hidden = model->StageForward(tokens, input, nullptr);  // a stage of several
 #ifndef KEEL_MODELS_GPT_H_
 #define KEEL_MODELS_GPT_H_
 
@@ -52,7 +52,8 @@ class GptImpl : public LanguageModel {
   // (parallel::SequentialMlp).
   GptImpl(const ModelOptions& options, const ModelGroups& groups);
 
-  at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input) override;
+  at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input,
+                          const base::PackedSequences* packed) override;
   at::Tensor Logits(const at::Tensor& hidden) override;
   at::Tensor HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) override;
   int64_t hidden_size() const override { return hidden_size_; }

@@ -252,8 +252,8 @@ TEST(GptTest, TwoPipelineStagesHoldAndComputeTheOneRankModel) {
   EXPECT_THAT(names[1], Contains("ln_f.weight"));
   EXPECT_TRUE(last->named_parameters()["lm_head.weight"].is_same(last->lm_head_weight()));
 
-  const at::Tensor hidden = first->StageForward(tokens, at::Tensor());
-  const at::Tensor losses = last->HeadLosses(last->StageForward(tokens, hidden), labels);
+  const at::Tensor hidden = first->StageForward(tokens, at::Tensor(), nullptr);
+  const at::Tensor losses = last->HeadLosses(last->StageForward(tokens, hidden, nullptr), labels);
   EXPECT_TRUE(at::equal(losses, whole->TokenLosses(tokens, labels)));
 }
 

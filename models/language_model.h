@@ -4,7 +4,7 @@
 // (models/gpt.h, models/llama.h) implements it; nothing outside models/ names a family's class.
 //
 //   std::shared_ptr<LanguageModel> model = BuildLanguageModel(options, groups);
-//   at::Tensor hidden = model->StageForward(tokens, previous_stage_output);
+//   at::Tensor hidden = model->StageForward(tokens, previous_stage_output, /*packed=*/nullptr);
 //   if (model->last_stage()) loss = model->HeadLosses(hidden, labels).sum();
 #ifndef KEEL_MODELS_LANGUAGE_MODEL_H_
 #define KEEL_MODELS_LANGUAGE_MODEL_H_
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "base/attention.h"
 #include "parallel/layout.h"
 #include "parallel/pipeline_parallel/schedules.h"
 #include "parallel/tensor_parallel/layers.h"
@@ -88,8 +89,12 @@ void InitialiseAsOneRankModel(
 class LanguageModel : public torch::nn::Module {
  public:
   // This stage's blocks over the embedded `tokens` ([batch, seq] int64; first stage) or the
-  // previous stage's output `input` (the others): [batch, seq, hidden_size()].
-  virtual at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input) = 0;
+  // previous stage's output `input` (the others): [batch, seq, hidden_size()]. With `packed`
+  // (else nullptr) the rows hold the sequences it describes, each from position 0 and attending
+  // within itself only (base::PackedCausalAttention). Requires: `packed` of tokens' shape, on
+  // the model's device.
+  virtual at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input,
+                                  const base::PackedSequences* packed) = 0;
   // This rank's slice of the logits over the last blocks' hidden states: [batch, seq, padded
   // vocabulary / tp]. Requires: the last stage.
   virtual at::Tensor Logits(const at::Tensor& hidden) = 0;
@@ -110,10 +115,11 @@ class LanguageModel : public torch::nn::Module {
   virtual std::optional<std::string> SharedEmbedding() const = 0;
 
   // The whole model on one stage: this rank's logits slice for `tokens`, and the per-position
-  // losses of predicting `labels`. Requires: one stage.
-  at::Tensor forward(const at::Tensor& tokens) { return Logits(StageForward(tokens, {})); }
-  at::Tensor TokenLosses(const at::Tensor& tokens, const at::Tensor& labels) {
-    return HeadLosses(StageForward(tokens, {}), labels);
+  // losses of predicting `labels` (of packed rows with `packed`). Requires: one stage.
+  at::Tensor forward(const at::Tensor& tokens) { return Logits(StageForward(tokens, {}, nullptr)); }
+  at::Tensor TokenLosses(const at::Tensor& tokens, const at::Tensor& labels,
+                         const base::PackedSequences* packed = nullptr) {
+    return HeadLosses(StageForward(tokens, {}, packed), labels);
   }
 
   // This stage's parameters whose rows are the vocabulary (padded: PaddedVocabSize), which a

@@ -106,9 +106,9 @@ void ExpectTwoPipelineStagesComputeTheOneRankModel(const ModelOptions& options) 
       EXPECT_TRUE(at::equal(item.value(), expected[item.key()])) << item.key();
     }
   }
-  const at::Tensor hidden = stages[0]->StageForward(batch.tokens, at::Tensor());
+  const at::Tensor hidden = stages[0]->StageForward(batch.tokens, at::Tensor(), nullptr);
   const at::Tensor losses =
-      stages[1]->HeadLosses(stages[1]->StageForward(batch.tokens, hidden), batch.labels);
+      stages[1]->HeadLosses(stages[1]->StageForward(batch.tokens, hidden, nullptr), batch.labels);
   EXPECT_TRUE(at::equal(losses, whole->TokenLosses(batch.tokens, batch.labels)));
 }
 

@@ -57,8 +57,9 @@ class DecoderLayerImpl : public torch::nn::Module {
             "post_attention_layernorm", RmsNorm(options.hidden_size, options.norm_epsilon))),
         mlp_(register_module("mlp", GatedMlp(options.hidden_size, options.ffn_hidden_size, tp))) {}
 
-  at::Tensor forward(const at::Tensor& x, const RotaryTables& tables) {
-    const at::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), tables);
+  at::Tensor forward(const at::Tensor& x, const RotaryTables& tables,
+                     const base::PackedSequences* packed) {
+    const at::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), tables, packed);
     return h + mlp_->forward(post_attention_layernorm_->forward(h));
   }
 
@@ -179,10 +180,16 @@ const RotaryTables& LlamaImpl::Tables(int64_t seq, const at::Tensor& like) {
   return *tables_;
 }
 
-at::Tensor LlamaImpl::StageForward(const at::Tensor& tokens, const at::Tensor& input) {
+at::Tensor LlamaImpl::StageForward(const at::Tensor& tokens, const at::Tensor& input,
+                                   const base::PackedSequences* packed) {
   at::Tensor x = first_ ? embed_tokens_->forward(tokens) : input;
   const RotaryTables& tables = Tables(tokens.size(1), x);
-  for (const auto& layer : layers_) x = layer->as<DecoderLayerImpl>()->forward(x, tables);
+  const RotaryTables at_positions =
+      packed != nullptr ? AtPositions(tables, packed->position_ids) : RotaryTables();
+  for (const auto& layer : layers_) {
+    x = layer->as<DecoderLayerImpl>()->forward(x, packed != nullptr ? at_positions : tables,
+                                               packed);
+  }
   return x;
 }
 

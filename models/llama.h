@@ -55,7 +55,8 @@ class LlamaImpl : public LanguageModel {
   // divides num_layers (the configuration's checks). No mixture of experts.
   LlamaImpl(const ModelOptions& options, const ModelGroups& groups);
 
-  at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input) override;
+  at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input,
+                          const base::PackedSequences* packed) override;
   at::Tensor Logits(const at::Tensor& hidden) override;
   at::Tensor HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) override;
   int64_t hidden_size() const override { return options_.hidden_size; }

@@ -58,7 +58,7 @@ struct Outputs {
 // HF's causal-LM loss from Keel's per-position losses: label t + 1 is position t's target.
 Outputs Forward(LanguageModel& model, const at::Tensor& input_ids, const at::Tensor& hf_labels,
                 int64_t vocab) {
-  const at::Tensor hidden = model.StageForward(input_ids, {});
+  const at::Tensor hidden = model.StageForward(input_ids, {}, nullptr);
   Outputs out;
   out.logits = model.Logits(hidden).narrow(-1, 0, vocab);
   const int64_t seq = input_ids.size(1);

@@ -107,7 +107,7 @@ TEST(LlamaTest, PaddingRowsAreOutsideTheSoftmax) {
   torch::manual_seed(1);
   const std::shared_ptr<LanguageModel> padded = BuildLanguageModel(options, {});
   const at::Tensor tokens = at::randint(131, {2, 6}, at::kLong);
-  const at::Tensor hidden = padded->StageForward(tokens, {});
+  const at::Tensor hidden = padded->StageForward(tokens, {}, nullptr);
   const at::Tensor logits = padded->Logits(hidden);
   ASSERT_EQ(logits.size(-1), 192);
   const at::Tensor expected = at::cross_entropy_loss(logits.narrow(-1, 0, 131).reshape({-1, 131}),

@@ -35,6 +35,14 @@ RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, int64_t seq,
   return {angles.cos().to(options), angles.sin().to(options)};
 }
 
+RotaryTables AtPositions(const RotaryTables& tables, const at::Tensor& positions) {
+  auto rows = [&](const at::Tensor& table) {
+    return table.index_select(0, positions.reshape(-1))
+        .view({positions.size(0), 1, positions.size(1), table.size(1)});
+  };
+  return {rows(tables.cos), rows(tables.sin)};
+}
+
 at::Tensor ApplyRotary(const at::Tensor& x, const RotaryTables& tables) {
   const int64_t half = x.size(-1) / 2;
   const at::Tensor rotated = at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);

@@ -41,6 +41,11 @@ struct RotaryTables {
 RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, int64_t seq,
                               const at::TensorOptions& options);
 
+// The rows of `tables` at `positions` ([batch, seq] int64: packed sequences, each from 0):
+// cos and sin [batch, 1, seq, head_dim], for x [batch, heads, seq, head_dim]. Requires:
+// positions within the tables.
+RotaryTables AtPositions(const RotaryTables& tables, const at::Tensor& positions);
+
 // x * cos + rotate_half(x) * sin over x [batch, heads, seq, head_dim].
 at::Tensor ApplyRotary(const at::Tensor& x, const RotaryTables& tables);
 

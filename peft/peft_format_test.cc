@@ -99,7 +99,7 @@ absl::StatusOr<checkpoint::HfImportResult> AttachAndLoad(const std::string& dire
 at::Tensor Logits(models::LanguageModel& model) {
   at::NoGradGuard no_grad;
   model.eval();
-  return model.Logits(model.StageForward(Expected()["input_ids"], {}));
+  return model.Logits(model.StageForward(Expected()["input_ids"], {}, nullptr));
 }
 
 // A copy of the fixture adapter's directory, with adapter_config.json's `edit` applied.

@@ -33,6 +33,7 @@ ABSL_FLAG(std::string, hf_parity, "", "Path of tools/scripts/hf_parity.py.");
 namespace keel::tools {
 namespace {
 
+using ::keel::tools::cli::With;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -300,6 +301,43 @@ TEST(EvalToolTest, ConversationsEvaluateAsTransformersAnswerOnlyLoss) {
                "--data_format=sft", "--samples=5"});
   EXPECT_EQ(too_many.exit_code, 2);
   EXPECT_THAT(too_many.err, HasSubstr("holds 4 conversations; --samples=5"));
+}
+
+// --packed_sequence_size=32 packs the fixture's conversations (predicting 27, 7, 22 and 23
+// tokens) as the trainer does, {0}, {1, 2}, {3}, two rows a pass: the same figures.
+TEST(EvalToolTest, PackedConversationsGiveTheSameFigures) {
+  const SftFixture fixture = ReadSftFixture();
+  const std::string prefix = WriteConversations("eval_packed", fixture.conversations);
+  const std::vector<std::string> common = {"--model=testdata/hf_parity/llama_gqa_untied",
+                                           "--data_prefix=" + prefix, "--data_format=sft"};
+  const ToolResult result =
+      RunEval(With(common, {"--samples=4", "--packed_sequence_size=32", "--batch_size=2"}));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  ASSERT_EQ(result.lines.size(), 5u);
+  for (size_t c = 0; c < 4; ++c) {
+    SCOPED_TRACE(c);
+    EXPECT_EQ(result.lines[c]["sample"], c);
+    EXPECT_EQ(result.lines[c]["tokens"], fixture.label_tokens[c]);
+    const double expected = fixture.loss_sums[c] / fixture.label_tokens[c];
+    EXPECT_NEAR(result.lines[c]["loss"].get<double>(), expected, 1e-5 * expected);
+  }
+  EXPECT_NEAR(result.lines[4]["mean_loss"].get<double>(), fixture.loss, 1e-5 * fixture.loss);
+  // Conversation 1 shares its row with 2; the first three alone need one row each.
+  const ToolResult first_two =
+      RunEval(With(common, {"--samples=2", "--packed_sequence_size=32", "--batch_size=1"}));
+  ASSERT_EQ(first_two.exit_code, 0) << first_two.err;
+  EXPECT_EQ(first_two.lines[1]["loss"], result.lines[1]["loss"]);
+
+  const ToolResult too_short = RunEval(With(common, {"--samples=4", "--packed_sequence_size=20"}));
+  EXPECT_EQ(too_short.exit_code, 2);
+  EXPECT_THAT(too_short.err, HasSubstr(": conversation 0 predicts 27 tokens, more than "
+                                       "--packed_sequence_size=20"));
+  const ToolResult windows =
+      RunEval({"--model=testdata/hf_parity/llama_gqa_untied", "--data_prefix=" + prefix,
+               "--sequence_length=8", "--samples=2", "--packed_sequence_size=32"});
+  EXPECT_EQ(windows.exit_code, 2);
+  EXPECT_THAT(windows.err, HasSubstr("--packed_sequence_size (32) packs conversations: allowed 0, "
+                                     "or a positive size with --data_format=sft"));
 }
 
 TEST(EvalToolTest, BadInputIsNamed) {

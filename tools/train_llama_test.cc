@@ -33,6 +33,7 @@ namespace {
 using ::keel::testing::NewTempDir;
 using ::keel::testing::ReadFileOrFail;
 using ::keel::tools::cli::Subprocess;
+using ::keel::tools::cli::With;
 
 constexpr int64_t kSteps = 30;
 
@@ -48,11 +49,6 @@ std::vector<Family> Families() {
             "model.untie_embeddings_and_output_weights=true"}},
           {"qwen2", {"model.family=qwen2", "model.num_query_groups=2"}},
           {"qwen3", {"model.family=qwen3", "model.num_query_groups=2", "model.kv_channels=8"}}};
-}
-
-std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 TEST(TrainLlamaTest, LayoutsComputeTheOneRankRun) {

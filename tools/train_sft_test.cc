@@ -4,7 +4,9 @@
 // learned, shifted per conversation, summed over the conversations and divided by their learned
 // tokens, as NeMo AutoModel's MaskedCrossEntropy over num_label_tokens), tensor and pipeline
 // parallelism and data parallelism with the distributed optimizer follow the one-rank run, with
-// LoRA too; overlong conversations are counted; what the format needs is named.
+// LoRA too; overlong conversations are counted; what the format needs is named. Packed
+// conversations (packed_sequence.packed_sequence_size) train as the same conversations
+// unpacked, on every layout.
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,12 +25,8 @@ namespace {
 
 using ::keel::testing::NewTempDir;
 using ::keel::tools::cli::Subprocess;
+using ::keel::tools::cli::With;
 using ::testing::HasSubstr;
-
-std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 // A run of the fixture Llama on the conversations at `prefix`: sequence_length 32, no
 // validation, in file order.
@@ -102,6 +100,70 @@ TEST(TrainSftTest, LayoutsComputeTheOneRankRun) {
   }
 }
 
+// 24 conversations predicting 17, 12 and 9 tokens in turn (18, 13 and 10 tokens, the first
+// third of each a prompt): in packs of 40, three to a pack (17 + 12 + 9 = 38, and the next 17
+// does not fit), 8 packs.
+std::string PackableConversations() {
+  std::vector<TestConversation> conversations;
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/5);
+  for (int c = 0; c < 24; ++c) {
+    const int64_t n = std::vector<int64_t>{18, 13, 10}[c % 3];
+    const at::Tensor ids = at::randint(131, {n}, generator, at::kLong);
+    std::vector<int64_t> mask(n, 1);
+    for (int64_t j = 0; j < n / 3; ++j) mask[j] = 0;
+    conversations.push_back({{ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n}, mask});
+  }
+  return WriteConversations("packable", conversations);
+}
+
+// Each step takes all 24 conversations, one per row padded to 32 tokens or three per row of 40
+// packed: the packed steps' losses and gradient norms are the unpacked ones (NeMo-RL #2105
+// trained for weeks with attention crossing packed conversations: here the first loss alone
+// would move).
+TEST(TrainSftTest, PackedStepsAreTheUnpackedSteps) {
+  const std::string prefix = PackableConversations();
+  const std::string unpacked = NewTempDir("unpacked");
+  Subprocess one = StartTrain(SameSamplesRun(unpacked, 3,
+                                             SftRun(prefix, {"step_scheduler.global_batch_size=24",
+                                                             "step_scheduler.local_batch_size=4"})),
+                              unpacked + "/stderr");
+  ASSERT_EQ(one.Wait(), 0) << one.Stderr();
+  const std::string packed = NewTempDir("packed");
+  Subprocess run =
+      StartTrain(SameSamplesRun(packed, 3,
+                                SftRun(prefix, {"packed_sequence.packed_sequence_size=40",
+                                                "step_scheduler.global_batch_size=8",
+                                                "step_scheduler.local_batch_size=2"})),
+                 packed + "/stderr");
+  ASSERT_EQ(run.Wait(), 0) << run.Stderr();
+  EXPECT_THAT(run.DrainStdout(),
+              HasSubstr("data: 24 training and 0 validation conversations of " + prefix +
+                        ", packed into 8 and 0 sequences of 40 tokens"));
+  ExpectLayoutInvariant(unpacked, packed, {1e-6, 1e-5, 1e-4});
+}
+
+// Packed conversations through tensor and pipeline parallelism (the sequence lengths travel
+// with each micro-batch to every stage), with validation, follow the one-rank packed run.
+TEST(TrainSftTest, PackedLayoutsComputeTheOneRankRun) {
+  const std::vector<std::string> common =
+      SftRun(SkewedConversations(), {"data.overlong=truncate", "data.validation_every_n_samples=10",
+                                     "packed_sequence.packed_sequence_size=64"});
+  const std::string reference = NewTempDir("packed_reference");
+  Subprocess one = StartTrain(SameSamplesRun(reference, 8, common), reference + "/stderr");
+  ASSERT_EQ(one.Wait(), 0) << one.Stderr();
+  EXPECT_THAT(one.DrainStdout(), HasSubstr("training and 8 validation conversations of "));
+  for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
+           {"distributed.tensor_model_parallel_size=2", "step_scheduler.local_batch_size=8"},
+           {"distributed.pipeline_model_parallel_size=2"}}) {
+    SCOPED_TRACE(layout[0]);
+    const std::string run_dir = NewTempDir("packed_layout");
+    Subprocess ranks =
+        LaunchTrain(2, SameSamplesRun(run_dir, 8, With(common, layout)), run_dir + "/stderr");
+    ASSERT_EQ(ranks.Wait(), 0) << ranks.Stderr();
+    ExpectLayoutInvariant(reference, run_dir);
+  }
+}
+
 TEST(TrainSftTest, WhatTheFormatNeedsIsNamed) {
   const std::string run_dir = NewTempDir("refused");
   ExpectRefused(1, {"data.format=sft"},
@@ -121,6 +183,22 @@ TEST(TrainSftTest, WhatTheFormatNeedsIsNamed) {
   ASSERT_EQ(run.Wait(), 0) << run.Stderr();
   EXPECT_THAT(run.DrainStdout(), HasSubstr(" longer than data.sequence_length + 1 (33) tokens "
                                            "dropped (data.overlong)"));
+  // Packing: only conversations, and what fits no pack is counted.
+  ExpectRefused(1, {"packed_sequence.packed_sequence_size=64"},
+                "packed_sequence.packed_sequence_size (64) packs conversations; allowed with "
+                "data.format \"sft\", else 0",
+                run_dir + "/packing_windows");
+  ExpectRefused(1, SftRun(SkewedConversations(), {"packed_sequence.packed_sequence_size=-1"}),
+                "packed_sequence.packed_sequence_size (-1) must be >= 0", run_dir + "/negative");
+  const std::string unpackable = NewTempDir("unpackable");
+  Subprocess packed = StartTrain(
+      SameSamplesRun(unpackable, 1,
+                     SftRun(SkewedConversations(),
+                            {"data.overlong=truncate", "packed_sequence.packed_sequence_size=20"})),
+      unpackable + "/stderr");
+  ASSERT_EQ(packed.Wait(), 0) << packed.Stderr();
+  EXPECT_THAT(packed.DrainStdout(), HasSubstr(" predicting more than 20 tokens dropped (they fit "
+                                              "no pack)"));
 }
 
 }  // namespace

@@ -193,7 +193,8 @@ ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_
   proj_ = register_module("proj", RowParallelLinear(hidden_size, hidden_size, tp));
 }
 
-at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x,
+                                              const base::PackedSequences* packed) {
   const int64_t batch = x.size(0), seq = x.size(1);
   // [batch, seq, local heads, (q, k, v), head_dim] -> each [batch, local heads, seq, head_dim].
   // unbind, not three selects: its backward writes the qkv gradient once, where each select's
@@ -201,10 +202,12 @@ at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x) {
   const std::vector<at::Tensor> parts =
       qkv_->forward(x).view({batch, seq, local_heads_, 3, head_dim_}).unbind(3);
   auto part = [&](int64_t i) { return parts[i].transpose(1, 2); };
-  const at::Tensor attended = base::CausalAttention(part(0), part(1), part(2))
-                                  .transpose(1, 2)
-                                  .contiguous()
-                                  .view({batch, seq, local_heads_ * head_dim_});
+  const at::Tensor attended =
+      (packed != nullptr ? base::PackedCausalAttention(part(0), part(1), part(2), *packed, 0)
+                         : base::CausalAttention(part(0), part(1), part(2)))
+          .transpose(1, 2)
+          .contiguous()
+          .view({batch, seq, local_heads_ * head_dim_});
   return proj_->forward(attended);
 }
 

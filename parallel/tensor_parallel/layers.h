@@ -22,6 +22,7 @@
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
+#include "base/attention.h"
 #include "c10/core/ScalarType.h"
 #include "parallel/layout.h"
 #include "torch/nn/module.h"
@@ -167,9 +168,9 @@ class ParallelSelfAttentionImpl : public torch::nn::Module {
   // Requires: tp's size divides num_heads, which divides hidden_size.
   ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads, c10d::ProcessGroup* tp);
   // `x` [batch, seq, hidden] whole; each position attends to itself and the positions before
-  // it (base::CausalAttention: LibTorch's fused kernel). Returns [batch, seq, hidden],
-  // whole.
-  at::Tensor forward(const at::Tensor& x);
+  // it (base::CausalAttention: LibTorch's fused kernel), within its sequence of `packed` when
+  // not nullptr (base::PackedCausalAttention). Returns [batch, seq, hidden], whole.
+  at::Tensor forward(const at::Tensor& x, const base::PackedSequences* packed);
 
  private:
   int64_t local_heads_, head_dim_;

@@ -116,7 +116,7 @@ class TinyImpl : public torch::nn::Module {
   }
   at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& targets) {
     at::Tensor x = embed_->forward(tokens);
-    x = x + attn_->forward(x);
+    x = x + attn_->forward(x, /*packed=*/nullptr);
     x = x + proj_->forward(at::gelu(fc_->forward(x)));
     return VocabParallelCrossEntropy(head_->forward(x), targets, tp_).sum();
   }

@@ -191,4 +191,9 @@ std::optional<int> Subprocess::WaitFor(double seconds) {
   return *exit_code_;
 }
 
+std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 }  // namespace keel::tools::cli

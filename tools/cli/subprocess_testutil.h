@@ -81,6 +81,9 @@ class Subprocess {
   bool group_leader_ = false;
 };
 
+// The arguments `a` followed by `b`: a child's common arguments and one run's own.
+std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b);
+
 }  // namespace keel::tools::cli
 
 #endif  // KEEL_TOOLS_CLI_SUBPROCESS_TESTUTIL_H_

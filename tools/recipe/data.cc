@@ -96,10 +96,17 @@ int64_t SampledWindows(const TrainOptions& options, const Splits& splits) {
   return Sampled(options, splits.train_size());
 }
 
+SampleShape ShapeOf(const TrainOptions& options, const Splits& splits) {
+  const SftData* sft = splits.sft();
+  if (sft == nullptr) return {"windows", options.data.dataset.sequence_length};
+  return {sft->packs() ? "packs" : "conversations", sft->sample_length()};
+}
+
 TokenBatch TokenBatch::To(const at::Device& device) const {
   if (!defined()) return *this;
   return {inputs.to(device), labels.to(device),
-          loss_mask.defined() ? loss_mask.to(device) : at::Tensor()};
+          loss_mask.defined() ? loss_mask.to(device) : at::Tensor(),
+          packed.defined() ? packed.To(device) : base::PackedSequences()};
 }
 
 Splits::Splits(std::unique_ptr<MegatronData> megatron) : megatron_(std::move(megatron)) {}
@@ -133,15 +140,18 @@ absl::StatusOr<TokenBatch> Splits::Batch(const std::vector<int64_t>& indices,
   }
   if (kept.empty()) return TokenBatch();
   const int64_t n = static_cast<int64_t>(kept.size());
-  const int64_t L = megatron_ != nullptr ? megatron_->sequence_length() : sft_->sequence_length();
+  const int64_t L = megatron_ != nullptr ? megatron_->sequence_length() : sft_->sample_length();
   TokenBatch batch{at::empty({n, L}, at::kLong), at::empty({n, L}, at::kLong),
-                   at::empty({n, L}, at::kFloat)};
+                   at::empty({n, L}, at::kFloat), base::PackedSequences()};
+  const bool packs = sft_ != nullptr && sft_->packs();
+  std::vector<std::vector<int64_t>> lengths(packs ? n : 0);
   for (int64_t i = 0; i < n; ++i) {
     const SampleRow row{batch.inputs[i].data_ptr<int64_t>(), batch.labels[i].data_ptr<int64_t>(),
-                        batch.loss_mask[i].data_ptr<float>()};
+                        batch.loss_mask[i].data_ptr<float>(), packs ? &lengths[i] : nullptr};
     KEEL_RETURN_IF_ERROR(megatron_ != nullptr ? megatron_->Fill(kept[i], validation, row)
                                               : sft_->Fill(kept[i], validation, row));
   }
+  if (packs) batch.packed = base::PackRows(lengths, L);
   return batch;
 }
 
@@ -156,7 +166,8 @@ absl::StatusOr<TokenBatch> Splits::WindowBatch(const std::vector<int64_t>& indic
   }
   if (samples.empty()) return TokenBatch();
   const at::Tensor windows = at::stack(samples);
-  return TokenBatch{windows.slice(1, 0, -1), windows.slice(1, 1), at::Tensor()};
+  return TokenBatch{windows.slice(1, 0, -1), windows.slice(1, 1), at::Tensor(),
+                    base::PackedSequences()};
 }
 
 int64_t Splits::TrainIndex(int64_t j) const {
@@ -198,16 +209,26 @@ absl::StatusOr<TrainData> OpenSftData(const TrainOptions& options, const TrainRu
       CheckDataFitsModel(prefix, {options.model.vocab_size, options.pretrained_path}));
   absl::StatusOr<std::unique_ptr<SftData>> sft =
       SftData::Open(prefix, options.data.sft, options.data.dataset.sequence_length,
-                    options.data.validation_every_n_samples);
+                    options.data.validation_every_n_samples, options.packed_sequence);
   KEEL_RETURN_IF_ERROR(base::Annotate(sft.status(), "data.prefix (data.format \"sft\")"));
   if (runtime.rank == 0) {
-    *runtime.log << "data: " << (*sft)->train_size() << " training and " << (*sft)->val_size()
-                 << " validation conversations of " << prefix;
-    if ((*sft)->overlong() > 0) {
-      *runtime.log << "; " << (*sft)->overlong() << " longer than data.sequence_length + 1 ("
+    const SftData& data = **sft;
+    *runtime.log << "data: " << data.train_conversations() << " training and "
+                 << data.val_conversations() << " validation conversations of " << prefix;
+    if (data.packs()) {
+      *runtime.log << ", packed into " << data.train_size() << " and " << data.val_size()
+                   << " sequences of " << data.sample_length()
+                   << " tokens (packed_sequence.packed_sequence_size)";
+    }
+    if (data.overlong() > 0) {
+      *runtime.log << "; " << data.overlong() << " longer than data.sequence_length + 1 ("
                    << options.data.dataset.sequence_length + 1 << ") tokens "
-                   << ((*sft)->options().overlong == Overlong::kDrop ? "dropped" : "truncated")
+                   << (data.options().overlong == Overlong::kDrop ? "dropped" : "truncated")
                    << " (data.overlong)";
+    }
+    if (data.unpackable() > 0) {
+      *runtime.log << "; " << data.unpackable() << " predicting more than " << data.sample_length()
+                   << " tokens dropped (they fit no pack)";
     }
     *runtime.log << "\n";
   }
@@ -216,8 +237,10 @@ absl::StatusOr<TrainData> OpenSftData(const TrainOptions& options, const TrainRu
   absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
       sampling::CreateMegatronSampler(options.sampler, sampled, runtime.dp_rank, runtime.dp_size);
   KEEL_RETURN_IF_ERROR(base::Annotate(
-      sampler.status(), absl::StrCat("sampler over ", sampled, " of the ", splits.train_size(),
-                                     " training conversations of ", prefix)));
+      sampler.status(),
+      absl::StrCat("sampler over ", sampled, " of the ", splits.train_size(), " training ",
+                   options.packed_sequence.packed_sequence_size > 0 ? "packs" : "conversations",
+                   " of ", prefix)));
   return TrainData{prefix, std::move(splits), *std::move(sampler)};
 }
 

@@ -17,6 +17,7 @@
 
 #include "ATen/core/Tensor.h"
 #include "absl/status/statusor.h"
+#include "base/attention.h"
 #include "sampling/fixed_window_dataset.h"
 #include "sampling/megatron_sampler.h"
 #include "tools/recipe/megatron_data.h"
@@ -26,13 +27,16 @@
 
 namespace keel::tools::recipe {
 
-// One batch of samples: inputs and labels (the next tokens), and the loss mask.
+// One batch of samples: inputs and labels (the next tokens), the loss mask, and the sequences
+// packed into its rows.
 struct TokenBatch {
   // [n, L] int64; undefined when the batch is empty.
   at::Tensor inputs;
   at::Tensor labels;
   // [n, L] float, 1 where a label counts; undefined: every label counts.
   at::Tensor loss_mask;
+  // Packed conversations (packed_sequence.packed_sequence_size); undefined: one sample a row.
+  base::PackedSequences packed;
 
   bool defined() const { return inputs.defined(); }
   TokenBatch To(const at::Device& device) const;
@@ -80,6 +84,14 @@ class Splits {
   std::unique_ptr<MegatronData> megatron_;
   std::unique_ptr<SftData> sft_;
 };
+
+// What a sample of `splits` is, in messages: "windows", "conversations" or "packs" (of
+// conversations), and its tokens.
+struct SampleShape {
+  const char* noun;
+  int64_t tokens;
+};
+SampleShape ShapeOf(const TrainOptions& options, const Splits& splits);
 
 // The training windows the sampler draws from: with sampler.drop_last, the split cut to whole
 // global batches (the windows past the last one never make a step). That keeps every epoch,

@@ -225,7 +225,7 @@ void PrintWarnings(const TrainOptions& options, const ScheduleWalk& walk, const 
 
 void PrintSchedule(const TrainOptions& options, int world_size, const TrainData& data,
                    const ScheduleWalk& walk, std::ostream& out) {
-  const int64_t tokens = options.data.dataset.sequence_length;
+  const SampleShape shape = ShapeOf(options, data.splits);
   const int64_t global = options.step_scheduler.global_batch_size;
   if (data.splits.megatron() != nullptr) data.splits.megatron()->Describe(out);
   const std::string source =
@@ -234,18 +234,18 @@ void PrintSchedule(const TrainOptions& options, int world_size, const TrainData&
           ? "the default corpus (counted in a temporary copy; the run prepares it in " +
                 base::JoinPath(options.run_dir, "data/corpus") + ")"
           : data.prefix;
-  out << "data: " << source << ": " << data.splits.train_size() << " training windows ("
-      << SampledWindows(options, data.splits) << " sampled) and " << data.splits.val_size()
-      << " validation windows of " << tokens << " tokens\n"
+  out << "data: " << source << ": " << data.splits.train_size() << " training " << shape.noun
+      << " (" << SampledWindows(options, data.splits) << " sampled) and " << data.splits.val_size()
+      << " validation " << shape.noun << " of " << shape.tokens << " tokens\n"
       << "steps: " << walk.steps << " over " << walk.epochs << " epoch(s) of "
       << walk.steps_per_epoch << " steps (max_steps "
       << (options.step_scheduler.max_steps ? absl::StrCat(*options.step_scheduler.max_steps)
                                            : std::string("unset"))
       << ", num_epochs " << options.step_scheduler.num_epochs.value_or(0) << ")\n"
-      << "each step: " << global << " samples, " << global * tokens << " tokens; "
+      << "each step: " << global << " samples, " << global * shape.tokens << " tokens; "
       << walk.grad_acc_steps << " micro-batch(es) of " << options.local_batch_size
       << " per rank on " << world_size << " rank(s)\n"
-      << "in total: " << walk.samples << " samples, " << walk.samples * tokens << " tokens\n"
+      << "in total: " << walk.samples << " samples, " << walk.samples * shape.tokens << " tokens\n"
       << "checkpoint steps: " << CompressSteps(walk.checkpoints) << "\n"
       << "validation steps: " << CompressSteps(walk.validations) << "\n"
       << "gc steps: " << CompressSteps(walk.gcs) << "\n";

@@ -444,6 +444,9 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   data["validation_every_n_samples"] = options.data.validation_every_n_samples;
   if (options.data.sft.format == DataFormat::kSft) {  // pretraining's fingerprint unchanged
     data.update(base::WriteJsonFields(options.data.sft));
+    if (options.packed_sequence.packed_sequence_size > 0) {
+      data.update(base::WriteJsonFields(options.packed_sequence));
+    }
   }
   if (!options.data.megatron.paths.empty()) {
     data.update(base::WriteJsonFields(options.data.megatron));
@@ -519,6 +522,8 @@ ConfigChanges CompareConfigs(const base::Json& saved, const base::Json& current)
   return changes;
 }
 
+namespace {
+
 // peft.adapter_path: the adapter's r, lora_alpha, lora_dropout (peft's on A's input) and
 // target modules into options.peft, where the section sets none of them otherwise.
 absl::Status ReadAdapterPath(const PeftConfig& section, TrainOptions& options) {
@@ -565,6 +570,22 @@ absl::Status ReadAdapterPath(const PeftConfig& section, TrainOptions& options) {
   return absl::OkStatus();
 }
 
+// packed_sequence: a size of 0 or more, packing only conversations.
+absl::Status ReadPackedSequence(const PackedSequenceConfig& config, TrainOptions& options) {
+  KEEL_RETURN_IF_ERROR(CopyFields(config, options.packed_sequence));
+  const int64_t size = options.packed_sequence.packed_sequence_size;
+  KEEL_RETURN_IF_ERROR(Require(size >= 0, "packed_sequence.packed_sequence_size", size,
+                               "must be >= 0 (0: no packing)"));
+  if (size > 0 && options.data.sft.format != DataFormat::kSft) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed_sequence.packed_sequence_size (", size,
+                     ") packs conversations; allowed with data.format \"sft\", else 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   TrainOptions options;
   options.run_dir = config.run_dir();
@@ -610,6 +631,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(CheckModelParallelModel(options));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
+  KEEL_RETURN_IF_ERROR(ReadPackedSequence(config.packed_sequence(), options));
   if (config.has_peft()) {
     peft::LoraOptions& lora = options.peft.emplace();
     KEEL_RETURN_IF_ERROR(CopyFields(config.peft(), lora, {"adapter_path"}));

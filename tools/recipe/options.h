@@ -28,6 +28,7 @@
 #include "peft/lora_options.h"
 #include "sampling/fixed_window_dataset.h"
 #include "sampling/megatron_sampler.h"
+#include "sampling/sequence_packing.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/config.pb.h"
 #include "tools/recipe/lr_schedule.h"
@@ -232,6 +233,8 @@ struct TrainOptions {
   // start from (its r, lora_alpha, lora_dropout and target modules are peft's fields). Default:
   // empty (A drawn, B zero).
   std::string peft_adapter_path;
+  // Conversations packed into sequences (data.format "sft" only). Default: none.
+  sampling::PackedSequenceOptions packed_sequence;
 };
 
 // Reads and checks `config`. Errors: kInvalidArgument naming "<section>.<field>", its value
@@ -240,6 +243,7 @@ struct TrainOptions {
 // validation_every_n_samples of 1 or below 0, an optimizer other than AdamW, a backend other
 // than gloo or nccl, a non-positive timeout or logging interval, model.tf32 without a GPU,
 // distributed.grad_reduce_in_fp32 without model.bf16, peft options CheckLoraOptions refuses,
+// a negative packed_sequence.packed_sequence_size or a positive one without data.format "sft",
 // with data.paths: data.prefix
 // or validation_every_n_samples also set, no step_scheduler.max_steps, a bad blend list
 // (a weight that is not a positive number), split string or seed.

@@ -45,6 +45,7 @@ absl::Status Run::OpenOutputs() {
   }
   const int tp = base::GroupSize(runtime_.tensor_group());
   const int pp = base::GroupSize(runtime_.pipeline_group());
+  const SampleShape shape = ShapeOf(options_, s.data.splits);
   *runtime_.log << "model: " << counts[0].item<int64_t>()
                 << (options_.peft ? " LoRA adapter tensors (the rest frozen), " : " tensors, ")
                 << counts[1].item<int64_t>() << " trainable parameters"
@@ -56,9 +57,9 @@ absl::Status Run::OpenOutputs() {
                 << ", " << s.optimizer->Describe()
                 << (UsesFusedAdamW(options_.optimizer, runtime_.device) ? " (fused step)" : "")
                 << "; " << s.data.splits.train_size() << " training and "
-                << s.data.splits.val_size() << " validation windows of "
-                << options_.data.dataset.sequence_length << " tokens; " << s.scheduler->max_steps()
-                << " steps of " << options_.step_scheduler.global_batch_size << " samples ("
+                << s.data.splits.val_size() << " validation " << shape.noun << " of "
+                << shape.tokens << " tokens; " << s.scheduler->max_steps() << " steps of "
+                << options_.step_scheduler.global_batch_size << " samples ("
                 << s.scheduler->grad_acc_steps() << " micro-batches of "
                 << options_.local_batch_size << " per rank on " << runtime_.dp_size
                 << " rank(s))\n";

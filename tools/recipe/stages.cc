@@ -80,7 +80,9 @@ absl::StatusOr<at::Tensor> RunStages(models::LanguageModel& model,
     return std::vector<int64_t>{inputs.size(0), inputs.size(1), model.hidden_size()};
   };
   stage.forward = [&](int64_t i, const at::Tensor& input) {
-    at::Tensor hidden = model.StageForward(defined[i]->inputs, input);
+    const TokenBatch& batch = *defined[i];
+    at::Tensor hidden =
+        model.StageForward(batch.inputs, input, batch.packed.defined() ? &batch.packed : nullptr);
     if (!model.last_stage()) return hidden;
     const at::Tensor loss = SummedTokenLoss(model, hidden, *defined[i]);
     loss_sum += loss.detach().to(at::kDouble);
