@@ -232,13 +232,15 @@ absl::StatusOr<TrainData> OpenSftData(const TrainOptions& options, const TrainRu
     }
     *runtime.log << "\n";
   }
+  // Read before the move, as OpenMegatronData does (GCC's -O2 -Wmaybe-uninitialized).
+  const int64_t train_size = (*sft)->train_size();
   Splits splits(*std::move(sft));
-  const int64_t sampled = SampledWindows(options, splits);
+  const int64_t sampled = Sampled(options, train_size);
   absl::StatusOr<std::unique_ptr<sampling::MegatronSampler>> sampler =
       sampling::CreateMegatronSampler(options.sampler, sampled, runtime.dp_rank, runtime.dp_size);
   KEEL_RETURN_IF_ERROR(base::Annotate(
       sampler.status(),
-      absl::StrCat("sampler over ", sampled, " of the ", splits.train_size(), " training ",
+      absl::StrCat("sampler over ", sampled, " of the ", train_size, " training ",
                    options.packed_sequence.packed_sequence_size > 0 ? "packs" : "conversations",
                    " of ", prefix)));
   return TrainData{prefix, std::move(splits), *std::move(sampler)};

@@ -68,8 +68,8 @@ class SftData {
   int64_t train_size() const { return train_.size(); }
   int64_t val_size() const { return val_.size(); }
   // Conversations in the splits' samples.
-  int64_t train_conversations() const { return train_.conversations.size(); }
-  int64_t val_conversations() const { return val_.conversations.size(); }
+  int64_t train_conversations() const { return static_cast<int64_t>(train_.conversations.size()); }
+  int64_t val_conversations() const { return static_cast<int64_t>(val_.conversations.size()); }
   // Conversations longer than sequence_length + 1 tokens: dropped, or truncated.
   int64_t overlong() const { return overlong_; }
   // Conversations that predict more tokens than a pack holds: dropped.
