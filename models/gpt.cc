@@ -149,7 +149,10 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups)
 
 GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,
                  parallel::StageLayers layers, bool first, bool last)
-    : tp_(groups.tp), hidden_size_(options.hidden_size), pipelined_(!(first && last)) {
+    : tp_(groups.tp),
+      hidden_size_(options.hidden_size),
+      pipelined_(!(first && last)),
+      recompute_(options.recompute) {
   c10d::ProcessGroup* tp = groups.tp;
   // The last stage holds its own copy of the word embedding for the tied head.
   if (first || last) {
@@ -181,7 +184,13 @@ at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& inp
                                      : at::arange(seq, tokens.options().dtype(at::kLong));
     x = wte_->forward(tokens) + wpe_->forward(positions);
   }
-  for (const auto& block : blocks_) x = block->as<BlockImpl>()->forward(x, packed);
+  // Captured by value: a recomputed block runs again in the backward pass.
+  x = parallel::RunLayers(
+      static_cast<int64_t>(blocks_.size()), recompute_, is_training(),
+      [blocks = blocks_, packed](int64_t i, const at::Tensor& h) {
+        return blocks[i]->as<BlockImpl>()->forward(h, packed);
+      },
+      [this](int64_t i) { return blocks_[i]->parameters(); }, x);
   return x;
 }
 

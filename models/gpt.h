@@ -76,6 +76,7 @@ class GptImpl : public LanguageModel {
   c10d::ProcessGroup* tp_;
   int64_t hidden_size_;
   bool pipelined_;
+  parallel::RecomputeOptions recompute_;
   parallel::VocabParallelEmbedding wte_{nullptr};
   parallel::VocabParallelEmbedding wpe_{nullptr};
   // This stage's blocks, in order (registered under "blocks.<index in the whole model>").

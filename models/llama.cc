@@ -184,12 +184,14 @@ at::Tensor LlamaImpl::StageForward(const at::Tensor& tokens, const at::Tensor& i
                                    const base::PackedSequences* packed) {
   at::Tensor x = first_ ? embed_tokens_->forward(tokens) : input;
   const RotaryTables& tables = Tables(tokens.size(1), x);
-  const RotaryTables at_positions =
-      packed != nullptr ? AtPositions(tables, packed->position_ids) : RotaryTables();
-  for (const auto& layer : layers_) {
-    x = layer->as<DecoderLayerImpl>()->forward(x, packed != nullptr ? at_positions : tables,
-                                               packed);
-  }
+  // Captured by value: a recomputed layer runs again in the backward pass.
+  const RotaryTables rows = packed != nullptr ? AtPositions(tables, packed->position_ids) : tables;
+  x = parallel::RunLayers(
+      static_cast<int64_t>(layers_.size()), options_.recompute, is_training(),
+      [layers = layers_, rows, packed](int64_t i, const at::Tensor& h) {
+        return layers[i]->as<DecoderLayerImpl>()->forward(h, rows, packed);
+      },
+      [this](int64_t i) { return layers_[i]->parameters(); }, x);
   return x;
 }
 

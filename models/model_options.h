@@ -11,6 +11,7 @@
 
 #include "absl/strings/string_view.h"
 #include "base/fields.h"
+#include "parallel/recompute.h"
 
 namespace keel::models {
 
@@ -64,6 +65,9 @@ struct ModelOptions {
   double moe_aux_loss_coeff = 0.0;
   int64_t moe_layer_freq = 1;
   bool moe_router_pre_softmax = false;
+  // Activation recomputation during training (Megatron-Core's recompute_* fields, in section
+  // model; not the model's shape, so outside VisitFields). Default: none.
+  parallel::RecomputeOptions recompute;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, ModelOptions> = 0>

@@ -153,6 +153,12 @@ namespace {
 
 absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
+  KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model.recompute));
+  if (options.model.recompute.recompute_granularity == parallel::RecomputeGranularity::kSelective) {
+    return absl::InvalidArgumentError(
+        "model.recompute_granularity \"selective\" is not available yet; allowed: \"full\" or "
+        "unset");
+  }
   options.pretrained_path = config.model().pretrained_path();
   KEEL_RETURN_IF_ERROR(ReadPretrainedConfig(config.model(), options.model));
   options.model.max_sequence_length = options.data.dataset.sequence_length;
@@ -439,6 +445,9 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
       options.model, options.distributed.parallel.tensor_model_parallel_size);
   model["qkv_rows"] = "q, k, v of each head in turn";
   model["pretrained_path"] = options.pretrained_path;
+  if (options.model.recompute.recompute_granularity.has_value()) {
+    model["recompute"] = base::WriteJsonFields(options.model.recompute);
+  }
   base::Json data = base::WriteJsonFields(options.data.dataset);
   data["prefix"] = options.data.prefix;
   data["validation_every_n_samples"] = options.data.validation_every_n_samples;
@@ -629,6 +638,9 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
         "model.bf16: unset"));
   }
   KEEL_RETURN_IF_ERROR(CheckModelParallelModel(options));
+  KEEL_RETURN_IF_ERROR(parallel::CheckRecomputeOptions(
+      options.model.recompute,
+      options.model.num_layers / options.distributed.parallel.pipeline_model_parallel_size));
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
   KEEL_RETURN_IF_ERROR(ReadPackedSequence(config.packed_sequence(), options));
