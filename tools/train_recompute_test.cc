@@ -1,0 +1,88 @@
+// //tools:train with activation recomputation (model.recompute_granularity "full"), as child
+// processes: the loss, learning-rate, gradient-norm and validation trace is bit-identical to the
+// run without it for both families, "uniform" and "block", under LoRA (the frozen embedding's
+// output needs no gradient: the trap of re-entrant checkpointing), and at tp=2 and pp=2;
+// Megatron-Core's checks on the fields are errors naming them.
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "testing/files.h"
+#include "tools/cli/subprocess_testutil.h"
+#include "tools/train_testutil.h"
+
+namespace keel::tools {
+namespace {
+
+using ::keel::testing::NewTempDir;
+using ::keel::tools::cli::Subprocess;
+using ::keel::tools::cli::With;
+
+const std::vector<std::string> kUniform = {"model.recompute_granularity=full",
+                                           "model.recompute_method=uniform",
+                                           "model.recompute_num_layers=1"};
+const std::vector<std::string> kBlock = {"model.recompute_granularity=full",
+                                         "model.recompute_method=block",
+                                         "model.recompute_num_layers=1"};
+
+// Runs `common` (6 steps, validating every 3) on `ranks` ranks
+// without and with each recomputation; the traces are the same doubles.
+void ExpectRecomputationChangesNothing(int ranks, const std::vector<std::string>& common) {
+  const std::vector<std::string> validating = With(common, {"step_scheduler.val_every_steps=3"});
+  const std::string plain = NewTempDir("plain");
+  Subprocess run =
+      ranks == 1 ? StartTrain(SameSamplesRun(plain, 6, validating), plain + "/stderr")
+                 : LaunchTrain(ranks, SameSamplesRun(plain, 6, validating), plain + "/stderr");
+  ASSERT_EQ(run.Wait(), 0) << run.Stderr();
+  for (const std::vector<std::string>& recompute : {kUniform, kBlock}) {
+    SCOPED_TRACE(recompute[1]);
+    const std::string dir = NewTempDir("recomputed");
+    const std::vector<std::string> args = SameSamplesRun(dir, 6, With(validating, recompute));
+    Subprocess recomputed =
+        ranks == 1 ? StartTrain(args, dir + "/stderr") : LaunchTrain(ranks, args, dir + "/stderr");
+    ASSERT_EQ(recomputed.Wait(), 0) << recomputed.Stderr();
+    ExpectSameTrace(Metrics(plain), Metrics(dir));
+  }
+}
+
+TEST(TrainRecomputeTest, TheGptTraceIsBitIdentical) { ExpectRecomputationChangesNothing(1, {}); }
+
+TEST(TrainRecomputeTest, TheLlamaTraceIsBitIdentical) {
+  ExpectRecomputationChangesNothing(1, PretrainedRun("llama_gqa_untied"));
+}
+
+// LoRA: the embedding is frozen, so the layers' input needs no gradient; the adapters still
+// get theirs.
+TEST(TrainRecomputeTest, UnderLoraTheAdaptersStillLearn) {
+  ExpectRecomputationChangesNothing(
+      1, With(PretrainedRun("llama_gqa_untied"), {"peft.dim=4", "peft.alpha=8"}));
+}
+
+TEST(TrainRecomputeTest, TensorAndPipelineParallelTracesAreBitIdentical) {
+  for (const char* layout :
+       {"distributed.tensor_model_parallel_size=2", "distributed.pipeline_model_parallel_size=2"}) {
+    SCOPED_TRACE(layout);
+    ExpectRecomputationChangesNothing(2, With(PretrainedRun("llama_gqa_untied"), {layout}));
+  }
+}
+
+TEST(TrainRecomputeTest, MegatronsChecksAreNamed) {
+  const std::string run_dir = NewTempDir("refused");
+  ExpectRefused(1, {"model.recompute_granularity=full"},
+                "model.recompute_granularity \"full\" needs model.recompute_method",
+                run_dir + "/no_method");
+  ExpectRefused(1,
+                {"model.recompute_granularity=full", "model.recompute_method=block",
+                 "model.recompute_num_layers=3"},
+                "model.recompute_num_layers (3) must be between 1 and the layers of a pipeline "
+                "stage (2)",
+                run_dir + "/too_many");
+  ExpectRefused(1, {"model.recompute_granularity=selective"},
+                "model.recompute_granularity \"selective\" is not available yet",
+                run_dir + "/selective");
+  ExpectRefused(1, {"model.recompute_method=sometimes"}, "model.recompute_method",
+                run_dir + "/method");
+}
+
+}  // namespace
+}  // namespace keel::tools
