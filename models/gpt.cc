@@ -152,7 +152,8 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t
     : tp_(groups.tp),
       hidden_size_(options.hidden_size),
       pipelined_(!(first && last)),
-      recompute_(options.recompute) {
+      recompute_(options.recompute),
+      cross_entropy_chunk_len_(CrossEntropyChunkLen(options)) {
   c10d::ProcessGroup* tp = groups.tp;
   // The last stage holds its own copy of the word embedding for the tied head.
   if (first || last) {
@@ -194,14 +195,18 @@ at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& inp
   return x;
 }
 
-at::Tensor GptImpl::Logits(const at::Tensor& hidden) {
+at::Tensor GptImpl::HeadInput(const at::Tensor& hidden) {
   // A column-parallel lm_head: the hidden states go whole to every rank's vocabulary slice.
-  return at::linear(parallel::CopyToTensorParallelRegion(ln_f_->forward(hidden), tp_),
-                    wte_->weight());
+  return parallel::CopyToTensorParallelRegion(ln_f_->forward(hidden), tp_);
+}
+
+at::Tensor GptImpl::Logits(const at::Tensor& hidden) {
+  return at::linear(HeadInput(hidden), wte_->weight());
 }
 
 at::Tensor GptImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
-  return parallel::VocabParallelCrossEntropy(Logits(hidden), labels, tp_);
+  return parallel::LinearCrossEntropy(HeadInput(hidden), wte_->weight(), labels, tp_,
+                                      {cross_entropy_chunk_len_, std::nullopt});
 }
 
 std::vector<std::string> GptImpl::VocabParameters() const {

@@ -72,11 +72,14 @@ class GptImpl : public LanguageModel {
   // embeddings if `first`, the head if `last`.
   GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,
           parallel::StageLayers layers, bool first, bool last);
+  // The final norm's output as the column-parallel output layer's input region.
+  at::Tensor HeadInput(const at::Tensor& hidden);
 
   c10d::ProcessGroup* tp_;
   int64_t hidden_size_;
   bool pipelined_;
   parallel::RecomputeOptions recompute_;
+  int64_t cross_entropy_chunk_len_;
   parallel::VocabParallelEmbedding wte_{nullptr};
   parallel::VocabParallelEmbedding wpe_{nullptr};
   // This stage's blocks, in order (registered under "blocks.<index in the whole model>").

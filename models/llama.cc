@@ -202,17 +202,19 @@ at::Tensor LlamaImpl::Logits(const at::Tensor& hidden) {
 }
 
 at::Tensor LlamaImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
-  at::Tensor logits = Logits(hidden);
   // The padding rows of this rank's vocabulary slice (at the end of the last rank's) take no
   // part in the softmax.
-  const int64_t rows = logits.size(-1);
-  const int64_t begin = base::GroupRank(tp_) * rows;
-  const int64_t real = std::min(rows, std::max<int64_t>(0, options_.vocab_size - begin));
-  if (real < rows) {
-    const at::Tensor padding = at::arange(rows, logits.options().dtype(at::kLong)).ge(real);
-    logits = logits.masked_fill(padding, -std::numeric_limits<float>::infinity());
+  const int64_t rows = PaddedVocabSize(options_, base::GroupSize(tp_)) / base::GroupSize(tp_);
+  const int64_t real_columns = options_.vocab_size - base::GroupRank(tp_) * rows;
+  // An adapted output layer's logits are its own and its adapter's: whole, not chunked.
+  if (!lm_head_.is_empty() && lm_head_->adapted()) {
+    return parallel::VocabParallelCrossEntropy(
+        parallel::WithoutPadding(Logits(hidden), real_columns), labels, tp_);
   }
-  return parallel::VocabParallelCrossEntropy(logits, labels, tp_);
+  const at::Tensor& weight = lm_head_.is_empty() ? embed_tokens_->weight() : lm_head_->weight();
+  return parallel::LinearCrossEntropy(
+      parallel::CopyToTensorParallelRegion(norm_->forward(hidden), tp_), weight, labels, tp_,
+      {CrossEntropyChunkLen(options_), real_columns});
 }
 
 std::vector<std::string> LlamaImpl::VocabParameters() const {

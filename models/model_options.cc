@@ -26,6 +26,11 @@ int64_t PaddedVocabSize(const ModelOptions& options, int64_t tp_size) {
   return (options.vocab_size + multiple - 1) / multiple * multiple;
 }
 
+int64_t CrossEntropyChunkLen(const ModelOptions& options) {
+  if (options.cross_entropy_chunk_len.has_value()) return *options.cross_entropy_chunk_len;
+  return PaddedVocabSize(options, 1) >= kChunkedVocabSize ? kDefaultCrossEntropyChunkLen : 0;
+}
+
 int64_t HeadDim(const ModelOptions& options) {
   return options.kv_channels > 0 ? options.kv_channels
                                  : options.hidden_size / options.num_attention_heads;

@@ -7,6 +7,7 @@
 #define KEEL_MODELS_MODEL_OPTIONS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -68,6 +69,10 @@ struct ModelOptions {
   // Activation recomputation during training (Megatron-Core's recompute_* fields, in section
   // model; not the model's shape, so outside VisitFields). Default: none.
   parallel::RecomputeOptions recompute;
+  // The output layer and the loss over chunks of this many positions, so that no more than a
+  // chunk's logits exist (parallel::LinearCrossEntropy; the trainer's loss_fn.chunk_len); 0: the
+  // micro-batch's logits whole. Default (nullopt): CrossEntropyChunkLen's choice.
+  std::optional<int64_t> cross_entropy_chunk_len;
 };
 
 template <typename O, typename V, base::IsFieldsOf<O, ModelOptions> = 0>
@@ -103,6 +108,15 @@ int64_t KvHeads(const ModelOptions& options);
 // The rows of the embedding at tensor-parallel size `tp_size`: vocab_size rounded up to a
 // multiple of make_vocab_size_divisible_by x tp_size (Megatron's _vocab_size_with_padding).
 int64_t PaddedVocabSize(const ModelOptions& options, int64_t tp_size);
+
+// The positions of a chunk of the loss: cross_entropy_chunk_len when set, else
+// kDefaultCrossEntropyChunkLen for a padded vocabulary of kChunkedVocabSize or more (Llama 3's
+// 128,256, Qwen2's 151,936: a micro-batch's float32 logits outweigh its layers' activations),
+// and 0 below (GPT-2's 50,304: the logits are a smaller share, and the chunks' second output-layer
+// GEMM would cost time for little memory).
+inline constexpr int64_t kDefaultCrossEntropyChunkLen = 1024;
+inline constexpr int64_t kChunkedVocabSize = 65536;
+int64_t CrossEntropyChunkLen(const ModelOptions& options);
 
 }  // namespace keel::models
 

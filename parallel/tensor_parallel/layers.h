@@ -102,6 +102,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public LaidOut {
   // Registers `adapter` as the submodule "adapter", whose output forward adds. Requires: none
   // registered yet.
   void Adapt(std::shared_ptr<LinearAdapter> adapter);
+  bool adapted() const { return adapter_ != nullptr; }
+  // This rank's rows of the weight, [output_size / tp, input_size].
+  const at::Tensor& weight() const { return weight_; }
   int64_t input_size() const { return input_size_; }
   int64_t output_size() const { return output_size_; }
   c10d::ProcessGroup* tp() const { return tp_; }

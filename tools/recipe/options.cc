@@ -448,6 +448,9 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   if (options.model.recompute.recompute_granularity.has_value()) {
     model["recompute"] = base::WriteJsonFields(options.model.recompute);
   }
+  if (const int64_t chunk_len = models::CrossEntropyChunkLen(options.model); chunk_len > 0) {
+    model["cross_entropy_chunk_len"] = chunk_len;
+  }
   base::Json data = base::WriteJsonFields(options.data.dataset);
   data["prefix"] = options.data.prefix;
   data["validation_every_n_samples"] = options.data.validation_every_n_samples;
@@ -644,6 +647,12 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
   KEEL_RETURN_IF_ERROR(ReadPackedSequence(config.packed_sequence(), options));
+  if (config.loss_fn().has_chunk_len()) {
+    const int64_t chunk_len = config.loss_fn().chunk_len();
+    KEEL_RETURN_IF_ERROR(Require(chunk_len >= 0, "loss_fn.chunk_len", chunk_len,
+                                 "must be >= 0 (0: the logits whole)"));
+    options.model.cross_entropy_chunk_len = chunk_len;
+  }
   if (config.has_peft()) {
     peft::LoraOptions& lora = options.peft.emplace();
     KEEL_RETURN_IF_ERROR(CopyFields(config.peft(), lora, {"adapter_path"}));

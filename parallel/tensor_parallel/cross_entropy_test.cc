@@ -1,0 +1,146 @@
+// The output layer and the loss over chunks of positions (LinearCrossEntropy) against ATen's
+// cross-entropy of the whole logits: on one rank at every chunk length (dividing the positions
+// or not, longer than them), with vocabulary padding, a frozen weight and bf16; and on 2 real
+// Gloo ranks, each holding its vocabulary slice.
+#include "parallel/tensor_parallel/cross_entropy.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
+#include "gtest/gtest.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "testing/ranks.h"
+#include "testing/status_matchers.h"
+
+namespace keel::parallel {
+namespace {
+
+using ::keel::testing::Rank;
+using ::keel::testing::RunOnRanks;
+
+constexpr int64_t kVocab = 16, kHidden = 6;
+
+// Hidden states [2, 5, h], the output weight [vocab, h], targets among the first `real`
+// columns, and the loss's gradient at each position (a loss mask times a scale).
+struct Problem {
+  at::Tensor hidden, weight, target, grad_loss;
+  explicit Problem(int64_t real) {
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/3);
+    hidden = at::randn({2, 5, kHidden}, generator, at::kFloat);
+    weight = at::randn({kVocab, kHidden}, generator, at::kFloat);
+    target = at::arange(10, at::kLong).mul(7).remainder(real).view({2, 5});
+    grad_loss =
+        at::rand({2, 5}, generator, at::kFloat).mul(at::arange(10).remainder(3).ne(0).view({2, 5}));
+  }
+};
+
+// ATen's cross-entropy over the real columns' logits, and its gradients.
+struct Reference {
+  at::Tensor losses, grad_hidden, grad_weight;
+  Reference(const Problem& p, int64_t real) {
+    const at::Tensor hidden = p.hidden.clone().requires_grad_(true);
+    const at::Tensor weight = p.weight.clone().requires_grad_(true);
+    const at::Tensor logits = at::linear(hidden, weight.narrow(0, 0, real));
+    losses = at::cross_entropy_loss(logits.view({-1, real}), p.target.view({-1}), {},
+                                    at::Reduction::None)
+                 .view({2, 5});
+    (losses * p.grad_loss).sum().backward();
+    losses = losses.detach();
+    grad_hidden = hidden.grad();
+    grad_weight = weight.grad();
+  }
+};
+
+void ExpectClose(const at::Tensor& ours, const at::Tensor& reference, double tolerance) {
+  ASSERT_TRUE(ours.defined());
+  EXPECT_TRUE(at::allclose(ours.to(at::kFloat), reference, tolerance, tolerance))
+      << "ours\n"
+      << ours << "\nreference\n"
+      << reference;
+}
+
+TEST(LinearCrossEntropyTest, EveryChunkLengthIsTheWholeLogitsLoss) {
+  for (const int64_t real : {kVocab, int64_t{13}}) {
+    const Problem p(real);
+    const Reference reference(p, real);
+    for (const int64_t chunk_len : {0, 1, 3, 4, 10, 64}) {
+      SCOPED_TRACE(::testing::Message() << "real columns " << real << ", chunk_len " << chunk_len);
+      const at::Tensor hidden = p.hidden.clone().requires_grad_(true);
+      const at::Tensor weight = p.weight.clone().requires_grad_(true);
+      const at::Tensor losses =
+          LinearCrossEntropy(hidden, weight, p.target, nullptr, {chunk_len, real});
+      EXPECT_EQ(losses.scalar_type(), at::kFloat);
+      ExpectClose(losses, reference.losses, 1e-5);
+      (losses * p.grad_loss).sum().backward();
+      ExpectClose(hidden.grad(), reference.grad_hidden, 1e-5);
+      ExpectClose(weight.grad().narrow(0, 0, real), reference.grad_weight.narrow(0, 0, real), 1e-5);
+      // The padding rows take no part: no gradient.
+      EXPECT_TRUE(at::equal(weight.grad().narrow(0, real, kVocab - real),
+                            at::zeros({kVocab - real, kHidden})));
+    }
+  }
+}
+
+// LoRA's frozen output layer: the hidden states still get their gradient.
+TEST(LinearCrossEntropyTest, AFrozenWeightGetsNoGradientAndTheHiddenStatesTheirs) {
+  const Problem p(kVocab);
+  const Reference reference(p, kVocab);
+  const at::Tensor hidden = p.hidden.clone().requires_grad_(true);
+  const at::Tensor losses = LinearCrossEntropy(hidden, p.weight, p.target, nullptr, {3, {}});
+  (losses * p.grad_loss).sum().backward();
+  ExpectClose(hidden.grad(), reference.grad_hidden, 1e-5);
+  EXPECT_FALSE(p.weight.grad().defined());
+}
+
+// bf16 logits (Megatron's bf16): float32 losses and gradients in bf16, chunked as whole.
+TEST(LinearCrossEntropyTest, Bf16ChunksAreTheWholeBf16Logits) {
+  const Problem p(kVocab);
+  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> losses;
+  for (const int64_t chunk_len : {0, 4}) {
+    const at::Tensor hidden = p.hidden.to(at::kBFloat16).requires_grad_(true);
+    const at::Tensor weight = p.weight.to(at::kBFloat16).requires_grad_(true);
+    const at::Tensor ours = LinearCrossEntropy(hidden, weight, p.target, nullptr, {chunk_len, {}});
+    EXPECT_EQ(ours.scalar_type(), at::kFloat);
+    (ours * p.grad_loss).sum().backward();
+    EXPECT_EQ(weight.grad().scalar_type(), at::kBFloat16);
+    losses.push_back(ours.detach());
+    grads.push_back(hidden.grad().to(at::kFloat));
+    grads.push_back(weight.grad().to(at::kFloat));
+  }
+  ExpectClose(losses[1], losses[0], 1e-5);
+  ExpectClose(grads[2], grads[0], 2e-2);
+  ExpectClose(grads[3], grads[1], 2e-2);
+}
+
+// Two ranks, each with its 8 rows of the vocabulary (the last 3 of rank 1's padding): the
+// losses, the hidden states' gradient (summed by the input region) and each rank's slice of
+// the weight's gradient are the one-rank reference's.
+TEST(LinearCrossEntropyTest, TwoRanksGiveTheOneRankLossAndGradients) {
+  constexpr int64_t kReal = 13, kRows = kVocab / 2;
+  const Problem p(kReal);
+  const Reference reference(p, kReal);
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    for (const int64_t chunk_len : {0, 3}) {
+      SCOPED_TRACE(::testing::Message() << "rank " << r.rank << ", chunk_len " << chunk_len);
+      const at::Tensor hidden = p.hidden.clone().requires_grad_(true);
+      const at::Tensor weight =
+          p.weight.narrow(0, r.rank * kRows, kRows).clone().requires_grad_(true);
+      const at::Tensor losses =
+          LinearCrossEntropy(CopyToTensorParallelRegion(hidden, r.group.get()), weight, p.target,
+                             r.group.get(), {chunk_len, kReal - r.rank * kRows});
+      ExpectClose(losses, reference.losses, 1e-5);
+      (losses * p.grad_loss).sum().backward();
+      ExpectClose(hidden.grad(), reference.grad_hidden, 1e-5);
+      const int64_t real_rows = r.rank == 0 ? kRows : kReal - kRows;
+      ExpectClose(weight.grad().narrow(0, 0, real_rows),
+                  reference.grad_weight.narrow(0, r.rank * kRows, real_rows), 1e-5);
+    }
+    return absl::OkStatus();
+  }));
+}
+
+}  // namespace
+}  // namespace keel::parallel
