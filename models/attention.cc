@@ -3,6 +3,7 @@
 #include "ATen/ATen.h"
 #include "base/attention.h"
 #include "base/collectives.h"
+#include "parallel/recompute.h"
 
 namespace keel::models {
 
@@ -39,16 +40,20 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& table
   }
   q = ApplyRotary(q.transpose(1, 2), tables);
   k = ApplyRotary(k.transpose(1, 2), tables);
-  at::Tensor v = Heads(v_proj_->forward(x), local_kv_heads_).transpose(1, 2);
+  const at::Tensor v = Heads(v_proj_->forward(x), local_kv_heads_).transpose(1, 2);
   const int64_t group = local_heads_ / local_kv_heads_;
-  if (group > 1) {
-    k = k.repeat_interleave(group, 1);
-    v = v.repeat_interleave(group, 1);
-  }
-  const at::Tensor attended =
-      packed != nullptr     ? base::PackedCausalAttention(q, k, v, *packed, options_.window)
-      : options_.window > 0 ? base::SlidingWindowAttention(q, k, v, options_.window)
-                            : base::CausalAttention(q, k, v);
+  const int64_t window = options_.window;
+  const at::Tensor attended = parallel::RecomputeIf(
+      options_.recompute_core_attn,
+      [group, window, packed](const std::vector<at::Tensor>& qkv) {
+        const at::Tensor& q = qkv[0];
+        const at::Tensor k = group > 1 ? qkv[1].repeat_interleave(group, 1) : qkv[1];
+        const at::Tensor v = group > 1 ? qkv[2].repeat_interleave(group, 1) : qkv[2];
+        return packed != nullptr ? base::PackedCausalAttention(q, k, v, *packed, window)
+               : window > 0      ? base::SlidingWindowAttention(q, k, v, window)
+                                 : base::CausalAttention(q, k, v);
+      },
+      {q, k, v}, {});
   return o_proj_->forward(
       attended.transpose(1, 2).reshape({x.size(0), x.size(1), local_heads_ * options_.head_dim}));
 }

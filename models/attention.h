@@ -39,6 +39,10 @@ struct AttentionOptions {
   // Each position attends to the `window` positions ending at it (Mistral's sliding_window);
   // 0: all before it.
   int64_t window = 0;
+  // The attention of the projected heads keeps only q, k and v (before grouped-query
+  // attention's repeat) for backward, and runs again in it (parallel/recompute.h's kCoreAttn).
+  // Default: off.
+  bool recompute_core_attn = false;
 };
 
 class AttentionImpl : public torch::nn::Module {

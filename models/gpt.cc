@@ -33,11 +33,14 @@ class BlockImpl : public torch::nn::Module {
   BlockImpl(const ModelOptions& options, const ModelGroups& groups, bool moe, MoeStats* moe_stats)
       : ln_1_(register_module("ln_1", Norm(options.hidden_size))),
         attn_(register_module(
-            "attn", parallel::ParallelSelfAttention(options.hidden_size,
-                                                    options.num_attention_heads, groups.tp))),
+            "attn", parallel::ParallelSelfAttention(
+                        options.hidden_size, options.num_attention_heads, groups.tp,
+                        parallel::RecomputesModule(options.recompute, parallel::kCoreAttn)))),
         ln_2_(register_module("ln_2", Norm(options.hidden_size))),
         ep_(groups.ep),
-        moe_stats_(moe_stats) {
+        moe_stats_(moe_stats),
+        recompute_mlp_(parallel::RecomputesModule(options.recompute, parallel::kMlp)),
+        recompute_norms_(parallel::RecomputesModule(options.recompute, parallel::kLayernorm)) {
     c10d::ProcessGroup* tp = groups.tp;
     if (!moe) {
       fc_ = register_module(
@@ -58,11 +61,35 @@ class BlockImpl : public torch::nn::Module {
   }
 
   at::Tensor forward(const at::Tensor& x, const base::PackedSequences* packed) {
-    const at::Tensor h = x + attn_->forward(ln_1_->forward(x), packed);
-    return h + Mlp(ln_2_->forward(h));
+    const at::Tensor h = x + attn_->forward(Normed(ln_1_, x), packed);
+    return h + parallel::RecomputeIf(
+                   recompute_mlp_, [this](const std::vector<at::Tensor>& y) { return Mlp(y[0]); },
+                   {Normed(ln_2_, h)}, MlpParameters());
   }
 
  private:
+  // norm(x), recomputed in backward when "selective" lists the norms.
+  at::Tensor Normed(const torch::nn::LayerNorm& norm, const at::Tensor& x) const {
+    return parallel::RecomputeIf(
+        recompute_norms_,
+        [norm = norm.ptr()](const std::vector<at::Tensor>& in) { return norm->forward(in[0]); },
+        {x}, norm->parameters());
+  }
+
+  // The parameters Mlp reads: the dense MLP's, or the router's and the experts'.
+  std::vector<at::Tensor> MlpParameters() const {
+    if (!recompute_mlp_) return {};
+    const std::vector<std::shared_ptr<torch::nn::Module>> parts =
+        router_.is_empty()
+            ? std::vector<std::shared_ptr<torch::nn::Module>>{fc_.ptr(), mlp_proj_.ptr()}
+            : std::vector<std::shared_ptr<torch::nn::Module>>{router_.ptr(), experts_.ptr()};
+    std::vector<at::Tensor> parameters;
+    for (const auto& part : parts) {
+      for (const at::Tensor& p : part->parameters()) parameters.push_back(p);
+    }
+    return parameters;
+  }
+
   at::Tensor Mlp(const at::Tensor& y) {
     if (router_.is_empty()) return mlp_proj_->forward(at::gelu(fc_->forward(y)));
     const at::Tensor tokens = y.reshape({-1, y.size(-1)});
@@ -86,6 +113,7 @@ class BlockImpl : public torch::nn::Module {
   parallel::SequentialMlp experts_{nullptr};
   c10d::ProcessGroup* ep_;
   MoeStats* moe_stats_;
+  bool recompute_mlp_, recompute_norms_;
 };
 
 TORCH_MODULE(Block);

@@ -33,6 +33,8 @@ AttentionOptions AttentionOf(const ModelOptions& options) {
   attention.qk_norm = options.family == ModelFamily::kQwen3;
   attention.norm_eps = options.norm_epsilon;
   attention.window = options.window_size;
+  attention.recompute_core_attn =
+      parallel::RecomputesModule(options.recompute, parallel::kCoreAttn);
   return attention;
 }
 
@@ -55,19 +57,34 @@ class DecoderLayerImpl : public torch::nn::Module {
         self_attn_(register_module("self_attn", Attention(AttentionOf(options), tp))),
         post_attention_layernorm_(register_module(
             "post_attention_layernorm", RmsNorm(options.hidden_size, options.norm_epsilon))),
-        mlp_(register_module("mlp", GatedMlp(options.hidden_size, options.ffn_hidden_size, tp))) {}
+        mlp_(register_module("mlp", GatedMlp(options.hidden_size, options.ffn_hidden_size, tp))),
+        recompute_mlp_(parallel::RecomputesModule(options.recompute, parallel::kMlp)),
+        recompute_norms_(parallel::RecomputesModule(options.recompute, parallel::kLayernorm)) {}
 
   at::Tensor forward(const at::Tensor& x, const RotaryTables& tables,
                      const base::PackedSequences* packed) {
-    const at::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), tables, packed);
-    return h + mlp_->forward(post_attention_layernorm_->forward(h));
+    const at::Tensor h = x + self_attn_->forward(Normed(input_layernorm_, x), tables, packed);
+    return h +
+           parallel::RecomputeIf(
+               recompute_mlp_,
+               [mlp = mlp_.ptr()](const std::vector<at::Tensor>& y) { return mlp->forward(y[0]); },
+               {Normed(post_attention_layernorm_, h)}, mlp_->parameters());
   }
 
  private:
+  // norm(x), recomputed in backward when "selective" lists the norms.
+  at::Tensor Normed(const RmsNorm& norm, const at::Tensor& x) const {
+    return parallel::RecomputeIf(
+        recompute_norms_,
+        [norm = norm.ptr()](const std::vector<at::Tensor>& in) { return norm->forward(in[0]); },
+        {x}, norm->parameters());
+  }
+
   RmsNorm input_layernorm_;
   Attention self_attn_;
   RmsNorm post_attention_layernorm_;
   GatedMlp mlp_;
+  bool recompute_mlp_, recompute_norms_;
 };
 TORCH_MODULE(DecoderLayer);
 

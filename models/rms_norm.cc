@@ -13,7 +13,10 @@ RmsNormImpl::RmsNormImpl(int64_t size, double eps, c10d::ProcessGroup* partial_o
       weight_(register_parameter("weight", parallel::NewParameter({size}, 1.0))) {}
 
 at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
-  const at::Tensor wide = x.to(at::kFloat);
+  // One gradient edge into x (float32 x's alias: to() would be x itself, read twice below), so
+  // that x's gradient sums two terms, this norm's and the residual's, the same in either order:
+  // recomputing the norm (parallel/recompute.h) changes no bit.
+  const at::Tensor wide = x.to(at::kFloat).alias();
   const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps_);
   const at::Tensor weight = partial_over_ == nullptr
                                 ? weight_

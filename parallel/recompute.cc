@@ -20,7 +20,7 @@ constexpr base::EnumSpelling<RecomputeGranularity> kGranularities[] = {
     {RecomputeGranularity::kFull, "full"}, {RecomputeGranularity::kSelective, "selective"}};
 constexpr base::EnumSpelling<RecomputeMethod> kMethods[] = {{RecomputeMethod::kUniform, "uniform"},
                                                             {RecomputeMethod::kBlock, "block"}};
-constexpr const char* kModules[] = {"core_attn", "mlp", "layernorm"};
+constexpr const char* kModules[] = {kCoreAttn, kMlp, kLayernorm};
 
 // The states of the default generators that a computation on `device` may draw from: the
 // CPU's, and the GPU's.
@@ -145,6 +145,12 @@ absl::Status CheckRecomputeOptions(const RecomputeOptions& options, int64_t laye
   return absl::OkStatus();
 }
 
+bool RecomputesModule(const RecomputeOptions& options, absl::string_view module) {
+  const std::vector<std::string>& modules = options.recompute_modules;
+  return options.recompute_granularity == RecomputeGranularity::kSelective &&
+         std::find(modules.begin(), modules.end(), module) != modules.end();
+}
+
 at::Tensor Recompute(const RecomputedFunction& f, const std::vector<at::Tensor>& inputs,
                      const std::vector<at::Tensor>& parameters) {
   auto needs_grad = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
@@ -169,6 +175,12 @@ at::Tensor Recompute(const RecomputedFunction& f, const std::vector<at::Tensor>&
   node->set_next_edges(std::move(edges));
   torch::autograd::create_gradient_edge(output, node);
   return output;
+}
+
+at::Tensor RecomputeIf(bool recompute, const RecomputedFunction& f,
+                       const std::vector<at::Tensor>& inputs,
+                       const std::vector<at::Tensor>& parameters) {
+  return recompute ? Recompute(f, inputs, parameters) : f(inputs);
 }
 
 at::Tensor RunLayers(int64_t count, const RecomputeOptions& options, bool training,

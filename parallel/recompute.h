@@ -36,6 +36,14 @@ enum class RecomputeMethod { kUniform, kBlock };
 bool AbslParseFlag(absl::string_view text, RecomputeMethod* out, std::string* error);
 std::string AbslUnparseFlag(RecomputeMethod method);
 
+// The modules of a layer that "selective" recomputes (Megatron-Core's names): the attention of
+// the projected heads (softmax(QKᵀ)V, with grouped-query attention's repeated key-value heads);
+// the MLP (or the mixture of experts, with its router); the layer's norms (input_layernorm and
+// the one before the MLP).
+inline constexpr char kCoreAttn[] = "core_attn";
+inline constexpr char kMlp[] = "mlp";
+inline constexpr char kLayernorm[] = "layernorm";
+
 // Megatron-Core's TransformerConfig fields of the same names, its defaults and checks
 // (CheckRecomputeOptions).
 struct RecomputeOptions {
@@ -48,10 +56,14 @@ struct RecomputeOptions {
   std::optional<RecomputeMethod> recompute_method;
   // kFull only, required, at least 1. Default: unset.
   std::optional<int64_t> recompute_num_layers;
-  // kSelective: the modules recomputed in every layer: "core_attn" (the attention of the
-  // projected heads), "mlp", "layernorm" (the norms). Default: {"core_attn"}.
-  std::vector<std::string> recompute_modules = {"core_attn"};
+  // kSelective: the modules recomputed in every layer: kCoreAttn, kMlp, kLayernorm. Default:
+  // {kCoreAttn}.
+  std::vector<std::string> recompute_modules = {kCoreAttn};
 };
+
+// Whether `options` recomputes `module` (kCoreAttn, kMlp, kLayernorm) in every layer: the
+// granularity "selective" and the module listed.
+bool RecomputesModule(const RecomputeOptions& options, absl::string_view module);
 
 template <typename O, typename V, base::IsFieldsOf<O, RecomputeOptions> = 0>
 void VisitFields(O& o, V&& v) {
@@ -80,6 +92,12 @@ using RecomputedFunction = std::function<at::Tensor(const std::vector<at::Tensor
 // collectives.
 at::Tensor Recompute(const RecomputedFunction& f, const std::vector<at::Tensor>& inputs,
                      const std::vector<at::Tensor>& parameters);
+
+// Recompute(f, inputs, parameters) when `recompute`, else f(inputs): a module that "selective"
+// may recompute.
+at::Tensor RecomputeIf(bool recompute, const RecomputedFunction& f,
+                       const std::vector<at::Tensor>& inputs,
+                       const std::vector<at::Tensor>& parameters);
 
 // A stage's `count` layers over `input` in order (`layer(i, x)`), recomputed as `options`'
 // "full" granularity says when `training`: each uniform chunk, or the first block of layers,

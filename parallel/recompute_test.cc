@@ -195,5 +195,19 @@ TEST(RecomputeOptionsTest, MegatronsChecksNameTheFields) {
                                  "recomputes; allowed: core_attn, mlp, layernorm")));
 }
 
+// "selective" recomputes the listed modules, core_attn by default; "full" none of them.
+TEST(RecomputeTest, SelectiveRecomputesItsModules) {
+  RecomputeOptions selective;
+  selective.recompute_granularity = RecomputeGranularity::kSelective;
+  EXPECT_TRUE(RecomputesModule(selective, kCoreAttn));
+  EXPECT_FALSE(RecomputesModule(selective, kMlp));
+  selective.recompute_modules = {kMlp, kLayernorm};
+  EXPECT_FALSE(RecomputesModule(selective, kCoreAttn));
+  EXPECT_TRUE(RecomputesModule(selective, kMlp));
+  EXPECT_TRUE(RecomputesModule(selective, kLayernorm));
+  EXPECT_FALSE(RecomputesModule(Full(RecomputeMethod::kUniform, 1), kCoreAttn));
+  EXPECT_FALSE(RecomputesModule(RecomputeOptions(), kCoreAttn));
+}
+
 }  // namespace
 }  // namespace keel::parallel

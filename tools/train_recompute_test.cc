@@ -1,8 +1,10 @@
-// //tools:train with activation recomputation (model.recompute_granularity "full"), as child
-// processes: the loss, learning-rate, gradient-norm and validation trace is bit-identical to the
-// run without it for both families, "uniform" and "block", under LoRA (the frozen embedding's
-// output needs no gradient: the trap of re-entrant checkpointing), and at tp=2 and pp=2;
-// Megatron-Core's checks on the fields are errors naming them.
+// //tools:train with activation recomputation (model.recompute_granularity), as child processes:
+// the loss, learning-rate, gradient-norm and validation trace is bit-identical to the run
+// without it for both families, "full" ("uniform" and "block") and "selective" (every module),
+// under LoRA (the frozen embedding's output needs no gradient: the trap of re-entrant
+// checkpointing), at tp=2 and pp=2, and with a mixture of experts over ep=2 (its load-balancing
+// loss and statistics once per step); Megatron-Core's checks on the fields are errors naming
+// them.
 #include <string>
 #include <vector>
 
@@ -24,6 +26,8 @@ const std::vector<std::string> kUniform = {"model.recompute_granularity=full",
 const std::vector<std::string> kBlock = {"model.recompute_granularity=full",
                                          "model.recompute_method=block",
                                          "model.recompute_num_layers=1"};
+const std::vector<std::string> kSelective = {"model.recompute_granularity=selective",
+                                             "model.recompute_modules=core_attn,mlp,layernorm"};
 
 // Runs `common` (6 steps, validating every 3) on `ranks` ranks
 // without and with each recomputation; the traces are the same doubles.
@@ -34,7 +38,7 @@ void ExpectRecomputationChangesNothing(int ranks, const std::vector<std::string>
       ranks == 1 ? StartTrain(SameSamplesRun(plain, 6, validating), plain + "/stderr")
                  : LaunchTrain(ranks, SameSamplesRun(plain, 6, validating), plain + "/stderr");
   ASSERT_EQ(run.Wait(), 0) << run.Stderr();
-  for (const std::vector<std::string>& recompute : {kUniform, kBlock}) {
+  for (const std::vector<std::string>& recompute : {kUniform, kBlock, kSelective}) {
     SCOPED_TRACE(recompute[1]);
     const std::string dir = NewTempDir("recomputed");
     const std::vector<std::string> args = SameSamplesRun(dir, 6, With(validating, recompute));
@@ -66,6 +70,14 @@ TEST(TrainRecomputeTest, TensorAndPipelineParallelTracesAreBitIdentical) {
   }
 }
 
+// The experts' all-to-all runs again in backward on both ranks; the router's load-balancing loss
+// gets its gradient once.
+TEST(TrainRecomputeTest, AMixtureOfExpertsTraceIsBitIdentical) {
+  ExpectRecomputationChangesNothing(
+      2, {"model.num_moe_experts=4", "model.moe_router_topk=2", "model.moe_aux_loss_coeff=0.01",
+          "distributed.expert_model_parallel_size=2"});
+}
+
 TEST(TrainRecomputeTest, MegatronsChecksAreNamed) {
   const std::string run_dir = NewTempDir("refused");
   ExpectRefused(1, {"model.recompute_granularity=full"},
@@ -77,9 +89,14 @@ TEST(TrainRecomputeTest, MegatronsChecksAreNamed) {
                 "model.recompute_num_layers (3) must be between 1 and the layers of a pipeline "
                 "stage (2)",
                 run_dir + "/too_many");
-  ExpectRefused(1, {"model.recompute_granularity=selective"},
-                "model.recompute_granularity \"selective\" is not available yet",
-                run_dir + "/selective");
+  ExpectRefused(1, {"model.recompute_granularity=selective", "model.recompute_num_layers=1"},
+                "model.recompute_method and model.recompute_num_layers must be unset with "
+                "model.recompute_granularity \"selective\"",
+                run_dir + "/selective_count");
+  ExpectRefused(1, {"model.recompute_granularity=selective", "model.recompute_modules=moe_act"},
+                "model.recompute_modules: \"moe_act\" is not a module Keel recomputes; allowed: "
+                "core_attn, mlp, layernorm",
+                run_dir + "/module");
   ExpectRefused(1, {"model.recompute_method=sometimes"}, "model.recompute_method",
                 run_dir + "/method");
 }

@@ -8,6 +8,7 @@
 #include "base/attention.h"
 #include "base/collectives.h"
 #include "parallel/parameters.h"
+#include "parallel/recompute.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -187,8 +188,11 @@ std::map<std::string, TensorLayout> VocabParallelEmbeddingImpl::LocalLayouts() c
 }
 
 ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads,
-                                                     c10d::ProcessGroup* tp)
-    : local_heads_(num_heads / base::GroupSize(tp)), head_dim_(hidden_size / num_heads) {
+                                                     c10d::ProcessGroup* tp,
+                                                     bool recompute_core_attn)
+    : local_heads_(num_heads / base::GroupSize(tp)),
+      head_dim_(hidden_size / num_heads),
+      recompute_core_attn_(recompute_core_attn) {
   qkv_ = register_module("qkv", ColumnParallelLinear(hidden_size, 3 * hidden_size, tp));
   proj_ = register_module("proj", RowParallelLinear(hidden_size, hidden_size, tp));
 }
@@ -203,8 +207,13 @@ at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x,
       qkv_->forward(x).view({batch, seq, local_heads_, 3, head_dim_}).unbind(3);
   auto part = [&](int64_t i) { return parts[i].transpose(1, 2); };
   const at::Tensor attended =
-      (packed != nullptr ? base::PackedCausalAttention(part(0), part(1), part(2), *packed, 0)
-                         : base::CausalAttention(part(0), part(1), part(2)))
+      RecomputeIf(recompute_core_attn_,
+                  [packed](const std::vector<at::Tensor>& qkv) {
+                    return packed != nullptr
+                               ? base::PackedCausalAttention(qkv[0], qkv[1], qkv[2], *packed, 0)
+                               : base::CausalAttention(qkv[0], qkv[1], qkv[2]);
+                  },
+                  {part(0), part(1), part(2)}, {})
           .transpose(1, 2)
           .contiguous()
           .view({batch, seq, local_heads_ * head_dim_});

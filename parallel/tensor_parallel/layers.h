@@ -169,14 +169,18 @@ TORCH_MODULE(VocabParallelEmbedding);
 class ParallelSelfAttentionImpl : public torch::nn::Module {
  public:
   // Requires: tp's size divides num_heads, which divides hidden_size.
-  ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads, c10d::ProcessGroup* tp);
+  ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads, c10d::ProcessGroup* tp,
+                            bool recompute_core_attn = false);
   // `x` [batch, seq, hidden] whole; each position attends to itself and the positions before
   // it (base::CausalAttention: LibTorch's fused kernel), within its sequence of `packed` when
-  // not nullptr (base::PackedCausalAttention). Returns [batch, seq, hidden], whole.
+  // not nullptr (base::PackedCausalAttention); with recompute_core_attn that attention keeps
+  // only q, k and v for backward and runs again in it (parallel/recompute.h's kCoreAttn).
+  // Returns [batch, seq, hidden], whole.
   at::Tensor forward(const at::Tensor& x, const base::PackedSequences* packed);
 
  private:
   int64_t local_heads_, head_dim_;
+  bool recompute_core_attn_;
   ColumnParallelLinear qkv_{nullptr};
   RowParallelLinear proj_{nullptr};
 };

@@ -187,6 +187,7 @@ void FieldCopier::operator()(const char* name, std::vector<std::string>& out) {
   const FieldDescriptor* field = Find(name, CppType::CPPTYPE_STRING);
   if (field == nullptr || !field->is_repeated()) return;
   const auto& reflection = *section_.GetReflection();
+  if (reflection.FieldSize(section_, field) == 0) return;  // unset: the default stays
   out.clear();
   for (int i = 0; i < reflection.FieldSize(section_, field); ++i) {
     out.push_back(reflection.GetRepeatedString(section_, field, i));

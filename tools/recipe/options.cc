@@ -154,11 +154,6 @@ namespace {
 absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
   KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model.recompute));
-  if (options.model.recompute.recompute_granularity == parallel::RecomputeGranularity::kSelective) {
-    return absl::InvalidArgumentError(
-        "model.recompute_granularity \"selective\" is not available yet; allowed: \"full\" or "
-        "unset");
-  }
   options.pretrained_path = config.model().pretrained_path();
   KEEL_RETURN_IF_ERROR(ReadPretrainedConfig(config.model(), options.model));
   options.model.max_sequence_length = options.data.dataset.sequence_length;
