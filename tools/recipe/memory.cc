@@ -1,6 +1,12 @@
 #include "tools/recipe/memory.h"
 
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "models/language_model.h"
 
 namespace keel::tools::recipe {
 namespace {
@@ -54,6 +60,72 @@ RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshL
   return memory;
 }
 
+RankActivations EstimateRankActivations(const TrainOptions& options,
+                                        const parallel::MeshLayout& layout) {
+  const parallel::ModelParallelOptions& sizes = layout.options();
+  const int64_t pp = sizes.pipeline_model_parallel_size;
+  const int64_t micro_batches =
+      std::max<int64_t>(1, options.step_scheduler.global_batch_size /
+                               (options.local_batch_size * layout.data_parallel_size()));
+  models::ActivationShape shape;
+  shape.micro_batch_size = options.local_batch_size;
+  shape.sequence_length = options.packed_sequence.packed_sequence_size > 0
+                              ? options.packed_sequence.packed_sequence_size
+                              : options.data.dataset.sequence_length;
+  shape.activation_bytes = options.bf16 ? kBf16 : kFloat32;
+  shape.tensor_parallel_size = sizes.tensor_model_parallel_size;
+  RankActivations most;
+  for (int64_t stage = 0; stage < pp; ++stage) {
+    shape.layers = models::StageLayersOf(options.model.num_layers, pp, stage).count;
+    shape.last_stage = stage == pp - 1;
+    RankActivations here;
+    here.stage = stage;
+    here.micro_batches_in_flight = std::min(pp - stage, micro_batches);
+    here.memory = models::EstimateActivations(options.model, shape);
+    if (stage == 0 || here.peak_bytes() > most.peak_bytes()) most = here;
+  }
+  return most;
+}
+
+namespace {
+
+// "full recomputation (uniform, 2 layers a chunk)", "selective recomputation (core_attn)",
+// "no recomputation".
+std::string DescribeRecompute(const parallel::RecomputeOptions& recompute) {
+  if (!recompute.recompute_granularity.has_value()) return "no recomputation";
+  if (*recompute.recompute_granularity == parallel::RecomputeGranularity::kSelective) {
+    return absl::StrCat("selective recomputation (",
+                        absl::StrJoin(recompute.recompute_modules, ", "), ")");
+  }
+  return absl::StrCat("full recomputation (",
+                      parallel::AbslUnparseFlag(*recompute.recompute_method), ", ",
+                      *recompute.recompute_num_layers, " layer(s))");
+}
+
+void PrintActivations(const TrainOptions& options, const parallel::MeshLayout& layout,
+                      std::ostream& out) {
+  const RankActivations a = EstimateRankActivations(options, layout);
+  const models::ActivationMemory& m = a.memory;
+  const int64_t chunk_len = models::CrossEntropyChunkLen(options.model);
+  out << "activations per rank";
+  if (layout.options().pipeline_model_parallel_size > 1)
+    out << " (pipeline stage " << a.stage << ")";
+  out << ": a layer keeps " << Mib(m.layer_bytes) << " a micro-batch; with "
+      << DescribeRecompute(options.model.recompute) << " the stage keeps " << Mib(m.kept_bytes);
+  if (m.recomputed_bytes > 0) out << " (" << Mib(m.recomputed_bytes) << " made again at once)";
+  if (m.head_kept_bytes > 0) {
+    out << ", the loss " << Mib(m.head_kept_bytes) << " with logits at most "
+        << Mib(m.logits_peak_bytes)
+        << (chunk_len > 0 ? absl::StrCat(" (chunks of ", chunk_len, " positions)")
+                          : std::string(" (whole)"));
+  }
+  out << "; " << a.micro_batches_in_flight << " micro-batch(es) in flight: about "
+      << Mib(a.peak_bytes())
+      << " at a step's peak (Korthikanti et al.'s count over Keel's layers)\n";
+}
+
+}  // namespace
+
 void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLayout& layout,
                              std::ostream& out) {
   if (options.bf16) {
@@ -73,6 +145,7 @@ void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLa
     out << "; frozen weights " << Mib(m.weight_bytes)
         << " (no gradients, no optimizer state), plus the LoRA adapters' (below) before "
            "activations\n";
+    PrintActivations(options, layout, out);
     return;
   }
   out << "; weights " << Mib(m.weight_bytes) << ", gradients " << Mib(m.gradient_bytes);
@@ -80,6 +153,7 @@ void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLa
   out << ", optimizer state " << Mib(m.optimizer_bytes);
   if (m.buffer_bytes > 0) out << ", communication buffers " << Mib(m.buffer_bytes);
   out << ": " << Mib(m.total_bytes()) << " before activations\n";
+  PrintActivations(options, layout, out);
 }
 
 }  // namespace keel::tools::recipe

@@ -2,7 +2,8 @@
 // --dry_run): the weights, the gradients, the float32 main parameters of a bf16 run, AdamW's
 // two moments and the communication buffers, for the pipeline stage that holds the most, as
 // the trainer allocates them (gradients::DataParallelGradSync's buckets, optim's main copies
-// and shards). Activations are not counted: they depend on the batch, not on the model.
+// and shards); and its activations (models/activation_memory.h) for the micro-batch, the
+// recomputation and the loss the configuration chooses.
 //
 //   PrintPrecisionAndMemory(options, layout, std::cout);
 #ifndef KEEL_TOOLS_RECIPE_MEMORY_H_
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <ostream>
 
+#include "models/activation_memory.h"
 #include "models/registry.h"
 #include "parallel/mesh_layout.h"
 #include "tools/recipe/options.h"
@@ -46,8 +48,19 @@ RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshL
 // `bytes` for a reader: "12.5 MiB".
 std::string Mib(int64_t bytes);
 
-// "precision: ..." (float32, or Megatron's bf16 with its main gradients' dtype) and
-// "memory per rank: ..." lines.
+// A step's activations on the stage of `layout` whose ranks hold the most (1F1B: stage s keeps
+// min(stages - s, micro-batches of a step) micro-batches' at once), each micro-batch
+// local_batch_size rows of the data's sequence length (or packed_sequence_size).
+struct RankActivations {
+  int64_t stage = 0;
+  int64_t micro_batches_in_flight = 1;
+  models::ActivationMemory memory;
+  int64_t peak_bytes() const { return memory.peak_bytes(micro_batches_in_flight); }
+};
+RankActivations EstimateRankActivations(const TrainOptions& options,
+                                        const parallel::MeshLayout& layout);
+
+// "precision: ...", "memory per rank: ..." and "activations per rank: ..." lines.
 void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLayout& layout,
                              std::ostream& out);
 

@@ -27,6 +27,9 @@ TrainOptions Options(bool bf16, bool sharded) {
   options.model.num_layers = 2;
   options.model.num_attention_heads = 4;
   options.model.ffn_hidden_size = 256;
+  options.local_batch_size = 1;
+  options.step_scheduler.global_batch_size = 4;
+  options.data.dataset.sequence_length = 32;
   options.bf16 = bf16;
   options.distributed.use_distributed_optimizer = sharded;
   return options;
@@ -93,6 +96,57 @@ TEST(MemoryTest, LoraCountsOnlyTheFrozenWeights) {
   std::ostringstream out;
   PrintPrecisionAndMemory(options, layout, out);
   EXPECT_THAT(out.str(), HasSubstr("(no gradients, no optimizer state), plus the LoRA adapters'"));
+}
+
+// Llama 3.2 1B in bf16 at AutoModel's published shape (8 x 2048 tokens a micro-batch): full
+// recomputation keeps each layer's input alone, the chunked loss (the default at its vocabulary)
+// a chunk's logits; under 1F1B the first of 4 stages holds 4 micro-batches.
+TEST(MemoryTest, ActivationsFollowRecomputationTheLossAndThePipeline) {
+  TrainOptions options;
+  models::ModelOptions& model = options.model;
+  model.family = models::ModelFamily::kLlama;
+  model.hidden_size = 2048;
+  model.num_layers = 16;
+  model.num_attention_heads = 32;
+  model.num_query_groups = 8;
+  model.ffn_hidden_size = 8192;
+  model.vocab_size = 128256;
+  options.bf16 = true;
+  options.local_batch_size = 8;
+  options.step_scheduler.global_batch_size = 8;
+  options.data.dataset.sequence_length = 2048;
+  const parallel::MeshLayout one = *parallel::MeshLayout::Create({}, 1);
+  const RankActivations chunked = EstimateRankActivations(options, one);
+  EXPECT_EQ(models::CrossEntropyChunkLen(model), models::kDefaultCrossEntropyChunkLen);
+  model.cross_entropy_chunk_len = 0;
+  const RankActivations whole = EstimateRankActivations(options, one);
+  const int64_t tokens = 8 * 2048, vocab = 128256;  // a multiple of 128
+  // Kept: float32 log-probabilities against two float32 numbers a position; at the peak, the
+  // bf16 gradient of the whole logits against a chunk's float32 logits, exponentials and bf16
+  // gradient.
+  EXPECT_EQ(whole.peak_bytes() - chunked.peak_bytes(),
+            (4 * tokens * vocab - 8 * tokens) + (2 * tokens - 1024 * 10) * vocab);
+  model.recompute.recompute_granularity = parallel::RecomputeGranularity::kFull;
+  model.recompute.recompute_method = parallel::RecomputeMethod::kUniform;
+  model.recompute.recompute_num_layers = 1;
+  const RankActivations full = EstimateRankActivations(options, one);
+  EXPECT_EQ(full.memory.kept_bytes, 16 * 2 * tokens * 2048);
+  EXPECT_LT(full.memory.kept_bytes, whole.memory.kept_bytes * 6 / 100);
+  std::ostringstream out;
+  PrintPrecisionAndMemory(options, one, out);
+  EXPECT_THAT(out.str(), HasSubstr("with full recomputation (uniform, 1 layer(s)) the stage keeps "
+                                   "1024.0 MiB (1856.0 MiB made again at once)"));
+  EXPECT_THAT(out.str(), HasSubstr("(whole); 1 micro-batch(es) in flight"));
+
+  // The default chunked loss: the first stage's 4 micro-batches hold the most.
+  model.cross_entropy_chunk_len.reset();
+  options.step_scheduler.global_batch_size = 64;
+  options.distributed.parallel.pipeline_model_parallel_size = 4;
+  const RankActivations piped = EstimateRankActivations(
+      options, *parallel::MeshLayout::Create(options.distributed.parallel, 4));
+  EXPECT_EQ(piped.stage, 0);
+  EXPECT_EQ(piped.micro_batches_in_flight, 4);
+  EXPECT_EQ(piped.memory.kept_bytes, 4 * 2 * tokens * 2048);
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+#include "models/activation_memory.h"
+
+#include <algorithm>
+
+#include "parallel/recompute.h"
+
+namespace keel::models {
+namespace {
+
+constexpr int64_t kFloat32 = 4;
+
+// One layer's bytes kept for backward, by part, for a micro-batch of `tokens`.
+struct LayerParts {
+  // The norms' inputs (recomputation keeps them) and what else they keep: the outputs that
+  // the next projections read, and a Llama RMSNorm's float32 input and normalised values.
+  int64_t norm_inputs = 0, norm_rest = 0;
+  // The attention's q, k and v as projected (its recomputation's inputs), and what the fused
+  // kernel keeps beyond them (k and v repeated to the query heads, its output), and the output
+  // projection's input.
+  int64_t attention_inputs = 0, attention_rest = 0, projection_input = 0;
+  // The MLP's activations beyond its input (the second norm's output).
+  int64_t mlp = 0;
+
+  int64_t total() const {
+    return norm_inputs + norm_rest + attention_inputs + attention_rest + projection_input + mlp;
+  }
+};
+
+LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
+  const int64_t a = shape.activation_bytes, t = shape.tensor_parallel_size;
+  const int64_t tokens = shape.micro_batch_size * shape.sequence_length;
+  const int64_t h = options.hidden_size, f = options.ffn_hidden_size;
+  LayerParts parts;
+  if (options.family == ModelFamily::kGpt) {
+    parts.norm_inputs = 2 * a * tokens * h;
+    parts.norm_rest = 2 * a * tokens * h;
+    parts.attention_inputs = 3 * a * tokens * h / t;
+    parts.attention_rest = a * tokens * h / t;
+    parts.projection_input = a * tokens * h / t;
+    parts.mlp = options.num_moe_experts > 0
+                    ? kFloat32 * tokens * options.num_moe_experts +
+                          a * options.moe_router_topk * tokens * (h + 2 * f / t)
+                    : 2 * a * tokens * f / t;
+    return parts;
+  }
+  const int64_t q = options.num_attention_heads * HeadDim(options);
+  const int64_t kv = KvHeads(options) * HeadDim(options);
+  // Each RMSNorm: its float32 input, its normalised values and its output.
+  parts.norm_inputs = 2 * a * tokens * h;
+  parts.norm_rest = 2 * (kFloat32 + 2 * a) * tokens * h - parts.norm_inputs;
+  parts.attention_inputs = a * tokens * (q + 2 * kv) / t;
+  parts.attention_rest = a * tokens * (2 * (q - kv) + q) / t;
+  parts.projection_input = a * tokens * q / t;
+  parts.mlp = 4 * a * tokens * f / t;
+  return parts;
+}
+
+}  // namespace
+
+ActivationMemory EstimateActivations(const ModelOptions& options, const ActivationShape& shape) {
+  const parallel::RecomputeOptions& recompute = options.recompute;
+  const LayerParts whole = Parts(options, shape);
+  LayerParts parts = whole;
+  const int64_t a = shape.activation_bytes, t = shape.tensor_parallel_size;
+  const int64_t tokens = shape.micro_batch_size * shape.sequence_length;
+  const int64_t h = options.hidden_size;
+  ActivationMemory memory;
+  memory.layer_bytes = whole.total();
+  if (parallel::RecomputesModule(recompute, parallel::kCoreAttn)) parts.attention_rest = 0;
+  if (parallel::RecomputesModule(recompute, parallel::kMlp)) parts.mlp = 0;
+  if (parallel::RecomputesModule(recompute, parallel::kLayernorm)) {
+    // The norms' outputs stay: the projections after them keep them.
+    parts.norm_rest = std::min(parts.norm_rest, parts.norm_inputs);
+  }
+  const int64_t layer = parts.total();
+  const int64_t input = a * tokens * h;
+  const int64_t layers = shape.layers;
+  memory.kept_bytes = layers * layer;
+  if (recompute.recompute_granularity == parallel::RecomputeGranularity::kFull) {
+    const int64_t n = std::min(layers, recompute.recompute_num_layers.value_or(1));
+    if (recompute.recompute_method == parallel::RecomputeMethod::kUniform) {
+      memory.kept_bytes = (layers + n - 1) / n * input;
+      memory.recomputed_bytes = n * layer;
+    } else {
+      memory.kept_bytes = n * input + (layers - n) * layer;
+      memory.recomputed_bytes = n > 0 ? layer : 0;
+    }
+  }
+  if (!shape.last_stage) return memory;
+  const int64_t vocab = PaddedVocabSize(options, t) / t;
+  // The final norm as a layer's first; the loss's float32 log-normalisers or log-probabilities.
+  const int64_t chunk_len = CrossEntropyChunkLen(options);
+  memory.head_kept_bytes = (whole.norm_inputs + whole.norm_rest) / 2;
+  if (chunk_len > 0) {
+    memory.head_kept_bytes += 2 * kFloat32 * tokens;
+    // A chunk's float32 logits, their exponentials and its gradient in the activations' dtype.
+    memory.logits_peak_bytes = std::min(chunk_len, tokens) * vocab * (2 * kFloat32 + a);
+  } else {
+    memory.head_kept_bytes += kFloat32 * tokens * vocab;
+    // The logits' gradient beside the kept float32 values (and a float32 copy over tp).
+    memory.logits_peak_bytes = tokens * vocab * (t > 1 ? kFloat32 : a);
+  }
+  return memory;
+}
+
+}  // namespace keel::models

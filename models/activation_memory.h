@@ -1,0 +1,74 @@
+// What one rank's activations take in training, from the configuration alone (the trainer's
+// --dry_run): Korthikanti et al. 2022's per-layer count (Megatron's activation memory formula,
+// "Reducing Activation Recomputation in Large Transformer Models") taken module by module over
+// what Keel's layers keep for backward, for each family, under tensor parallelism,
+// recomputation and the chunked loss. No dropout masks (Keel's layers have no dropout) and no
+// s² term (the attention is LibTorch's fused kernel, which keeps its output and log-normaliser,
+// not the probabilities). With a as the activations' bytes, T the tokens of a micro-batch, h
+// the hidden size, f the MLP's width, q = heads x head_dim, k = key-value heads x head_dim and
+// t the tensor-parallel size, a layer keeps (bytes):
+//   GPT:   a·T·(4h + 5h/t + 2f/t)         the norms' inputs and outputs; q, k, v, the
+//                                         attention's output and the projection's input; GELU's
+//                                         input and output
+//   Llama: 2·(4 + 2a)·T·h + a·T·(5q/t + 4f/t)   each RMSNorm's float32 input, normalised
+//                                         values and output; q and k, v repeated to the query
+//                                         heads, the attention's output, o_proj's input; SwiGLU's
+//                                         gate, silu, up and product
+//   a GPT mixture-of-experts layer keeps, in place of GELU's, its router's float32 logits
+//   (4·T·experts) and, for the topk x T routed tokens (on average a rank's after the
+//   all-to-all), each expert's input and GELU's input and output: a·topk·T·(h + 2f/t)
+// "selective" drops what its modules keep beyond their inputs; "full" keeps a chunk's input
+// alone and holds one chunk's activations while it runs again.
+//
+//   ActivationMemory memory = EstimateActivations(options, shape);
+#ifndef KEEL_MODELS_ACTIVATION_MEMORY_H_
+#define KEEL_MODELS_ACTIVATION_MEMORY_H_
+
+#include <cstdint>
+
+#include "models/model_options.h"
+
+namespace keel::models {
+
+// How a rank runs a micro-batch.
+struct ActivationShape {
+  // Rows and positions of a micro-batch.
+  int64_t micro_batch_size = 1;
+  int64_t sequence_length = 1;
+  // Bytes of an activation element: 4 (float32) or 2 (bf16).
+  int64_t activation_bytes = 4;
+  int64_t tensor_parallel_size = 1;
+  // The layers of the stage, and the micro-batches whose activations it holds at once (1F1B:
+  // min(pipeline stages - stage, micro-batches of a step) on stage `stage`).
+  int64_t layers = 1;
+  int64_t micro_batches_in_flight = 1;
+  // Whether the stage ends in the output layer and the loss.
+  bool last_stage = true;
+};
+
+struct ActivationMemory {
+  // One layer's activations kept for backward, without recomputation, for one micro-batch.
+  int64_t layer_bytes = 0;
+  // What the stage's layers keep for backward for one micro-batch under options.recompute.
+  int64_t kept_bytes = 0;
+  // The most that recomputation makes again at once in backward (a "full" chunk's layers).
+  int64_t recomputed_bytes = 0;
+  // The last stage's final norm and loss: kept for backward for one micro-batch, and the
+  // logits' transient peak (the whole micro-batch's, or a chunk's).
+  int64_t head_kept_bytes = 0;
+  int64_t logits_peak_bytes = 0;
+
+  // A step's peak: every micro-batch in flight keeps its share; one's recomputation or
+  // logits on top.
+  int64_t peak_bytes(int64_t micro_batches_in_flight) const {
+    return micro_batches_in_flight * (kept_bytes + head_kept_bytes) +
+           (recomputed_bytes > logits_peak_bytes ? recomputed_bytes : logits_peak_bytes);
+  }
+};
+
+// Requires: options and a shape the trainer's configuration checks accepted.
+ActivationMemory EstimateActivations(const ModelOptions& options, const ActivationShape& shape);
+
+}  // namespace keel::models
+
+#endif  // KEEL_MODELS_ACTIVATION_MEMORY_H_

@@ -1,0 +1,94 @@
+// The activation estimate against the per-layer counts worked by hand from the modules' saved
+// tensors (the header's formulas), and what recomputation and the chunked loss change.
+#include "models/activation_memory.h"
+
+#include "gtest/gtest.h"
+
+namespace keel::models {
+namespace {
+
+// GPT: h 64, f 256, 4 heads; a micro-batch of 2 x 32 tokens in float32 on one rank.
+ModelOptions Gpt() {
+  ModelOptions options;
+  options.hidden_size = 64;
+  options.ffn_hidden_size = 256;
+  options.num_attention_heads = 4;
+  options.vocab_size = 256;
+  return options;
+}
+
+ActivationShape Shape(int64_t layers, int64_t tp = 1, int64_t bytes = 4) {
+  ActivationShape shape;
+  shape.micro_batch_size = 2;
+  shape.sequence_length = 32;
+  shape.activation_bytes = bytes;
+  shape.tensor_parallel_size = tp;
+  shape.layers = layers;
+  return shape;
+}
+
+constexpr int64_t kTokens = 64;
+
+TEST(ActivationMemoryTest, AGptLayerKeepsKorthikantisTermsWithoutMasksOrSquares) {
+  // 4h (norms) + 5h (q, k, v, attention output, projection input) + 2f (GELU), float32.
+  const ActivationMemory one = EstimateActivations(Gpt(), Shape(4));
+  EXPECT_EQ(one.layer_bytes, 4 * kTokens * (4 * 64 + 5 * 64 + 2 * 256));
+  EXPECT_EQ(one.kept_bytes, 4 * one.layer_bytes);
+  // tp = 2 halves the tensor-parallel regions only; bf16 halves everything.
+  const ActivationMemory tp2 = EstimateActivations(Gpt(), Shape(4, 2, 2));
+  EXPECT_EQ(tp2.layer_bytes, 2 * kTokens * (4 * 64 + (5 * 64 + 2 * 256) / 2));
+}
+
+TEST(ActivationMemoryTest, ALlamaLayerKeepsItsNormsFloat32AndItsRepeatedHeads) {
+  ModelOptions options = Gpt();
+  options.family = ModelFamily::kLlama;
+  options.num_query_groups = 2;  // q = 64, k = v = 32
+  // 2 RMSNorms x (float32 input + normalised + output) + 5q + 4f, in bf16.
+  const ActivationMemory memory = EstimateActivations(options, Shape(1, 1, 2));
+  EXPECT_EQ(memory.layer_bytes, 2 * (4 + 2 * 2) * kTokens * 64 + 2 * kTokens * (5 * 64 + 4 * 256));
+  // Selective core_attn keeps q, k and v as projected (k, v not repeated) in place of q, the
+  // repeated k and v and the attention's output.
+  options.recompute.recompute_granularity = parallel::RecomputeGranularity::kSelective;
+  const ActivationMemory selective = EstimateActivations(options, Shape(1, 1, 2));
+  EXPECT_EQ(memory.kept_bytes - selective.kept_bytes,
+            2 * kTokens * (4 * 64) - 2 * kTokens * (64 + 2 * 32));
+}
+
+TEST(ActivationMemoryTest, FullRecomputationKeepsEachChunksInput) {
+  ModelOptions options = Gpt();
+  const ActivationMemory plain = EstimateActivations(options, Shape(4));
+  options.recompute.recompute_granularity = parallel::RecomputeGranularity::kFull;
+  options.recompute.recompute_method = parallel::RecomputeMethod::kUniform;
+  options.recompute.recompute_num_layers = 2;
+  const ActivationMemory uniform = EstimateActivations(options, Shape(4));
+  EXPECT_EQ(uniform.kept_bytes, 2 * 4 * kTokens * 64);  // two chunks' inputs
+  EXPECT_EQ(uniform.recomputed_bytes, 2 * plain.layer_bytes);
+  options.recompute.recompute_method = parallel::RecomputeMethod::kBlock;
+  options.recompute.recompute_num_layers = 1;
+  const ActivationMemory block = EstimateActivations(options, Shape(4));
+  EXPECT_EQ(block.kept_bytes, 4 * kTokens * 64 + 3 * plain.layer_bytes);
+  // Selective mlp and layernorm drop GELU's two and the norms' inputs' copies beyond one each.
+  options.recompute = {};
+  options.recompute.recompute_granularity = parallel::RecomputeGranularity::kSelective;
+  options.recompute.recompute_modules = {parallel::kMlp};
+  EXPECT_EQ(EstimateActivations(options, Shape(1)).kept_bytes,
+            plain.layer_bytes - 4 * kTokens * 2 * 256);
+}
+
+TEST(ActivationMemoryTest, TheChunkedLossHoldsAChunksLogits) {
+  ModelOptions options = Gpt();
+  options.vocab_size = 1000;  // padded to 1024
+  options.cross_entropy_chunk_len = 0;
+  const ActivationMemory whole = EstimateActivations(options, Shape(1));
+  // The final norm's input and output, and the float32 log-probabilities; the gradient beside.
+  EXPECT_EQ(whole.head_kept_bytes, 2 * 4 * kTokens * 64 + 4 * kTokens * 1024);
+  EXPECT_EQ(whole.logits_peak_bytes, 4 * kTokens * 1024);
+  options.cross_entropy_chunk_len = 16;
+  const ActivationMemory chunked = EstimateActivations(options, Shape(1));
+  EXPECT_EQ(chunked.head_kept_bytes, 2 * 4 * kTokens * 64 + 8 * kTokens);
+  EXPECT_EQ(chunked.logits_peak_bytes, 16 * 1024 * 12);
+  EXPECT_LT(chunked.peak_bytes(1), whole.peak_bytes(1));
+}
+
+}  // namespace
+}  // namespace keel::models
