@@ -51,6 +51,7 @@ if [[ -z "${train_bin}" ]]; then
 fi
 launch_bin=${launch_bin:-$(dirname "${train_bin}")/launch}
 work_dir=${work_dir:-$(mktemp -d -t "keel_${bench}.XXXXXX")}
+mkdir -p "${work_dir}"
 echo "${bench}: work directory ${work_dir}" >&2
 
 per_rank_threads=$((threads / 2 > 0 ? threads / 2 : 1))

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# A rank's peak memory under each activation-memory option of //tools:train, in one invocation,
+# beside the run without it and beside --dry_run's estimate: on one rank (--threads threads),
+# the same Llama-family model (model.family llama, 2 key-value groups) and the same samples,
+# --steps steps each of one micro-batch of --micro_batch_size rows of --sequence_length tokens
+# in float32:
+#   with the byte vocabulary (256): no recomputation; full recomputation, uniform, 1 layer a
+#   chunk; full, block, the first 2 layers; selective (core_attn, mlp, layernorm);
+#   with a --large_vocab (65,536) vocabulary: the whole logits (loss_fn.chunk_len=0); the
+#   chunked loss (its default there, 1,024 positions); the chunked loss with full recomputation.
+# A markdown table on stdout gives each run's peak resident memory (GNU time's maximum RSS),
+# its share of its reference's (the first run of its vocabulary), its activations as measured
+# (the peak less a 1 x 16-token run's, the process, data and model state, and less the larger
+# vocabulary's extra model state), the dry run's activations and model state, and the final
+# loss (recomputation changes no bit; the chunked loss only rounding).
+#
+#   tools/scripts/activation_memory_benchmark.sh                 # from the repository root
+#   tools/scripts/activation_memory_benchmark.sh --sequence_length=8192 --steps=2
+#
+# --sequence_length=4096 --micro_batch_size=2 --large_vocab=65536 and, as
+# tools/scripts/train_runs.sh reads them, --steps=3 --threads=2, --train_bin, --work_dir and the
+# model's --num_layers=4 --hidden_size=256 --num_attention_heads=8 --ffn_hidden_size=1024
+# (--rounds and --untimed_steps are read and unused: memory does not vary by round). Without
+# --train_bin it builds `bazel build --config=opt //tools:train //tools:launch`.
+set -euo pipefail
+
+bench=activation_memory_benchmark
+sequence_length=4096
+micro_batch_size=2
+large_vocab=65536
+args=(--steps=3 --untimed_steps=0)
+for arg in "$@"; do
+  case "${arg}" in
+    --sequence_length=*) sequence_length=${arg#*=} ;;
+    --micro_batch_size=*) micro_batch_size=${arg#*=} ;;
+    --large_vocab=*) large_vocab=${arg#*=} ;;
+    *) args+=("${arg}") ;;
+  esac
+done
+set -- "${args[@]}"
+source "$(dirname "${BASH_SOURCE[0]}")/train_runs.sh"
+
+shape=(--set model.family=llama --set model.num_query_groups=2
+  --set "data.sequence_length=${sequence_length}" --set data.validation_every_n_samples=0
+  --set "step_scheduler.local_batch_size=${micro_batch_size}"
+  --set "step_scheduler.global_batch_size=${micro_batch_size}" --set logging.log_every_steps=1)
+full=(--set model.recompute_granularity=full --set model.recompute_method=uniform
+  --set model.recompute_num_layers=1)
+block=(--set model.recompute_granularity=full --set model.recompute_method=block
+  --set model.recompute_num_layers=2)
+selective=(--set model.recompute_granularity=selective
+  --set model.recompute_modules=core_attn,mlp,layernorm)
+large=(--set "model.vocab_size=${large_vocab}")
+
+# measure NAME [--set ...]: the run, and the dry run's memory lines in NAME.dry.
+measure() {
+  local name=$1
+  shift
+  echo "${bench}: ${name}" >&2
+  run "${name}" 1 1 "${threads}" "${shape[@]}" "$@"
+  "${train_bin}" "${common[@]}" "${shape[@]}" "$@" --set "run_dir=${work_dir}/${name}.dry_run" \
+    --set "data.prefix=${work_dir}/corpus" --dry_run >"${work_dir}/${name}.dry" 2>&1
+}
+# The process, its data and its model state with next to no activations (1 x 16 tokens).
+measure baseline --set data.sequence_length=16 --set step_scheduler.local_batch_size=1 \
+  --set step_scheduler.global_batch_size=1
+measure none --set loss_fn.chunk_len=0
+measure full_uniform_1 "${full[@]}"
+measure full_block_2 "${block[@]}"
+measure selective "${selective[@]}"
+measure whole_logits "${large[@]}" --set loss_fn.chunk_len=0
+measure chunked_loss "${large[@]}"
+measure chunked_loss_full "${large[@]}" "${full[@]}"
+
+python3 - "${work_dir}" "${sequence_length}" "${micro_batch_size}" "${large_vocab}" "${threads}" <<'PY'
+import json
+import re
+import sys
+
+work_dir, seq, rows, vocab, threads = sys.argv[1:6]
+
+
+def mib(text):
+    return float(text.split(" MiB")[0])
+
+
+def measure(name):
+    rss = int(open(f"{work_dir}/{name}.1.rss").read().split()[-1]) / 1024.0
+    metrics = [json.loads(line) for line in open(f"{work_dir}/{name}.1/metrics.jsonl")]
+    dry = open(f"{work_dir}/{name}.dry").read()
+    state = re.search(r"memory per rank.*: ([0-9.]+ MiB) before activations", dry).group(1)
+    activations = re.search(r"about ([0-9.]+ MiB) at a step's peak", dry).group(1)
+    return {"rss": rss, "loss": metrics[-1]["loss"], "state": mib(state), "activations": mib(activations)}
+
+
+rows_ = [("none", "none", "byte vocabulary, no recomputation"),
+         ("full_uniform_1", "none", "full, uniform, 1 layer a chunk"),
+         ("full_block_2", "none", "full, block, first 2 layers"),
+         ("selective", "none", "selective: core_attn, mlp, layernorm"),
+         ("whole_logits", "whole_logits", f"vocabulary {vocab}: whole logits"),
+         ("chunked_loss", "whole_logits", "chunked loss (1,024 positions)"),
+         ("chunked_loss_full", "whole_logits", "chunked loss + full, uniform, 1")]
+runs = {name: measure(name) for name, _, _ in rows_ + [("baseline", "", "")]}
+floor = runs["baseline"]
+print(f"| run ({rows} x {seq} tokens, 1 rank x {threads} threads) | peak RSS MiB | of its reference | "
+      f"activations measured MiB | dry run: activations MiB | dry run: model state MiB | final loss |")
+print("|---|---:|---:|---:|---:|---:|---|")
+for name, base, label in rows_:
+    r = runs[name]
+    # The peak less the 16-token run's (the process, its data, the byte vocabulary's model
+    # state) and less this run's extra model state.
+    measured = r["rss"] - floor["rss"] - (r["state"] - floor["state"])
+    print(f"| {label} | {r['rss']:.0f} | {100.0 * r['rss'] / runs[base]['rss']:.0f}% | {measured:.0f} | "
+          f"{r['activations']:.0f} | {r['state']:.0f} | {r['loss']:.6f} |")
+print(f"\nbaseline (1 x 16 tokens): peak RSS {floor['rss']:.0f} MiB")
+PY
