@@ -174,6 +174,14 @@ TEST(MappingsTest, OnADeviceGroupNoHostTensorIsExchanged) {
     EXPECT_TRUE(at::equal(back.cpu(), at::arange(8, at::kFloat).view({2, 4})));
     (back * k).sum().backward();
     EXPECT_TRUE(at::equal(halves.grad().cpu().narrow(1, 2 * r.rank, 2), at::full({2, 2}, k)));
+    // Along the sequence: scatter, then gather keeping this rank's gradient.
+    at::Tensor positions =
+        at::arange(8, at::kFloat).view({1, 4, 2}).to(r.device).requires_grad_(true);
+    at::Tensor again = GatherFromSequenceParallelRegion(
+        ScatterToSequenceParallelRegion(positions, tp), tp, /*tensor_parallel_output_grad=*/false);
+    EXPECT_TRUE(at::equal(again.cpu(), at::arange(8, at::kFloat).view({1, 4, 2})));
+    (again * k).sum().backward();
+    EXPECT_TRUE(at::equal(positions.grad().cpu().narrow(1, 2 * r.rank, 2), at::full({1, 2, 2}, k)));
 
     // Each rank holds half of the vocabulary's logits.
     at::Tensor mine = logits.chunk(2, -1)[r.rank].contiguous().to(r.device).requires_grad_(true);
@@ -368,36 +376,39 @@ TEST(TensorParallelLayersTest, SequenceParallelRanksGiveTheWholeModelsLossAndGra
 }
 
 // Every layer moved to the fake GPU, over a device group (an NcclLikeGroup, which refuses host
-// tensors as NCCL does): no host tensor is exchanged, forward or backward, and the loss and
-// every gradient are those of the same ranks over Gloo, up to rounding (the fake GPU runs the
-// CPU's kernels, or LibTorch's generic ones).
+// tensors as NCCL does), with and without sequence parallelism: no host tensor is exchanged,
+// forward or backward, and the loss and every gradient are those of the same ranks over Gloo, up
+// to rounding (the fake GPU runs the CPU's kernels, or LibTorch's generic ones).
 TEST(TensorParallelLayersTest, OnADeviceGroupTheLayersExchangeNoHostTensor) {
   Tiny whole = WholeModel();
   const at::Tensor targets = Tokens().roll(-1, 1);
-  const auto run = [&](std::vector<at::Tensor>& losses,
-                       std::vector<std::map<std::string, at::Tensor>>& grads) {
-    return [&](Rank& r) -> absl::Status {
-      Tiny model(r.group.get());
-      KEEL_RETURN_IF_ERROR(CopyFromWholeModel(*model, *whole));
-      model->to(r.device);
-      const at::Tensor loss = model->Loss(Tokens().to(r.device), targets.to(r.device));
-      loss.backward();
-      losses[r.rank] = loss.detach().cpu();
-      for (const auto& item : model->named_parameters()) {
-        grads[r.rank][item.key()] = item.value().grad().cpu();
-      }
-      return absl::OkStatus();
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence-parallel" : "tensor-parallel");
+    const auto run = [&](std::vector<at::Tensor>& losses,
+                         std::vector<std::map<std::string, at::Tensor>>& grads) {
+      return [&](Rank& r) -> absl::Status {
+        Tiny model(r.group.get(), sequence_parallel);
+        KEEL_RETURN_IF_ERROR(CopyFromWholeModel(*model, *whole));
+        model->to(r.device);
+        const at::Tensor loss = model->Loss(Tokens().to(r.device), targets.to(r.device));
+        loss.backward();
+        losses[r.rank] = loss.detach().cpu();
+        for (const auto& item : model->named_parameters()) {
+          grads[r.rank][item.key()] = item.value().grad().cpu();
+        }
+        return absl::OkStatus();
+      };
     };
-  };
-  std::vector<at::Tensor> host_losses(2), device_losses(2);
-  std::vector<std::map<std::string, at::Tensor>> host(2), device(2);
-  KEEL_ASSERT_OK(RunOnRanks(2, run(host_losses, host)));
-  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, run(device_losses, device)));
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_TRUE(at::allclose(device_losses[rank], host_losses[rank], /*rtol=*/1e-6, /*atol=*/0));
-    for (const auto& [name, grad] : host[rank]) {
-      EXPECT_TRUE(at::allclose(device[rank].at(name), grad, /*rtol=*/1e-5, /*atol=*/1e-6))
-          << "rank " << rank << ": " << name;
+    std::vector<at::Tensor> host_losses(2), device_losses(2);
+    std::vector<std::map<std::string, at::Tensor>> host(2), device(2);
+    KEEL_ASSERT_OK(RunOnRanks(2, run(host_losses, host)));
+    KEEL_ASSERT_OK(RunOnRanksNcclLike(2, run(device_losses, device)));
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(at::allclose(device_losses[rank], host_losses[rank], /*rtol=*/1e-6, /*atol=*/0));
+      for (const auto& [name, grad] : host[rank]) {
+        EXPECT_TRUE(at::allclose(device[rank].at(name), grad, /*rtol=*/1e-5, /*atol=*/1e-6))
+            << "rank " << rank << ": " << name;
+      }
     }
   }
 }
