@@ -26,14 +26,21 @@ struct LayerParts {
   }
 };
 
+// The positions of the norms' and the residual stream's tensors on a rank.
+int64_t NormRegionTokens(const ActivationShape& shape) {
+  const int64_t tokens = shape.micro_batch_size * shape.sequence_length;
+  return shape.sequence_parallel ? tokens / shape.tensor_parallel_size : tokens;
+}
+
 LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
   const int64_t a = shape.activation_bytes, t = shape.tensor_parallel_size;
   const int64_t tokens = shape.micro_batch_size * shape.sequence_length;
+  const int64_t split = NormRegionTokens(shape);
   const int64_t h = options.hidden_size, f = options.ffn_hidden_size;
   LayerParts parts;
   if (options.family == ModelFamily::kGpt) {
-    parts.norm_inputs = 2 * a * tokens * h;
-    parts.norm_rest = 2 * a * tokens * h;
+    parts.norm_inputs = 2 * a * split * h;
+    parts.norm_rest = 2 * a * split * h;
     parts.attention_inputs = 3 * a * tokens * h / t;
     parts.attention_rest = a * tokens * h / t;
     parts.projection_input = a * tokens * h / t;
@@ -46,8 +53,8 @@ LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
   const int64_t q = options.num_attention_heads * HeadDim(options);
   const int64_t kv = KvHeads(options) * HeadDim(options);
   // Each RMSNorm: its float32 input, its normalised values and its output.
-  parts.norm_inputs = 2 * a * tokens * h;
-  parts.norm_rest = 2 * (kFloat32 + 2 * a) * tokens * h - parts.norm_inputs;
+  parts.norm_inputs = 2 * a * split * h;
+  parts.norm_rest = 2 * (kFloat32 + 2 * a) * split * h - parts.norm_inputs;
   parts.attention_inputs = a * tokens * (q + 2 * kv) / t;
   parts.attention_rest = a * tokens * (2 * (q - kv) + q) / t;
   parts.projection_input = a * tokens * q / t;
@@ -73,7 +80,7 @@ ActivationMemory EstimateActivations(const ModelOptions& options, const Activati
     parts.norm_rest = std::min(parts.norm_rest, parts.norm_inputs);
   }
   const int64_t layer = parts.total();
-  const int64_t input = a * tokens * h;
+  const int64_t input = a * NormRegionTokens(shape) * h;
   const int64_t layers = shape.layers;
   memory.kept_bytes = layers * layer;
   if (recompute.recompute_granularity == parallel::RecomputeGranularity::kFull) {

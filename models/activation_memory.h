@@ -17,8 +17,10 @@
 //   a GPT mixture-of-experts layer keeps, in place of GELU's, its router's float32 logits
 //   (4·T·experts) and, for the topk x T routed tokens (on average a rank's after the
 //   all-to-all), each expert's input and GELU's input and output: a·topk·T·(h + 2f/t)
-// "selective" drops what its modules keep beyond their inputs; "full" keeps a chunk's input
-// alone and holds one chunk's activations while it runs again.
+// Sequence parallelism divides the norms' terms (the 4h and the RMSNorms') and a layer's input
+// by t (Korthikanti et al.'s 34/t). "selective" drops what its modules keep beyond their
+// inputs; "full" keeps a chunk's input alone and holds one chunk's activations while it runs
+// again.
 //
 //   ActivationMemory memory = EstimateActivations(options, shape);
 #ifndef KEEL_MODELS_ACTIVATION_MEMORY_H_
@@ -38,6 +40,8 @@ struct ActivationShape {
   // Bytes of an activation element: 4 (float32) or 2 (bf16).
   int64_t activation_bytes = 4;
   int64_t tensor_parallel_size = 1;
+  // Megatron's sequence parallelism: the norms and the residual stream hold 1/t of the sequence.
+  bool sequence_parallel = false;
   // The layers of the stage, and the micro-batches whose activations it holds at once (1F1B:
   // min(pipeline stages - stage, micro-batches of a step) on stage `stage`).
   int64_t layers = 1;

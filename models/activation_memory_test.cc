@@ -37,6 +37,11 @@ TEST(ActivationMemoryTest, AGptLayerKeepsKorthikantisTermsWithoutMasksOrSquares)
   // tp = 2 halves the tensor-parallel regions only; bf16 halves everything.
   const ActivationMemory tp2 = EstimateActivations(Gpt(), Shape(4, 2, 2));
   EXPECT_EQ(tp2.layer_bytes, 2 * kTokens * (4 * 64 + (5 * 64 + 2 * 256) / 2));
+  // Sequence parallelism divides the norms' share too: all of it by t.
+  ActivationShape sequence_parallel = Shape(4, 2, 2);
+  sequence_parallel.sequence_parallel = true;
+  EXPECT_EQ(EstimateActivations(Gpt(), sequence_parallel).layer_bytes,
+            2 * kTokens * (4 * 64 + 5 * 64 + 2 * 256) / 2);
 }
 
 TEST(ActivationMemoryTest, ALlamaLayerKeepsItsNormsFloat32AndItsRepeatedHeads) {

@@ -7,19 +7,22 @@
 
 namespace keel::models {
 
-AttentionImpl::AttentionImpl(const AttentionOptions& options, c10d::ProcessGroup* tp)
+AttentionImpl::AttentionImpl(const AttentionOptions& options, c10d::ProcessGroup* tp,
+                             bool sequence_parallel)
     : options_(options),
       local_heads_(options.num_heads / base::GroupSize(tp)),
       local_kv_heads_(options.num_kv_heads / base::GroupSize(tp)) {
   const int64_t h = options.hidden_size, d = options.head_dim;
-  q_proj_ = register_module(
-      "q_proj", parallel::ColumnParallelLinear(h, options.num_heads * d, tp, options.qkv_bias));
-  k_proj_ = register_module(
-      "k_proj", parallel::ColumnParallelLinear(h, options.num_kv_heads * d, tp, options.qkv_bias));
-  v_proj_ = register_module(
-      "v_proj", parallel::ColumnParallelLinear(h, options.num_kv_heads * d, tp, options.qkv_bias));
+  const auto column = [&](int64_t heads) {
+    return parallel::ColumnParallelLinear(h, heads * d, tp, options.qkv_bias,
+                                          /*gather_output=*/false, sequence_parallel);
+  };
+  q_proj_ = register_module("q_proj", column(options.num_heads));
+  k_proj_ = register_module("k_proj", column(options.num_kv_heads));
+  v_proj_ = register_module("v_proj", column(options.num_kv_heads));
   o_proj_ = register_module(
-      "o_proj", parallel::RowParallelLinear(options.num_heads * d, h, tp, /*bias=*/false));
+      "o_proj", parallel::RowParallelLinear(options.num_heads * d, h, tp, /*bias=*/false,
+                                            /*input_is_parallel=*/true, sequence_parallel));
   if (options.qk_norm) {
     q_norm_ = register_module("q_norm", RmsNorm(d, options.norm_eps, tp));
     k_norm_ = register_module("k_norm", RmsNorm(d, options.norm_eps, tp));
@@ -54,8 +57,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& table
                                  : base::CausalAttention(q, k, v);
       },
       {q, k, v}, {});
-  return o_proj_->forward(
-      attended.transpose(1, 2).reshape({x.size(0), x.size(1), local_heads_ * options_.head_dim}));
+  // [batch, heads, seq, head_dim] -> [batch, seq, heads x head_dim], the whole sequence.
+  return o_proj_->forward(attended.transpose(1, 2).flatten(2));
 }
 
 }  // namespace keel::models

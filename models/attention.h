@@ -48,10 +48,12 @@ struct AttentionOptions {
 class AttentionImpl : public torch::nn::Module {
  public:
   // Requires: sizes positive; num_kv_heads divides num_heads; tp's size divides num_kv_heads.
-  AttentionImpl(const AttentionOptions& options, c10d::ProcessGroup* tp);
-  // `x` [batch, seq, hidden] whole on every rank, `tables` the RoPE tables of its positions in
-  // x's dtype (of seq positions, or AtPositions'), `packed` the sequences packed into its rows
-  // (nullptr: one per row). Returns [batch, seq, hidden], whole.
+  AttentionImpl(const AttentionOptions& options, c10d::ProcessGroup* tp,
+                bool sequence_parallel = false);
+  // `x` [batch, seq, hidden] whole on every rank (with sequence parallelism this rank's share of
+  // the sequence), `tables` the RoPE tables of the whole sequence's positions in x's dtype (of
+  // seq positions, or AtPositions'), `packed` the sequences packed into its rows (nullptr: one
+  // per row). Returns x's shape, whole (or this rank's share).
   at::Tensor forward(const at::Tensor& x, const RotaryTables& tables,
                      const base::PackedSequences* packed);
 

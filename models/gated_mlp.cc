@@ -4,13 +4,20 @@
 
 namespace keel::models {
 
-GatedMlpImpl::GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d::ProcessGroup* tp)
+GatedMlpImpl::GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d::ProcessGroup* tp,
+                           bool sequence_parallel)
     : gate_proj_(register_module(
-          "gate_proj", parallel::ColumnParallelLinear(hidden_size, intermediate_size, tp, false))),
+          "gate_proj", parallel::ColumnParallelLinear(hidden_size, intermediate_size, tp,
+                                                      /*bias=*/false, /*gather_output=*/false,
+                                                      sequence_parallel))),
       up_proj_(register_module(
-          "up_proj", parallel::ColumnParallelLinear(hidden_size, intermediate_size, tp, false))),
+          "up_proj", parallel::ColumnParallelLinear(hidden_size, intermediate_size, tp,
+                                                    /*bias=*/false, /*gather_output=*/false,
+                                                    sequence_parallel))),
       down_proj_(register_module(
-          "down_proj", parallel::RowParallelLinear(intermediate_size, hidden_size, tp, false))) {}
+          "down_proj", parallel::RowParallelLinear(intermediate_size, hidden_size, tp,
+                                                   /*bias=*/false, /*input_is_parallel=*/true,
+                                                   sequence_parallel))) {}
 
 at::Tensor GatedMlpImpl::forward(const at::Tensor& x) {
   return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));

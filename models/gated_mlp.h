@@ -1,7 +1,8 @@
 // The gated MLP of Llama-style models (SwiGLU) under Hugging Face's names:
 // down_proj(silu(gate_proj(x)) * up_proj(x)), gate_proj and up_proj column-parallel (two
 // weights, not one fused [gate; up], so that each is one block per rank under its HF name),
-// down_proj row-parallel; no biases.
+// down_proj row-parallel; no biases. With sequence parallelism x and the output are this rank's
+// share of the sequence.
 //
 //   GatedMlp mlp(hidden_size, intermediate_size, tp);
 //   at::Tensor y = mlp->forward(x);  // x and y [..., hidden], whole on every rank
@@ -24,7 +25,8 @@ namespace keel::models {
 class GatedMlpImpl : public torch::nn::Module {
  public:
   // Requires: tp's size divides intermediate_size.
-  GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d::ProcessGroup* tp);
+  GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d::ProcessGroup* tp,
+               bool sequence_parallel = false);
   at::Tensor forward(const at::Tensor& x);
 
  private:

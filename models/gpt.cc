@@ -1,5 +1,6 @@
 #include "models/gpt.h"
 
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -25,28 +26,45 @@ torch::nn::LayerNorm Norm(int64_t hidden_size) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden_size}));
 }
 
-class BlockImpl : public torch::nn::Module {
+// The parameters of the LayerNorms `names` (with sequence parallelism: they see this rank's
+// share of the sequence).
+std::vector<std::string> NormParameters(std::initializer_list<const char*> names) {
+  std::vector<std::string> parameters;
+  for (const char* name : names) {
+    parameters.push_back(std::string(name) + ".weight");
+    parameters.push_back(std::string(name) + ".bias");
+  }
+  return parameters;
+}
+
+class BlockImpl : public torch::nn::Module, public parallel::SequenceSplit {
  public:
   // A block whose MLP is a mixture of experts over `groups.ep` and `groups.expert_tp` if `moe`;
   // `moe_stats` (the model's) gathers its routing statistics and gives the load-balancing
-  // loss's gradient weight.
-  BlockImpl(const ModelOptions& options, const ModelGroups& groups, bool moe, MoeStats* moe_stats)
+  // loss's gradient weight. `sequence_parallel`: the model's (not with `moe`).
+  BlockImpl(const ModelOptions& options, const ModelGroups& groups, bool sequence_parallel,
+            bool moe, MoeStats* moe_stats)
       : ln_1_(register_module("ln_1", Norm(options.hidden_size))),
         attn_(register_module(
-            "attn", parallel::ParallelSelfAttention(
-                        options.hidden_size, options.num_attention_heads, groups.tp,
-                        parallel::RecomputesModule(options.recompute, parallel::kCoreAttn)))),
+            "attn",
+            parallel::ParallelSelfAttention(
+                options.hidden_size, options.num_attention_heads, groups.tp, sequence_parallel,
+                parallel::RecomputesModule(options.recompute, parallel::kCoreAttn)))),
         ln_2_(register_module("ln_2", Norm(options.hidden_size))),
+        sequence_parallel_(sequence_parallel),
         ep_(groups.ep),
         moe_stats_(moe_stats),
         recompute_mlp_(parallel::RecomputesModule(options.recompute, parallel::kMlp)),
         recompute_norms_(parallel::RecomputesModule(options.recompute, parallel::kLayernorm)) {
     c10d::ProcessGroup* tp = groups.tp;
     if (!moe) {
-      fc_ = register_module(
-          "fc", parallel::ColumnParallelLinear(options.hidden_size, options.ffn_hidden_size, tp));
-      mlp_proj_ = register_module("mlp_proj", parallel::RowParallelLinear(options.ffn_hidden_size,
-                                                                          options.hidden_size, tp));
+      fc_ = register_module("fc", parallel::ColumnParallelLinear(
+                                      options.hidden_size, options.ffn_hidden_size, tp,
+                                      /*bias=*/true, /*gather_output=*/false, sequence_parallel));
+      mlp_proj_ = register_module(
+          "mlp_proj", parallel::RowParallelLinear(options.ffn_hidden_size, options.hidden_size, tp,
+                                                  /*bias=*/true, /*input_is_parallel=*/true,
+                                                  sequence_parallel));
       return;
     }
     parallel::RouterOptions router;
@@ -65,6 +83,11 @@ class BlockImpl : public torch::nn::Module {
     return h + parallel::RecomputeIf(
                    recompute_mlp_, [this](const std::vector<at::Tensor>& y) { return Mlp(y[0]); },
                    {Normed(ln_2_, h)}, MlpParameters());
+  }
+
+  std::vector<std::string> LocalSequenceParallelParameters() const override {
+    if (!sequence_parallel_) return {};
+    return NormParameters({"ln_1", "ln_2"});
   }
 
  private:
@@ -107,6 +130,7 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_1_;
   parallel::ParallelSelfAttention attn_;
   torch::nn::LayerNorm ln_2_;
+  bool sequence_parallel_;
   parallel::ColumnParallelLinear fc_{nullptr};
   parallel::RowParallelLinear mlp_proj_{nullptr};
   parallel::TopKRouter router_{nullptr};
@@ -177,11 +201,13 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups)
 
 GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,
                  parallel::StageLayers layers, bool first, bool last)
-    : tp_(groups.tp),
+    : LanguageModel(groups),
+      tp_(groups.tp),
       hidden_size_(options.hidden_size),
       pipelined_(!(first && last)),
       recompute_(options.recompute),
       cross_entropy_chunk_len_(CrossEntropyChunkLen(options)) {
+  TORCH_INTERNAL_ASSERT(!sequence_parallel() || options.num_moe_experts == 0);
   c10d::ProcessGroup* tp = groups.tp;
   // The last stage holds its own copy of the word embedding for the tied head.
   if (first || last) {
@@ -196,8 +222,8 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t
   auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
     const bool moe = options.num_moe_experts > 0 && i % options.moe_layer_freq == 0;
-    blocks_.push_back(
-        blocks->register_module(std::to_string(i), Block(options, groups, moe, &moe_stats())));
+    blocks_.push_back(blocks->register_module(
+        std::to_string(i), Block(options, groups, sequence_parallel(), moe, &moe_stats())));
   }
   if (last) ln_f_ = register_module("ln_f", Norm(options.hidden_size));
   if (last) register_module("lm_head", TiedHead(wte_));
@@ -212,6 +238,8 @@ at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& inp
                                      ? packed->position_ids
                                      : at::arange(seq, tokens.options().dtype(at::kLong));
     x = wte_->forward(tokens) + wpe_->forward(positions);
+    // Megatron's learned positions: added whole, then this rank's share of the sequence kept.
+    if (sequence_parallel()) x = parallel::ScatterToSequenceParallelRegion(x, tp_);
   }
   // Captured by value: a recomputed block runs again in the backward pass.
   x = parallel::RunLayers(
@@ -224,17 +252,24 @@ at::Tensor GptImpl::StageForward(const at::Tensor& tokens, const at::Tensor& inp
 }
 
 at::Tensor GptImpl::HeadInput(const at::Tensor& hidden) {
-  // A column-parallel lm_head: the hidden states go whole to every rank's vocabulary slice.
-  return parallel::CopyToTensorParallelRegion(ln_f_->forward(hidden), tp_);
+  return parallel::ColumnParallelInput(ln_f_->forward(hidden), tp_, sequence_parallel());
 }
 
 at::Tensor GptImpl::Logits(const at::Tensor& hidden) {
-  return at::linear(HeadInput(hidden), wte_->weight());
+  // A column-parallel lm_head: the hidden states go whole to every rank's vocabulary slice
+  // (with sequence parallelism, gathered).
+  return parallel::ColumnParallelProduct(ln_f_->forward(hidden), wte_->weight(), at::Tensor(), tp_,
+                                         sequence_parallel());
 }
 
 at::Tensor GptImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
   return parallel::LinearCrossEntropy(HeadInput(hidden), wte_->weight(), labels, tp_,
                                       {cross_entropy_chunk_len_, std::nullopt});
+}
+
+std::vector<std::string> GptImpl::LocalSequenceParallelParameters() const {
+  if (!sequence_parallel() || !last_stage()) return {};
+  return NormParameters({"ln_f"});
 }
 
 std::vector<std::string> GptImpl::VocabParameters() const {

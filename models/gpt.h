@@ -5,8 +5,11 @@
 // the heads, of the MLP and of the (padded) vocabulary, and computes what the model on one rank
 // computes. Over a pipeline group of P stages each holds 1/P of the blocks (under their names in
 // the whole model), the first the embeddings, the last the final norm and the head, with its
-// own copy of the word embedding for the tie (Megatron's shared embedding). Whatever the
-// groups, the weights are those of the model on one rank after the same seed, sliced.
+// own copy of the word embedding for the tie (Megatron's shared embedding). With sequence
+// parallelism (groups.sequence_parallel) the embeddings' sum is scattered along the sequence,
+// the LayerNorms and the residual stream hold this rank's 1/N of it, and the head gathers it.
+// Whatever the groups, the weights are those of the model on one rank after the same seed,
+// sliced.
 //
 //   keel::models::ModelOptions options;  // config.proto's model section
 //   torch::manual_seed(seed);
@@ -41,13 +44,14 @@ StageParameters CountGptStageParameters(const ModelOptions& options,
                                         const parallel::ModelParallelOptions& parallel,
                                         int64_t stage);
 
-class GptImpl : public LanguageModel {
+class GptImpl : public LanguageModel, public parallel::SequenceSplit {
  public:
   // Draws the weights of the model on one rank from the default generator (GPT-2's
   // initialisation: N(0, 0.02) for embeddings and projection weights, zero biases, LayerNorms
   // at (1, 0)) and keeps this rank's slice of them. Requires: all sizes positive; tp's size
   // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size; pp's size
-  // divides num_layers (checked by the caller's config validation). The experts of
+  // divides num_layers (checked by the caller's config validation); no experts with
+  // groups.sequence_parallel. The experts of
   // mixture-of-experts blocks are split over `ep` by index and each over `expert_tp`
   // (parallel::SequentialMlp).
   GptImpl(const ModelOptions& options, const ModelGroups& groups);
@@ -63,6 +67,8 @@ class GptImpl : public LanguageModel {
   std::optional<std::string> SharedEmbedding() const override;
 
   std::vector<std::string> VocabParameters() const override;
+  // ln_f's, on the last stage with sequence parallelism (the blocks name their own).
+  std::vector<std::string> LocalSequenceParallelParameters() const override;
 
   // lm_head.weight: the same tensor as wte.weight (on the last stage).
   const at::Tensor& lm_head_weight() const { return wte_->weight(); }
@@ -72,7 +78,8 @@ class GptImpl : public LanguageModel {
   // embeddings if `first`, the head if `last`.
   GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t padded_vocab_size,
           parallel::StageLayers layers, bool first, bool last);
-  // The final norm's output as the column-parallel output layer's input region.
+  // The final norm's output as the column-parallel output layer's input region (whole on every
+  // rank: with sequence parallelism, gathered).
   at::Tensor HeadInput(const at::Tensor& hidden);
 
   c10d::ProcessGroup* tp_;

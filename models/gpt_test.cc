@@ -12,6 +12,7 @@
 #include "base/named_parameters.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/layout_testutil.h"
 #include "parallel/layout.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
@@ -204,6 +205,12 @@ TEST(GptTest, TwoTensorParallelRanksComputeTheOneRankModel) {
   }));
   EXPECT_THAT(differing[0], ::testing::IsEmpty());
   EXPECT_THAT(differing[1], ::testing::IsEmpty());
+}
+
+// With sequence parallelism each rank's blocks hold half of the sequence; the LayerNorms' and the
+// row-parallel biases' gradients, summed over the ranks, are the one-rank model's.
+TEST(GptTest, SequenceParallelRanksComputeTheOneRankModel) {
+  testing::ExpectTwoTensorParallelRanksComputeTheOneRankModel(Small(), /*sequence_parallel=*/true);
 }
 
 // Two pipeline stages: each holds the one-rank model's blocks of its half under their global

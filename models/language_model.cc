@@ -51,8 +51,19 @@ void InitialiseAsOneRankModel(
   TORCH_INTERNAL_ASSERT(initialised.ok(), initialised.ToString());
 }
 
+LanguageModel::LanguageModel(const ModelGroups& groups)
+    : sequence_shards_(groups.sequence_parallel ? base::GroupSize(groups.tp) : 1) {}
+
+std::vector<int64_t> LanguageModel::ActivationShape(at::IntArrayRef tokens_shape) const {
+  return {tokens_shape[0], tokens_shape[1] / sequence_shards_, hidden_size()};
+}
+
 std::map<std::string, parallel::TensorLayout> LanguageModel::Layouts() const {
   return parallel::ParameterLayouts(*this);
+}
+
+std::vector<std::string> LanguageModel::SequenceParallelParameters() const {
+  return parallel::SequenceParallelParameters(*this);
 }
 
 }  // namespace keel::models

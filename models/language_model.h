@@ -37,6 +37,11 @@ struct ModelGroups {
   c10d::ProcessGroup* pp = nullptr;
   c10d::ProcessGroup* ep = nullptr;
   c10d::ProcessGroup* expert_tp = nullptr;
+  // Megatron's sequence_parallel, with a tp of more than one rank (nothing otherwise): the
+  // embedding's output, the norms and the residual stream between the tensor-parallel layers,
+  // and the activations between pipeline stages hold this rank's 1/tp of the sequence; the
+  // output layer gathers it. No mixture of experts. Default: false.
+  bool sequence_parallel = false;
 };
 
 // What the mixture-of-experts blocks of a model routed in training since it was last taken,
@@ -91,12 +96,15 @@ class LanguageModel : public torch::nn::Module {
   // This stage's blocks over the embedded `tokens` ([batch, seq] int64; first stage) or the
   // previous stage's output `input` (the others): [batch, seq, hidden_size()]. With `packed`
   // (else nullptr) the rows hold the sequences it describes, each from position 0 and attending
-  // within itself only (base::PackedCausalAttention). Requires: `packed` of tokens' shape, on
-  // the model's device.
+  // within itself only (base::PackedCausalAttention). Under sequence parallelism `input` and the
+  // result hold this rank's share of the sequence (ActivationShape). Requires: `packed` of
+  // tokens' shape, on the model's device; under sequence parallelism a sequence length that
+  // tp's size divides.
   virtual at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input,
                                   const base::PackedSequences* packed) = 0;
-  // This rank's slice of the logits over the last blocks' hidden states: [batch, seq, padded
-  // vocabulary / tp]. Requires: the last stage.
+  // This rank's slice of the logits over the last blocks' hidden states (StageForward's, this
+  // rank's share of the sequence under sequence parallelism): [batch, seq, padded vocabulary /
+  // tp], the whole sequence. Requires: the last stage.
   virtual at::Tensor Logits(const at::Tensor& hidden) = 0;
   // The float32 cross-entropy of predicting `labels` ([batch, seq]) at every position from the
   // last blocks' hidden states, equal on every rank of the tensor-parallel group.
@@ -105,6 +113,9 @@ class LanguageModel : public torch::nn::Module {
 
   // The width of the activations between stages.
   virtual int64_t hidden_size() const = 0;
+  // The shape of the activations between stages for tokens of `tokens_shape` [batch, seq]:
+  // [batch, seq, hidden_size()], under sequence parallelism [batch, seq / tp, hidden_size()].
+  std::vector<int64_t> ActivationShape(at::IntArrayRef tokens_shape) const;
   virtual bool first_stage() const = 0;
   virtual bool last_stage() const = 0;
 
@@ -128,11 +139,24 @@ class LanguageModel : public torch::nn::Module {
 
   // The layouts of this rank's sharded parameters, by name (empty on one rank).
   std::map<std::string, parallel::TensorLayout> Layouts() const;
+  // The parameters whose gradients each rank of the tensor-parallel group computes from its
+  // share of the sequence only (parallel::SequenceParallelParameters): empty without sequence
+  // parallelism.
+  std::vector<std::string> SequenceParallelParameters() const;
 
   // The mixture-of-experts blocks' statistics, and the load-balancing loss's weight.
   MoeStats& moe_stats() { return moe_stats_; }
 
+ protected:
+  // A stage split over `groups`.
+  explicit LanguageModel(const ModelGroups& groups);
+  // Whether the activations outside the tensor-parallel layers hold this rank's share of the
+  // sequence (groups.sequence_parallel over a tp of more than one rank).
+  bool sequence_parallel() const { return sequence_shards_ > 1; }
+
  private:
+  // The ranks the sequence is split over between the tensor-parallel layers.
+  int64_t sequence_shards_;
   MoeStats moe_stats_;
 };
 

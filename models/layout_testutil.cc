@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "models/registry.h"
 #include "parallel/layout.h"
+#include "parallel/tensor_parallel/mappings.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 #include "torch/utils.h"
@@ -52,7 +53,8 @@ std::shared_ptr<LanguageModel> Build(const ModelOptions& options, const ModelGro
 
 }  // namespace
 
-void ExpectTwoTensorParallelRanksComputeTheOneRankModel(const ModelOptions& options) {
+void ExpectTwoTensorParallelRanksComputeTheOneRankModel(const ModelOptions& options,
+                                                        bool sequence_parallel) {
   // One thread for LibTorch's kernels: the wheel's threaded sgemm rounds differently from call
   // to call, which would blur the layout's own rounding.
   at::set_num_threads(1);
@@ -63,11 +65,27 @@ void ExpectTwoTensorParallelRanksComputeTheOneRankModel(const ModelOptions& opti
   const auto expected = whole->named_parameters();
   std::vector<std::vector<std::string>> differing(2);
   KEEL_ASSERT_OK(keel::testing::RunOnRanks(2, [&](keel::testing::Rank& r) -> absl::Status {
-    const std::shared_ptr<LanguageModel> model = Build(options, ModelGroups{r.group.get()});
+    ModelGroups groups{r.group.get()};
+    groups.sequence_parallel = sequence_parallel;
+    const std::shared_ptr<LanguageModel> model = Build(options, groups);
     const std::map<std::string, parallel::TensorLayout> layouts = model->Layouts();
     if (layouts.empty()) differing[r.rank].push_back("no parameter is split");
-    const at::Tensor losses = model->TokenLosses(batch.tokens, batch.labels);
+    const at::Tensor hidden = model->StageForward(batch.tokens, at::Tensor(), nullptr);
+    const int64_t seq = batch.tokens.size(1) / (sequence_parallel ? 2 : 1);
+    if (hidden.size(1) != seq || hidden.sizes() != model->ActivationShape(batch.tokens.sizes())) {
+      differing[r.rank].push_back(absl::StrCat("hidden states of ", hidden.size(1), " positions"));
+    }
+    const at::Tensor losses = model->HeadLosses(hidden, batch.labels);
     losses.sum().backward();
+    const std::vector<std::string> summed = model->SequenceParallelParameters();
+    if (summed.empty() == sequence_parallel) {
+      differing[r.rank].push_back(absl::StrCat(summed.size(), " sequence-parallel parameters"));
+    }
+    auto parameters = model->named_parameters();
+    for (const std::string& name : summed) {
+      at::Tensor grad = parameters[name].grad();
+      parallel::AllReduceInPlace(grad, r.group.get());
+    }
     if (!at::allclose(losses, whole_losses, /*rtol=*/1e-6, /*atol=*/0)) {
       differing[r.rank].push_back("losses");
     }

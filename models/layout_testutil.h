@@ -11,8 +11,12 @@ namespace keel::models::testing {
 
 // Over tensor-parallel ranks the losses agree within 1e-6 (relative) and each gradient within
 // 1e-5 of its largest element (the sums' order differs); over pipeline stages the losses are
-// equal.
-void ExpectTwoTensorParallelRanksComputeTheOneRankModel(const ModelOptions& options);
+// equal. With `sequence_parallel` (ModelGroups') the ranks split the sequence too: each one's
+// hidden states are its half of the sequence, and the gradients of the parameters the model
+// names (LanguageModel::SequenceParallelParameters, some) are summed over the ranks first, as
+// the trainer sums them.
+void ExpectTwoTensorParallelRanksComputeTheOneRankModel(const ModelOptions& options,
+                                                        bool sequence_parallel = false);
 void ExpectTwoPipelineStagesComputeTheOneRankModel(const ModelOptions& options);
 
 }  // namespace keel::models::testing

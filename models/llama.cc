@@ -49,17 +49,26 @@ RopeOptions RopeOf(const ModelOptions& options) {
 }
 
 // One decoder layer: h += attention(input_layernorm(h)); h += mlp(post_attention_layernorm(h)).
-class DecoderLayerImpl : public torch::nn::Module {
+class DecoderLayerImpl : public torch::nn::Module, public parallel::SequenceSplit {
  public:
-  DecoderLayerImpl(const ModelOptions& options, c10d::ProcessGroup* tp)
+  // `sequence_parallel`: the model's.
+  DecoderLayerImpl(const ModelOptions& options, c10d::ProcessGroup* tp, bool sequence_parallel)
       : input_layernorm_(
             register_module("input_layernorm", RmsNorm(options.hidden_size, options.norm_epsilon))),
-        self_attn_(register_module("self_attn", Attention(AttentionOf(options), tp))),
+        self_attn_(
+            register_module("self_attn", Attention(AttentionOf(options), tp, sequence_parallel))),
         post_attention_layernorm_(register_module(
             "post_attention_layernorm", RmsNorm(options.hidden_size, options.norm_epsilon))),
-        mlp_(register_module("mlp", GatedMlp(options.hidden_size, options.ffn_hidden_size, tp))),
+        mlp_(register_module(
+            "mlp", GatedMlp(options.hidden_size, options.ffn_hidden_size, tp, sequence_parallel))),
+        sequence_parallel_(sequence_parallel),
         recompute_mlp_(parallel::RecomputesModule(options.recompute, parallel::kMlp)),
         recompute_norms_(parallel::RecomputesModule(options.recompute, parallel::kLayernorm)) {}
+
+  std::vector<std::string> LocalSequenceParallelParameters() const override {
+    if (!sequence_parallel_) return {};
+    return {"input_layernorm.weight", "post_attention_layernorm.weight"};
+  }
 
   at::Tensor forward(const at::Tensor& x, const RotaryTables& tables,
                      const base::PackedSequences* packed) {
@@ -84,6 +93,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   Attention self_attn_;
   RmsNorm post_attention_layernorm_;
   GatedMlp mlp_;
+  bool sequence_parallel_;
   bool recompute_mlp_, recompute_norms_;
 };
 TORCH_MODULE(DecoderLayer);
@@ -160,7 +170,8 @@ LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups)
 
 LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
                      int64_t padded_vocab_size, parallel::StageLayers layers, bool first, bool last)
-    : options_(options),
+    : LanguageModel(groups),
+      options_(options),
       tp_(groups.tp),
       first_(first),
       last_(last),
@@ -169,13 +180,16 @@ LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
   const bool tied = !options.untie_embeddings_and_output_weights;
   auto body = register_module(kBody, std::make_shared<torch::nn::Module>());
   if (first || (last && tied)) {
+    // With sequence parallelism a reduce-scatter in place of the all-reduce (Megatron's
+    // reduce_scatter_embeddings, with no learned positions to add).
     embed_tokens_ = body->register_module(
-        kEmbedding,
-        parallel::VocabParallelEmbedding(padded_vocab_size, options.hidden_size, groups.tp));
+        kEmbedding, parallel::VocabParallelEmbedding(padded_vocab_size, options.hidden_size,
+                                                     groups.tp, sequence_parallel()));
   }
   auto stack = body->register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
-    layers_.push_back(stack->register_module(std::to_string(i), DecoderLayer(options, groups.tp)));
+    layers_.push_back(stack->register_module(
+        std::to_string(i), DecoderLayer(options, groups.tp, sequence_parallel())));
   }
   if (last) {
     norm_ = body->register_module("norm", RmsNorm(options.hidden_size, options.norm_epsilon));
@@ -184,7 +198,8 @@ LlamaImpl::LlamaImpl(const ModelOptions& options, const ModelGroups& groups,
     } else {
       lm_head_ = register_module(
           "lm_head", parallel::ColumnParallelLinear(options.hidden_size, padded_vocab_size,
-                                                    groups.tp, /*bias=*/false));
+                                                    groups.tp, /*bias=*/false,
+                                                    /*gather_output=*/false, sequence_parallel()));
     }
   }
 }
@@ -215,7 +230,8 @@ at::Tensor LlamaImpl::StageForward(const at::Tensor& tokens, const at::Tensor& i
 at::Tensor LlamaImpl::Logits(const at::Tensor& hidden) {
   const at::Tensor normed = norm_->forward(hidden);
   if (!lm_head_.is_empty()) return lm_head_->forward(normed);
-  return at::linear(parallel::CopyToTensorParallelRegion(normed, tp_), embed_tokens_->weight());
+  return parallel::ColumnParallelProduct(normed, embed_tokens_->weight(), at::Tensor(), tp_,
+                                         sequence_parallel());
 }
 
 at::Tensor LlamaImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& labels) {
@@ -230,8 +246,13 @@ at::Tensor LlamaImpl::HeadLosses(const at::Tensor& hidden, const at::Tensor& lab
   }
   const at::Tensor& weight = lm_head_.is_empty() ? embed_tokens_->weight() : lm_head_->weight();
   return parallel::LinearCrossEntropy(
-      parallel::CopyToTensorParallelRegion(norm_->forward(hidden), tp_), weight, labels, tp_,
-      {CrossEntropyChunkLen(options_), real_columns});
+      parallel::ColumnParallelInput(norm_->forward(hidden), tp_, sequence_parallel()), weight,
+      labels, tp_, {CrossEntropyChunkLen(options_), real_columns});
+}
+
+std::vector<std::string> LlamaImpl::LocalSequenceParallelParameters() const {
+  if (!sequence_parallel() || !last_) return {};
+  return {std::string(kBody) + ".norm.weight"};
 }
 
 std::vector<std::string> LlamaImpl::VocabParameters() const {

@@ -9,7 +9,10 @@
 // the output layer (and, when tied, its own copy of the embedding); the weights are those of
 // the model on one rank after the same seed (HF's initialisation: N(0, 0.02) for the
 // embedding and the linear layers, norms at one, biases at zero), sliced. The vocabulary's
-// padding rows are left out of the softmax: the losses are those of the unpadded model.
+// padding rows are left out of the softmax: the losses are those of the unpadded model. With
+// sequence parallelism (groups.sequence_parallel) the embedding reduce-scatters its output
+// along the sequence, the RMSNorms and the residual stream hold this rank's share of it, and
+// the output layer gathers it.
 //
 //   torch::manual_seed(seed);
 //   Llama model(options, groups);  // options.family: llama, qwen2, qwen3 or mistral
@@ -48,7 +51,7 @@ StageParameters CountLlamaStageParameters(const ModelOptions& options,
 // frequencies. Throws c10::Error for sizes no tensor can have.
 std::map<std::string, std::vector<int64_t>> LlamaLayerShapes(const ModelOptions& options);
 
-class LlamaImpl : public LanguageModel {
+class LlamaImpl : public LanguageModel, public parallel::SequenceSplit {
  public:
   // Requires: a Llama-style family; sizes positive; num_query_groups divides
   // num_attention_heads; tp's size divides num_query_groups and ffn_hidden_size; pp's size
@@ -65,6 +68,8 @@ class LlamaImpl : public LanguageModel {
   // "model.embed_tokens.weight" when tied, on the first and last stage of several.
   std::optional<std::string> SharedEmbedding() const override;
   std::vector<std::string> VocabParameters() const override;
+  // The final norm's, on the last stage with sequence parallelism (the layers name their own).
+  std::vector<std::string> LocalSequenceParallelParameters() const override;
 
  private:
   friend std::map<std::string, std::vector<int64_t>> LlamaLayerShapes(const ModelOptions&);

@@ -60,6 +60,17 @@ TEST(LlamaTest, TwoTensorParallelRanksComputeTheOneRankModel) {
   }
 }
 
+// With sequence parallelism each rank's layers hold half of the sequence (the embedding
+// reduce-scatters it, the output layer gathers it); the RMSNorms' gradients, summed over the
+// ranks, are the one-rank model's.
+TEST(LlamaTest, SequenceParallelRanksComputeTheOneRankModel) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    testing::ExpectTwoTensorParallelRanksComputeTheOneRankModel(c.options,
+                                                                /*sequence_parallel=*/true);
+  }
+}
+
 TEST(LlamaTest, TwoPipelineStagesComputeTheOneRankModel) {
   for (const Case& c : Cases()) {
     SCOPED_TRACE(c.name);

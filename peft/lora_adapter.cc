@@ -37,20 +37,21 @@ at::Tensor DrawA(int64_t dim, int64_t input_size, LoraAInit init) {
 LoraAdapterImpl::LoraAdapterImpl(const parallel::ColumnParallelLinearImpl& layer,
                                  const LoraOptions& options)
     : LoraAdapterImpl(/*column=*/true, layer.input_size(), layer.output_size(), layer.tp(),
-                      WeightOf(layer), options) {}
+                      layer.sequence_parallel(), WeightOf(layer), options) {}
 
 LoraAdapterImpl::LoraAdapterImpl(const parallel::RowParallelLinearImpl& layer,
                                  const LoraOptions& options)
     : LoraAdapterImpl(/*column=*/false, layer.input_size(), layer.output_size(), layer.tp(),
-                      WeightOf(layer), options) {}
+                      layer.sequence_parallel(), WeightOf(layer), options) {}
 
 LoraAdapterImpl::LoraAdapterImpl(bool column, int64_t input_size, int64_t output_size,
-                                 c10d::ProcessGroup* tp, const at::Tensor& weight,
-                                 const LoraOptions& options)
+                                 c10d::ProcessGroup* tp, bool sequence_parallel,
+                                 const at::Tensor& weight, const LoraOptions& options)
     : column_(column),
       input_size_(input_size),
       output_size_(output_size),
       tp_(tp),
+      sequence_parallel_(sequence_parallel),
       options_(options) {
   const int64_t n = base::GroupSize(tp);
   const at::ScalarType dtype = options.lora_dtype == LoraDtype::kFloat32    ? at::kFloat
@@ -73,9 +74,16 @@ at::Tensor LoraAdapterImpl::forward(const at::Tensor& input) {
   const at::Tensor x = p > 0 && pre ? at::dropout(cast, p, is_training()) : cast;
   at::Tensor h = at::linear(x, lora_A_) * (options_.alpha / static_cast<double>(options_.dim));
   // Column: A is whole, so its gradient sums every rank's part of B's. Row: each rank's A holds
-  // part of the sum h, which B needs whole.
-  h = column_ ? parallel::CopyToTensorParallelRegion(h, tp_)
-              : parallel::ReduceFromTensorParallelRegion(h, tp_);
+  // part of the sum h, which B needs whole. Under sequence parallelism the input of a column
+  // layer is this rank's share of the sequence, whose h B gathers, and a row layer's output is
+  // its share: A's or B's gradient is then this rank's part (LocalSequenceParallelParameters).
+  if (column_) {
+    h = sequence_parallel_ ? parallel::GatherFromSequenceParallelRegion(h, tp_)
+                           : parallel::CopyToTensorParallelRegion(h, tp_);
+  } else {
+    h = sequence_parallel_ ? parallel::ReduceScatterToSequenceParallelRegion(h, tp_)
+                           : parallel::ReduceFromTensorParallelRegion(h, tp_);
+  }
   const at::Tensor out = at::linear(h, lora_B_);
   return (p > 0 && !pre ? at::dropout(out, p, is_training()) : out).to(input.scalar_type());
 }
@@ -84,6 +92,11 @@ std::map<std::string, parallel::TensorLayout> LoraAdapterImpl::LocalLayouts() co
   if (base::GroupSize(tp_) <= 1) return {};
   if (column_) return {{"lora_B", parallel::ShardedOverTp(tp_, {output_size_, options_.dim}, 0)}};
   return {{"lora_A", parallel::ShardedOverTp(tp_, {options_.dim, input_size_}, 1)}};
+}
+
+std::vector<std::string> LoraAdapterImpl::LocalSequenceParallelParameters() const {
+  if (!sequence_parallel_) return {};
+  return {column_ ? "lora_A" : "lora_B"};
 }
 
 void LoraAdapterImpl::InitialiseA() {

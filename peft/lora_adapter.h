@@ -3,7 +3,9 @@
 // B zero at the start, A drawn by lora_A_init, dropout on A's input ("pre") or on the adapter's
 // output ("post"). The placements are torchtitan's: on a column-parallel layer A is whole and B
 // split like the layer's rows; on a row-parallel layer A is split along its input like the
-// layer and B whole. Each adapter reports its parameters' layouts (parallel::LaidOut).
+// layer and B whole. Each adapter reports its parameters' layouts (parallel::LaidOut); under
+// the layer's sequence parallelism, a column layer's A and a row layer's B get their gradient
+// from this rank's share of the sequence only (parallel::SequenceSplit).
 //
 //   KEEL_ASSIGN_OR_RETURN(auto adapted, keel::peft::SelectLinearModules(*model, options));
 //   KEEL_RETURN_IF_ERROR(keel::peft::AttachLoraAdapters(*model, adapted, options));
@@ -23,7 +25,9 @@
 namespace keel::peft {
 
 // One linear layer's adapter. forward is parallel::LinearAdapter's contract.
-class LoraAdapterImpl : public parallel::LinearAdapter, public parallel::LaidOut {
+class LoraAdapterImpl : public parallel::LinearAdapter,
+                        public parallel::LaidOut,
+                        public parallel::SequenceSplit {
  public:
   // An adapter of `options` for `layer` (whose tp group it shares): A [dim, in] and B [out, dim]
   // of the whole layer, this rank holding its blocks; both zero (AttachLoraAdapters draws A), on
@@ -33,17 +37,19 @@ class LoraAdapterImpl : public parallel::LinearAdapter, public parallel::LaidOut
 
   at::Tensor forward(const at::Tensor& input) override;
   std::map<std::string, parallel::TensorLayout> LocalLayouts() const override;
+  std::vector<std::string> LocalSequenceParallelParameters() const override;
   // Draws A whole from the default generator by options.lora_A_init (torch's xavier_normal_,
   // or kaiming_uniform_ with a = sqrt(5)) and keeps this rank's block.
   void InitialiseA();
 
  private:
   LoraAdapterImpl(bool column, int64_t input_size, int64_t output_size, c10d::ProcessGroup* tp,
-                  const at::Tensor& weight, const LoraOptions& options);
+                  bool sequence_parallel, const at::Tensor& weight, const LoraOptions& options);
 
   bool column_;
   int64_t input_size_, output_size_;
   c10d::ProcessGroup* tp_;
+  bool sequence_parallel_;
   LoraOptions options_;
   at::Tensor lora_A_, lora_B_;
 };

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "parallel/layout.h"
 #include "parallel/tensor_parallel/layers.h"
+#include "parallel/tensor_parallel/mappings.h"
 #include "peft/module_matcher.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
@@ -24,12 +25,17 @@ using ::keel::testing::RunOnRanks;
 using ::keel::testing::StatusIs;
 using ::testing::HasSubstr;
 
-// An MLP of the two kinds of layer: up [8 -> 12] column-parallel, down [12 -> 8] row-parallel.
+// An MLP of the two kinds of layer: up [8 -> 12] column-parallel, down [12 -> 8] row-parallel;
+// with sequence_parallel its input and output are this rank's share of the sequence.
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(c10d::ProcessGroup* tp)
-      : up_(register_module("up_proj", parallel::ColumnParallelLinear(8, 12, tp))),
-        down_(register_module("down_proj", parallel::RowParallelLinear(12, 8, tp))) {}
+  explicit MlpImpl(c10d::ProcessGroup* tp, bool sequence_parallel = false)
+      : up_(register_module(
+            "up_proj", parallel::ColumnParallelLinear(8, 12, tp, /*bias=*/true,
+                                                      /*gather_output=*/false, sequence_parallel))),
+        down_(register_module("down_proj", parallel::RowParallelLinear(12, 8, tp, /*bias=*/true,
+                                                                       /*input_is_parallel=*/true,
+                                                                       sequence_parallel))) {}
   at::Tensor forward(const at::Tensor& x) { return down_->forward(at::gelu(up_->forward(x))); }
 
  private:
@@ -64,7 +70,7 @@ Mlp Adapted(const LoraOptions& options, bool random_b) {
 
 const at::Tensor& Input() {
   static const at::Tensor* const x =
-      new at::Tensor(at::linspace(-1, 1, 2 * 3 * 8, at::kFloat).view({2, 3, 8}));
+      new at::Tensor(at::linspace(-1, 1, 2 * 4 * 8, at::kFloat).view({2, 4, 8}));
   return *x;
 }
 
@@ -162,8 +168,10 @@ TEST(LoraAdapterTest, AIsDrawnAsAskedAndBIsZero) {
 
 // Two tensor-parallel ranks compute the one-rank model's output, and each adapter's gradient is
 // its block of the one-rank gradient (A whole and B split on the column-parallel layer, A split
-// and B whole on the row-parallel one): the layouts the adapters report.
-TEST(LoraAdapterTest, TwoRanksComputeTheOneRankModel) {
+// and B whole on the row-parallel one): the layouts the adapters report. With
+// `sequence_parallel` each rank computes its half of the sequence, and the gradients of the
+// column layer's A and the row layer's B are then its part, summed over the ranks.
+void ExpectTwoRanksComputeTheOneRankModel(bool sequence_parallel) {
   LoraOptions options;
   options.dim = 4;
   Mlp whole = Adapted(options, /*random_b=*/true);
@@ -172,7 +180,7 @@ TEST(LoraAdapterTest, TwoRanksComputeTheOneRankModel) {
   std::vector<std::vector<std::string>> differing(2);
   std::mutex generator;  // ranks are threads sharing the default generator
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-    Mlp model(r.group.get());
+    Mlp model(r.group.get(), sequence_parallel);
     {
       std::lock_guard<std::mutex> lock(generator);
       KEEL_ASSIGN_OR_RETURN(std::vector<LinearModule> modules,
@@ -180,16 +188,30 @@ TEST(LoraAdapterTest, TwoRanksComputeTheOneRankModel) {
       KEEL_RETURN_IF_ERROR(AttachLoraAdapters(*model, modules, options));
     }
     KEEL_RETURN_IF_ERROR(parallel::CopyFromWholeModel(*model, *whole));
-    const at::Tensor out = model->forward(Input());
+    const auto half = [&](const at::Tensor& x) {
+      return sequence_parallel ? x.narrow(1, 2 * r.rank, 2) : x;
+    };
+    const at::Tensor out = model->forward(half(Input()));
     (out * out).sum().backward();
-    if (!at::allclose(out, whole_out, 1e-5, 1e-6)) differing[r.rank].push_back("output");
+    if (!at::allclose(out, half(whole_out), 1e-5, 1e-6)) differing[r.rank].push_back("output");
+    const std::vector<std::string> summed = parallel::SequenceParallelParameters(*model);
+    const std::vector<std::string> expected_summed =
+        sequence_parallel ? std::vector<std::string>{"down_proj.adapter.lora_B", "down_proj.bias",
+                                                     "up_proj.adapter.lora_A"}
+                          : std::vector<std::string>{};
+    EXPECT_EQ(summed, expected_summed);
+    auto parameters = model->named_parameters();
+    for (const std::string& name : summed) {
+      at::Tensor grad = parameters[name].grad();
+      if (grad.defined()) parallel::AllReduceInPlace(grad, r.group.get());
+    }
     const std::map<std::string, parallel::TensorLayout> layouts =
         parallel::ParameterLayouts(*model);
     EXPECT_EQ(layouts.count("up_proj.adapter.lora_B"), 1u);
     EXPECT_EQ(layouts.count("down_proj.adapter.lora_A"), 1u);
     EXPECT_EQ(layouts.count("up_proj.adapter.lora_A"), 0u);
     const auto whole_params = whole->named_parameters();
-    for (const auto& item : model->named_parameters()) {
+    for (const auto& item : parameters) {
       if (!item.value().requires_grad()) continue;
       at::Tensor expected = whole_params[item.key()].grad();
       if (auto it = layouts.find(item.key()); it != layouts.end()) {
@@ -202,6 +224,14 @@ TEST(LoraAdapterTest, TwoRanksComputeTheOneRankModel) {
     return absl::OkStatus();
   }));
   EXPECT_THAT(differing, ::testing::ElementsAre(::testing::IsEmpty(), ::testing::IsEmpty()));
+}
+
+TEST(LoraAdapterTest, TwoRanksComputeTheOneRankModel) {
+  ExpectTwoRanksComputeTheOneRankModel(/*sequence_parallel=*/false);
+}
+
+TEST(LoraAdapterTest, SequenceParallelRanksComputeTheOneRankModel) {
+  ExpectTwoRanksComputeTheOneRankModel(/*sequence_parallel=*/true);
 }
 
 // Each rank draws A whole, as one rank does, and keeps its block.

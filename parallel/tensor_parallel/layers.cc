@@ -1,5 +1,8 @@
 #include "parallel/tensor_parallel/layers.h"
 
+#include <functional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -24,20 +27,42 @@ TensorLayout ShardedOverTp(c10d::ProcessGroup* tp, std::vector<int64_t> global_s
   return *EvenlySharded(std::move(global_shape), {{kTensorDim, tp, Placement::Shard(dim)}});
 }
 
+namespace {
+
+// Calls `visit` with `module` and each of its submodules, and the prefix of their parameters'
+// fully qualified names ("" and "<name>.").
+void ForEachModule(const torch::nn::Module& module,
+                   const std::function<void(const torch::nn::Module&, const std::string&)>& visit) {
+  // Not named_modules(include_self = true): that needs the module in a shared_ptr, which a
+  // module's constructor does not have yet.
+  visit(module, "");
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    visit(*item.value(), item.key() + ".");
+  }
+}
+
+}  // namespace
+
 std::map<std::string, TensorLayout> ParameterLayouts(const torch::nn::Module& module) {
   std::map<std::string, TensorLayout> layouts;
-  auto add = [&](const torch::nn::Module& part, const std::string& prefix) {
+  ForEachModule(module, [&](const torch::nn::Module& part, const std::string& prefix) {
     const auto* laid_out = dynamic_cast<const LaidOut*>(&part);
     if (laid_out == nullptr) return;
     for (const auto& [name, layout] : laid_out->LocalLayouts()) layouts[prefix + name] = layout;
-  };
-  // Not named_modules(include_self = true): that needs the module in a shared_ptr, which a
-  // module's constructor does not have yet.
-  add(module, "");
-  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-    add(*item.value(), item.key() + ".");
-  }
+  });
   return layouts;
+}
+
+std::vector<std::string> SequenceParallelParameters(const torch::nn::Module& module) {
+  std::set<std::string> names;
+  ForEachModule(module, [&](const torch::nn::Module& part, const std::string& prefix) {
+    const auto* split = dynamic_cast<const SequenceSplit*>(&part);
+    if (split == nullptr) return;
+    for (const std::string& name : split->LocalSequenceParallelParameters()) {
+      names.insert(prefix + name);
+    }
+  });
+  return {names.begin(), names.end()};
 }
 
 namespace {
@@ -104,17 +129,34 @@ absl::Status InitialiseFromWholeSteps(torch::nn::Module& model,
   return absl::OkStatus();
 }
 
+at::Tensor ColumnParallelProduct(const at::Tensor& input, const at::Tensor& weight,
+                                 const at::Tensor& bias, c10d::ProcessGroup* tp,
+                                 bool sequence_parallel) {
+  if (sequence_parallel) return SequenceGatheredLinear(input, weight, bias, tp);
+  return at::linear(CopyToTensorParallelRegion(input, tp), weight, bias);
+}
+
+at::Tensor ColumnParallelInput(const at::Tensor& input, c10d::ProcessGroup* tp,
+                               bool sequence_parallel) {
+  return sequence_parallel ? GatherFromSequenceParallelRegion(input, tp)
+                           : CopyToTensorParallelRegion(input, tp);
+}
+
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t input_size, int64_t output_size,
                                                    c10d::ProcessGroup* tp, bool bias,
-                                                   bool gather_output)
-    : input_size_(input_size), output_size_(output_size), tp_(tp), gather_output_(gather_output) {
+                                                   bool gather_output, bool sequence_parallel)
+    : input_size_(input_size),
+      output_size_(output_size),
+      tp_(tp),
+      gather_output_(gather_output),
+      sequence_parallel_(sequence_parallel && Parallel(tp)) {
   weight_ =
       register_parameter("weight", NewParameter({output_size / base::GroupSize(tp), input_size}));
   if (bias) bias_ = register_parameter("bias", NewParameter({output_size / base::GroupSize(tp)}));
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  at::Tensor output = at::linear(CopyToTensorParallelRegion(input, tp_), weight_, bias_);
+  at::Tensor output = ColumnParallelProduct(input, weight_, bias_, tp_, sequence_parallel_);
   if (adapter_) output = output + adapter_->forward(input);
   return gather_output_ ? GatherFromTensorParallelRegion(output, tp_) : output;
 }
@@ -133,11 +175,12 @@ std::map<std::string, TensorLayout> ColumnParallelLinearImpl::LocalLayouts() con
 
 RowParallelLinearImpl::RowParallelLinearImpl(int64_t input_size, int64_t output_size,
                                              c10d::ProcessGroup* tp, bool bias,
-                                             bool input_is_parallel)
+                                             bool input_is_parallel, bool sequence_parallel)
     : input_size_(input_size),
       output_size_(output_size),
       tp_(tp),
-      input_is_parallel_(input_is_parallel) {
+      input_is_parallel_(input_is_parallel),
+      sequence_parallel_(sequence_parallel && Parallel(tp)) {
   weight_ =
       register_parameter("weight", NewParameter({output_size, input_size / base::GroupSize(tp)}));
   if (bias) bias_ = register_parameter("bias", NewParameter({output_size}));
@@ -150,7 +193,9 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
     return adapter_ ? output + adapter_->forward(input) : output;
   }
   const at::Tensor local = input_is_parallel_ ? input : ScatterToTensorParallelRegion(input, tp_);
-  at::Tensor output = ReduceFromTensorParallelRegion(at::linear(local, weight_), tp_);
+  const at::Tensor partial = at::linear(local, weight_);
+  at::Tensor output = sequence_parallel_ ? ReduceScatterToSequenceParallelRegion(partial, tp_)
+                                         : ReduceFromTensorParallelRegion(partial, tp_);
   if (adapter_) output = output + adapter_->forward(local);
   return bias_.defined() ? output + bias_ : output;
 }
@@ -164,10 +209,19 @@ std::map<std::string, TensorLayout> RowParallelLinearImpl::LocalLayouts() const 
   return {{"weight", ShardedOverTp(tp_, {output_size_, input_size_}, 1)}};
 }
 
+std::vector<std::string> RowParallelLinearImpl::LocalSequenceParallelParameters() const {
+  if (!sequence_parallel_ || !bias_.defined()) return {};
+  return {"bias"};
+}
+
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t num_embeddings,
                                                        int64_t embedding_dim,
-                                                       c10d::ProcessGroup* tp)
-    : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim), tp_(tp) {
+                                                       c10d::ProcessGroup* tp,
+                                                       bool reduce_scatter_embeddings)
+    : num_embeddings_(num_embeddings),
+      embedding_dim_(embedding_dim),
+      tp_(tp),
+      reduce_scatter_embeddings_(reduce_scatter_embeddings) {
   weight_ = register_parameter("weight",
                                NewParameter({num_embeddings / base::GroupSize(tp), embedding_dim}));
 }
@@ -179,7 +233,8 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
   const at::Tensor outside = tokens.lt(begin).logical_or(tokens.ge(begin + rows));
   const at::Tensor local = at::embedding(weight_, (tokens - begin).masked_fill(outside, 0))
                                .masked_fill(outside.unsqueeze(-1), 0);
-  return ReduceFromTensorParallelRegion(local, tp_);
+  return reduce_scatter_embeddings_ ? ReduceScatterToSequenceParallelRegion(local, tp_)
+                                    : ReduceFromTensorParallelRegion(local, tp_);
 }
 
 std::map<std::string, TensorLayout> VocabParallelEmbeddingImpl::LocalLayouts() const {
@@ -188,30 +243,35 @@ std::map<std::string, TensorLayout> VocabParallelEmbeddingImpl::LocalLayouts() c
 }
 
 ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads,
-                                                     c10d::ProcessGroup* tp,
+                                                     c10d::ProcessGroup* tp, bool sequence_parallel,
                                                      bool recompute_core_attn)
     : local_heads_(num_heads / base::GroupSize(tp)),
       head_dim_(hidden_size / num_heads),
       recompute_core_attn_(recompute_core_attn) {
-  qkv_ = register_module("qkv", ColumnParallelLinear(hidden_size, 3 * hidden_size, tp));
-  proj_ = register_module("proj", RowParallelLinear(hidden_size, hidden_size, tp));
+  qkv_ = register_module(
+      "qkv", ColumnParallelLinear(hidden_size, 3 * hidden_size, tp,
+                                  /*bias=*/true, /*gather_output=*/false, sequence_parallel));
+  proj_ = register_module("proj", RowParallelLinear(hidden_size, hidden_size, tp, /*bias=*/true,
+                                                    /*input_is_parallel=*/true, sequence_parallel));
 }
 
 at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x,
                                               const base::PackedSequences* packed) {
-  const int64_t batch = x.size(0), seq = x.size(1);
+  // The whole sequence's (gathered by qkv under sequence parallelism).
+  const at::Tensor qkv = qkv_->forward(x);
+  const int64_t batch = qkv.size(0), seq = qkv.size(1);
   // [batch, seq, local heads, (q, k, v), head_dim] -> each [batch, local heads, seq, head_dim].
   // unbind, not three selects: its backward writes the qkv gradient once, where each select's
   // would fill a zero tensor of qkv's size and copy its part in.
   const std::vector<at::Tensor> parts =
-      qkv_->forward(x).view({batch, seq, local_heads_, 3, head_dim_}).unbind(3);
+      qkv.view({batch, seq, local_heads_, 3, head_dim_}).unbind(3);
   auto part = [&](int64_t i) { return parts[i].transpose(1, 2); };
   const at::Tensor attended =
       RecomputeIf(recompute_core_attn_,
-                  [packed](const std::vector<at::Tensor>& qkv) {
-                    return packed != nullptr
-                               ? base::PackedCausalAttention(qkv[0], qkv[1], qkv[2], *packed, 0)
-                               : base::CausalAttention(qkv[0], qkv[1], qkv[2]);
+                  [packed](const std::vector<at::Tensor>& heads) {
+                    return packed != nullptr ? base::PackedCausalAttention(heads[0], heads[1],
+                                                                           heads[2], *packed, 0)
+                                             : base::CausalAttention(heads[0], heads[1], heads[2]);
                   },
                   {part(0), part(1), part(2)}, {})
           .transpose(1, 2)

@@ -42,6 +42,23 @@ class LaidOut {
   virtual std::map<std::string, TensorLayout> LocalLayouts() const = 0;
 };
 
+// A module naming parameters (its own or its submodules') that are whole on every rank but,
+// under sequence parallelism, get from each rank's backward pass only the part of their gradient
+// that its share of the sequence gives (Megatron's sequence_parallel attribute: norms,
+// row-parallel biases): their gradient is the sum over the tensor-parallel group, which the
+// trainer takes after the backward passes (Megatron's finalize_model_grads), before clipping
+// counts them once.
+class SequenceSplit {
+ public:
+  virtual ~SequenceSplit() = default;
+  // Those parameters, by name in this module ("bias", "ln_1.weight").
+  virtual std::vector<std::string> LocalSequenceParallelParameters() const = 0;
+};
+
+// The parameters of `module` that it or its submodules name as SequenceSplit, by fully
+// qualified name, sorted.
+std::vector<std::string> SequenceParallelParameters(const torch::nn::Module& module);
+
 // The mesh dimension of the tensor-parallel group in the layouts the layers report.
 inline constexpr char kTensorDim[] = "tp";
 
@@ -80,23 +97,43 @@ struct WholeInitStep {
                                                     const std::vector<WholeInitStep>& steps);
 
 // What an adapter (peft's LoRA) adds to a linear layer's output. Given the input as the layer
-// received it (a row-parallel layer's: this rank's features), it returns a tensor shaped as the
+// received it (a row-parallel layer's: this rank's features; under sequence parallelism a
+// column-parallel layer's: this rank's share of the sequence), it returns a tensor shaped as the
 // layer's output at the point the layer adds it: a column-parallel layer's features of this
-// rank before any gather; a row-parallel layer's whole output after the all-reduce, before the
-// bias (at one rank, after the layer's fused bias). It runs the collectives it needs itself.
+// rank before any gather, over the whole sequence; a row-parallel layer's whole output after
+// the all-reduce (under sequence parallelism this rank's share of the sequence after the
+// reduce-scatter), before the bias (at one rank, after the layer's fused bias). It runs the
+// collectives it needs itself.
 class LinearAdapter : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& input) = 0;
 };
 
+// X A^T + b for a column-parallel layer's rows A of the weight and b of the bias (undefined:
+// none), as ColumnParallelLinear computes it: X [..., seq, in] whole on every rank, or with
+// sequence_parallel (and tp of more than one rank) this rank's share of the sequence, gathered
+// first (SequenceGatheredLinear); [..., seq, rows] either way. Collective over `tp`.
+at::Tensor ColumnParallelProduct(const at::Tensor& input, const at::Tensor& weight,
+                                 const at::Tensor& bias, c10d::ProcessGroup* tp,
+                                 bool sequence_parallel);
+
+// The input region of a column-parallel layer whose product is computed elsewhere (the output
+// layer inside LinearCrossEntropy): `input` through CopyToTensorParallelRegion, or with
+// sequence_parallel its sequence gathered (GatherFromSequenceParallelRegion). Collective over
+// `tp`.
+at::Tensor ColumnParallelInput(const at::Tensor& input, c10d::ProcessGroup* tp,
+                               bool sequence_parallel);
+
 // Y = X A^T + b with A's rows (the output features) split over `tp`: weight [out / tp, in],
-// bias [out / tp]. The input is whole on every rank; the output is this rank's features, or
-// with gather_output all of them.
+// bias [out / tp]. The input is whole on every rank (with sequence_parallel this rank's share of
+// the sequence, which the layer gathers); the output is this rank's features over the whole
+// sequence, or with gather_output all of them.
 class ColumnParallelLinearImpl : public torch::nn::Module, public LaidOut {
  public:
-  // Requires: tp's size divides output_size.
+  // Requires: tp's size divides output_size; not both gather_output and sequence_parallel.
   ColumnParallelLinearImpl(int64_t input_size, int64_t output_size, c10d::ProcessGroup* tp,
-                           bool bias = true, bool gather_output = false);
+                           bool bias = true, bool gather_output = false,
+                           bool sequence_parallel = false);
   at::Tensor forward(const at::Tensor& input);
   std::map<std::string, TensorLayout> LocalLayouts() const override;
   // Registers `adapter` as the submodule "adapter", whose output forward adds. Requires: none
@@ -108,11 +145,13 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public LaidOut {
   int64_t input_size() const { return input_size_; }
   int64_t output_size() const { return output_size_; }
   c10d::ProcessGroup* tp() const { return tp_; }
+  // Whether the input is this rank's share of the sequence (false on one rank).
+  bool sequence_parallel() const { return sequence_parallel_; }
 
  private:
   int64_t input_size_, output_size_;
   c10d::ProcessGroup* tp_;
-  bool gather_output_;
+  bool gather_output_, sequence_parallel_;
   at::Tensor weight_, bias_;
   std::shared_ptr<LinearAdapter> adapter_;
 };
@@ -120,25 +159,31 @@ TORCH_MODULE(ColumnParallelLinear);
 
 // Y = X A^T + b with A's columns (the input features) split over `tp`: weight [out, in / tp],
 // bias [out] whole. The input is this rank's features (with input_is_parallel) or whole; the
-// output, summed over the group, is whole on every rank, the bias added after the sum.
-class RowParallelLinearImpl : public torch::nn::Module, public LaidOut {
+// output, summed over the group, is whole on every rank, or with sequence_parallel (and tp of
+// more than one rank) reduce-scattered to this rank's share of the sequence, the bias added
+// after the sum (its gradient then this rank's part: a SequenceSplit parameter).
+class RowParallelLinearImpl : public torch::nn::Module, public LaidOut, public SequenceSplit {
  public:
-  // Requires: tp's size divides input_size.
+  // Requires: tp's size divides input_size; input_is_parallel with sequence_parallel.
   RowParallelLinearImpl(int64_t input_size, int64_t output_size, c10d::ProcessGroup* tp,
-                        bool bias = true, bool input_is_parallel = true);
+                        bool bias = true, bool input_is_parallel = true,
+                        bool sequence_parallel = false);
   at::Tensor forward(const at::Tensor& input);
   std::map<std::string, TensorLayout> LocalLayouts() const override;
+  std::vector<std::string> LocalSequenceParallelParameters() const override;
   // Registers `adapter` as the submodule "adapter", whose output forward adds. Requires: none
   // registered yet.
   void Adapt(std::shared_ptr<LinearAdapter> adapter);
   int64_t input_size() const { return input_size_; }
   int64_t output_size() const { return output_size_; }
   c10d::ProcessGroup* tp() const { return tp_; }
+  // Whether the output is this rank's share of the sequence (false on one rank).
+  bool sequence_parallel() const { return sequence_parallel_; }
 
  private:
   int64_t input_size_, output_size_;
   c10d::ProcessGroup* tp_;
-  bool input_is_parallel_;
+  bool input_is_parallel_, sequence_parallel_;
   at::Tensor weight_, bias_;
   std::shared_ptr<LinearAdapter> adapter_;
 };
@@ -146,11 +191,13 @@ TORCH_MODULE(RowParallelLinear);
 
 // An embedding whose vocabulary is split over `tp`: weight [vocab / tp, dim], rank r holding
 // rows [r x vocab / tp, (r + 1) x vocab / tp); each rank looks up the tokens of its slice and
-// the sum over the group gives every rank the whole embedding.
+// the sum over the group gives every rank the whole embedding, or with reduce_scatter_embeddings
+// (Megatron's, for sequence parallelism) this rank's share of the sequence of it.
 class VocabParallelEmbeddingImpl : public torch::nn::Module, public LaidOut {
  public:
   // Requires: tp's size divides num_embeddings (pad the vocabulary first).
-  VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, c10d::ProcessGroup* tp);
+  VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, c10d::ProcessGroup* tp,
+                             bool reduce_scatter_embeddings = false);
   at::Tensor forward(const at::Tensor& tokens);
   std::map<std::string, TensorLayout> LocalLayouts() const override;
   const at::Tensor& weight() const { return weight_; }
@@ -158,6 +205,7 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public LaidOut {
  private:
   int64_t num_embeddings_, embedding_dim_;
   c10d::ProcessGroup* tp_;
+  bool reduce_scatter_embeddings_;
   at::Tensor weight_;
 };
 TORCH_MODULE(VocabParallelEmbedding);
@@ -165,17 +213,19 @@ TORCH_MODULE(VocabParallelEmbedding);
 // Causal self-attention with its heads split over `tp`: "qkv" a column-parallel projection
 // whose rows go head by head ([q, k, v] of head 0, then of head 1, ...: Megatron's fused
 // linear_qkv, so that each rank's rows are its heads'), the attention of this rank's heads,
-// and "proj" a row-parallel projection back to the whole hidden size.
+// and "proj" a row-parallel projection back to the whole hidden size; with sequence_parallel
+// both are (the attention itself runs over the whole sequence, which qkv gathers).
 class ParallelSelfAttentionImpl : public torch::nn::Module {
  public:
   // Requires: tp's size divides num_heads, which divides hidden_size.
   ParallelSelfAttentionImpl(int64_t hidden_size, int64_t num_heads, c10d::ProcessGroup* tp,
-                            bool recompute_core_attn = false);
-  // `x` [batch, seq, hidden] whole; each position attends to itself and the positions before
-  // it (base::CausalAttention: LibTorch's fused kernel), within its sequence of `packed` when
-  // not nullptr (base::PackedCausalAttention); with recompute_core_attn that attention keeps
-  // only q, k and v for backward and runs again in it (parallel/recompute.h's kCoreAttn).
-  // Returns [batch, seq, hidden], whole.
+                            bool sequence_parallel = false, bool recompute_core_attn = false);
+  // `x` [batch, seq, hidden] whole (with sequence_parallel this rank's share of the sequence);
+  // each position attends to itself and the positions before it (base::CausalAttention:
+  // LibTorch's fused kernel), within its sequence of `packed` (of the whole sequence) when not
+  // nullptr (base::PackedCausalAttention); with recompute_core_attn that attention keeps only q,
+  // k and v for backward and runs again in it (parallel/recompute.h's kCoreAttn). Returns x's
+  // shape, whole (or this rank's share).
   at::Tensor forward(const at::Tensor& x, const base::PackedSequences* packed);
 
  private:

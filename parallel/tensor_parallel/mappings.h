@@ -7,6 +7,15 @@
 //                                   backward: all-gather along the last dimension
 //   GatherFromTensorParallelRegion  forward: all-gather along the last dimension
 //                                   backward: this rank's chunk
+// and those of sequence parallelism, along the sequence (dimension 1 of Keel's [batch, seq,
+// hidden] activations, where Megatron's [seq, batch, hidden] has it first):
+//   ScatterToSequenceParallelRegion       forward: this rank's chunk of the sequence
+//                                         backward: all-gather along the sequence
+//   GatherFromSequenceParallelRegion      forward: all-gather along the sequence
+//                                         backward: reduce-scatter (each rank's gradient a
+//                                         partial sum), or this rank's chunk (a whole one)
+//   ReduceScatterToSequenceParallelRegion forward: reduce-scatter along the sequence
+//                                         backward: all-gather along the sequence
 //
 //   at::Tensor x = CopyToTensorParallelRegion(input, tp);  // before a column-parallel matmul
 //   at::Tensor y = ReduceFromTensorParallelRegion(at::matmul(x_parallel, w.t()), tp);
@@ -32,6 +41,21 @@ at::Tensor CopyToTensorParallelRegion(const at::Tensor& input, c10d::ProcessGrou
 at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, c10d::ProcessGroup* group);
 at::Tensor ScatterToTensorParallelRegion(const at::Tensor& input, c10d::ProcessGroup* group);
 at::Tensor GatherFromTensorParallelRegion(const at::Tensor& input, c10d::ProcessGroup* group);
+at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, c10d::ProcessGroup* group);
+// `tensor_parallel_output_grad` (Megatron's): the gradient of the gathered tensor on each rank
+// is a partial sum over the group (true: the backward reduce-scatters it), or whole and equal
+// on every rank (false: the backward keeps this rank's chunk).
+at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, c10d::ProcessGroup* group,
+                                            bool tensor_parallel_output_grad = true);
+at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input,
+                                                 c10d::ProcessGroup* group);
+
+// A column-parallel layer's product under sequence parallelism, after Megatron's
+// linear_with_grad_accumulation_and_async_allreduce: at::linear(GatherFromSequenceParallelRegion(
+// input), weight, bias) (bias undefined: none), keeping only `input`, this rank's share of the
+// sequence, for the backward pass, which gathers it again for the weight's gradient.
+at::Tensor SequenceGatheredLinear(const at::Tensor& input, const at::Tensor& weight,
+                                  const at::Tensor& bias, c10d::ProcessGroup* group);
 
 // Without autograd, for code that computes its own backward (the vocabulary-parallel
 // cross-entropy): `tensor` summed (or maximised) over the group in place.

@@ -1,8 +1,9 @@
-// Tensor parallelism on real Gloo ranks (threads): the collectives and their gradients, and a
-// small model of every layer (vocabulary-parallel embedding, attention with its heads split,
-// column- and row-parallel MLP, a vocabulary-parallel head and cross-entropy) on 2 ranks,
-// its weights copied from the same model on one rank, gives that model's loss and, slice for
-// slice, its gradients; on a device group (the NCCL-like group of a fake GPU's tensors) no host
+// Tensor parallelism on real Gloo ranks (threads): the collectives and their gradients (those of
+// sequence parallelism too), and a small model of every layer (vocabulary-parallel embedding,
+// attention with its heads split, column- and row-parallel MLP, a vocabulary-parallel head and
+// cross-entropy) on 2 ranks, with and without sequence parallelism, its weights copied from the
+// same model on one rank, gives that model's loss and, slice for slice, its gradients; on a
+// device group (the NCCL-like group of a fake GPU's tensors) no host
 // tensor is exchanged.
 #include <cmath>
 #include <map>
@@ -67,6 +68,88 @@ TEST(MappingsTest, EachCollectiveAndItsGradient) {
   EXPECT_EQ(timers.Seconds(CommKind::kPipeline), 0.0);
 }
 
+// Sequence parallelism's collectives along Keel's sequence (dimension 1), on an even and an odd
+// number of ranks, each rank holding 2 positions.
+TEST(MappingsTest, EachSequenceParallelCollectiveAndItsGradient) {
+  for (const int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world_size=", world));
+    CommTimers timers;
+    CommTimers::Scope counting(timers);
+    KEEL_ASSERT_OK(RunOnRanks(world, [&](Rank& r) -> absl::Status {
+      c10d::ProcessGroup* tp = r.group.get();
+      const double k = r.rank + 1;                     // rank r's gradients are r + 1
+      const double sum_k = world * (world + 1) / 2.0;  // their sum over the ranks
+      const at::Tensor values = at::arange(2 * 2 * world * 3, at::kFloat).view({2, 2 * world, 3});
+      const at::Tensor mine = values.narrow(1, 2 * r.rank, 2);
+      // Each rank's positions of the gradient, rank q's q + 1.
+      const auto expect_ranks_gradients = [&](const at::Tensor& grad) {
+        for (int q = 0; q < world; ++q) {
+          EXPECT_TRUE(at::equal(grad.narrow(1, 2 * q, 2), at::full({2, 2, 3}, q + 1.0))) << q;
+        }
+      };
+      // Scatter: this rank's positions; the backward gathers every rank's gradient.
+      const at::Tensor whole = values.clone().requires_grad_(true);
+      const at::Tensor chunk = ScatterToSequenceParallelRegion(whole, tp);
+      EXPECT_TRUE(at::equal(chunk, mine));
+      (chunk * k).sum().backward();
+      expect_ranks_gradients(whole.grad());
+      // Gather: every rank's positions in rank order; the backward sums the ranks' gradients of
+      // this rank's positions (reduce-scatter), or keeps this rank's own (a whole gradient).
+      for (const bool partial : {true, false}) {
+        const at::Tensor part = mine.clone().requires_grad_(true);
+        const at::Tensor gathered = GatherFromSequenceParallelRegion(part, tp, partial);
+        EXPECT_TRUE(at::equal(gathered, values));
+        (gathered * k).sum().backward();
+        EXPECT_TRUE(at::equal(part.grad(), at::full({2, 2, 3}, partial ? sum_k : k)));
+      }
+      // Reduce-scatter: this rank's positions of the sum; the backward gathers the gradients.
+      const at::Tensor scaled = (values * k).requires_grad_(true);
+      const at::Tensor reduced = ReduceScatterToSequenceParallelRegion(scaled, tp);
+      EXPECT_TRUE(at::equal(reduced, mine * sum_k));
+      (reduced * k).sum().backward();
+      expect_ranks_gradients(scaled.grad());
+      return absl::OkStatus();
+    }));
+    EXPECT_GT(timers.Seconds(CommKind::kTensorParallel), 0.0);
+  }
+}
+
+// The column-parallel product under sequence parallelism, which keeps only this rank's share of
+// the sequence for the backward pass, gives what autograd gives through the gather: the output
+// and the gradients of the input, of this rank's rows of the weight and of the bias; with a
+// frozen weight, the input's alone.
+TEST(MappingsTest, SequenceGatheredLinearIsTheLinearOfTheGatheredSequence) {
+  KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+    c10d::ProcessGroup* tp = r.group.get();
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/r.rank);
+    const at::Tensor input = at::randn({2, 3, 4}, generator, at::kFloat);
+    const at::Tensor weight = at::randn({5, 4}, generator, at::kFloat);
+    const at::Tensor bias = at::randn({5}, generator, at::kFloat);
+    const at::Tensor weights = at::randn({2, 6, 5}, generator, at::kFloat);  // the loss's
+    for (const bool frozen : {false, true}) {
+      SCOPED_TRACE(frozen ? "frozen weight" : "trained weight");
+      std::vector<at::Tensor> ours = {input.clone().requires_grad_(true),
+                                      weight.clone().requires_grad_(!frozen),
+                                      bias.clone().requires_grad_(!frozen)};
+      std::vector<at::Tensor> reference = {input.clone().requires_grad_(true),
+                                           weight.clone().requires_grad_(!frozen),
+                                           bias.clone().requires_grad_(!frozen)};
+      const at::Tensor out = SequenceGatheredLinear(ours[0], ours[1], ours[2], tp);
+      const at::Tensor expected = at::linear(GatherFromSequenceParallelRegion(reference[0], tp),
+                                             reference[1], reference[2]);
+      EXPECT_TRUE(at::allclose(out, expected, /*rtol=*/1e-6, /*atol=*/1e-6));
+      (out * weights).sum().backward();
+      (expected * weights).sum().backward();
+      for (size_t i = 0; i < ours.size(); ++i) {
+        EXPECT_EQ(ours[i].grad().defined(), reference[i].grad().defined()) << i;
+        if (!ours[i].grad().defined()) continue;
+        EXPECT_TRUE(at::allclose(ours[i].grad(), reference[i].grad(), 1e-5, 1e-6)) << i;
+      }
+    }
+    return absl::OkStatus();
+  }));
+}
+
 // On a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
 // refuses them) the collectives, their gradients and the vocabulary-parallel loss exchange no
 // host tensor, and give what they give over Gloo.
@@ -91,6 +174,14 @@ TEST(MappingsTest, OnADeviceGroupNoHostTensorIsExchanged) {
     EXPECT_TRUE(at::equal(back.cpu(), at::arange(8, at::kFloat).view({2, 4})));
     (back * k).sum().backward();
     EXPECT_TRUE(at::equal(halves.grad().cpu().narrow(1, 2 * r.rank, 2), at::full({2, 2}, k)));
+    // Along the sequence: scatter, then gather keeping this rank's gradient.
+    at::Tensor positions =
+        at::arange(8, at::kFloat).view({1, 4, 2}).to(r.device).requires_grad_(true);
+    at::Tensor again = GatherFromSequenceParallelRegion(
+        ScatterToSequenceParallelRegion(positions, tp), tp, /*tensor_parallel_output_grad=*/false);
+    EXPECT_TRUE(at::equal(again.cpu(), at::arange(8, at::kFloat).view({1, 4, 2})));
+    (again * k).sum().backward();
+    EXPECT_TRUE(at::equal(positions.grad().cpu().narrow(1, 2 * r.rank, 2), at::full({1, 2, 2}, k)));
 
     // Each rank holds half of the vocabulary's logits.
     at::Tensor mine = logits.chunk(2, -1)[r.rank].contiguous().to(r.device).requires_grad_(true);
@@ -104,15 +195,21 @@ TEST(MappingsTest, OnADeviceGroupNoHostTensorIsExchanged) {
   }));
 }
 
-// Every layer of tensor_parallel, and the vocabulary-parallel loss.
+// Every layer of tensor_parallel, and the vocabulary-parallel loss; with sequence_parallel the
+// residual stream holds this rank's share of the sequence, the head gathering it.
 class TinyImpl : public torch::nn::Module {
  public:
-  explicit TinyImpl(c10d::ProcessGroup* tp) : tp_(tp) {
-    embed_ = register_module("embed", VocabParallelEmbedding(16, 8, tp));
-    attn_ = register_module("attn", ParallelSelfAttention(8, 4, tp));
-    fc_ = register_module("fc", ColumnParallelLinear(8, 12, tp));
-    proj_ = register_module("proj", RowParallelLinear(12, 8, tp));
-    head_ = register_module("head", ColumnParallelLinear(8, 16, tp, /*bias=*/false));
+  explicit TinyImpl(c10d::ProcessGroup* tp, bool sequence_parallel = false) : tp_(tp) {
+    embed_ = register_module("embed", VocabParallelEmbedding(16, 8, tp, sequence_parallel));
+    attn_ = register_module("attn", ParallelSelfAttention(8, 4, tp, sequence_parallel));
+    fc_ = register_module("fc", ColumnParallelLinear(8, 12, tp, /*bias=*/true,
+                                                     /*gather_output=*/false, sequence_parallel));
+    proj_ =
+        register_module("proj", RowParallelLinear(12, 8, tp, /*bias=*/true,
+                                                  /*input_is_parallel=*/true, sequence_parallel));
+    head_ =
+        register_module("head", ColumnParallelLinear(8, 16, tp, /*bias=*/false,
+                                                     /*gather_output=*/false, sequence_parallel));
   }
   at::Tensor Loss(const at::Tensor& tokens, const at::Tensor& targets) {
     at::Tensor x = embed_->forward(tokens);
@@ -222,22 +319,32 @@ TEST(TensorParallelLayersTest, AMetaModelDrawsNothing) {
   EXPECT_TRUE(at::equal(at::randn({4}), expected));
 }
 
-TEST(TensorParallelLayersTest, TwoRanksGiveTheWholeModelsLossAndGradients) {
+// Two ranks (splitting the sequence too with `sequence_parallel`, the gradients of the
+// parameters that then see half of it summed over them) give the whole model's loss and, slice
+// for slice, its gradients.
+void ExpectTwoRanksGiveTheWholeModelsLossAndGradients(bool sequence_parallel) {
   Tiny whole = WholeModel();
   const at::Tensor targets = Tokens().roll(-1, 1);
   const at::Tensor whole_loss = whole->Loss(Tokens(), targets);
   whole_loss.backward();
   std::vector<double> losses(2);
   std::vector<std::map<std::string, std::string>> mismatches(2);
+  std::vector<std::vector<std::string>> summed(2);
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-    Tiny model(r.group.get());
+    Tiny model(r.group.get(), sequence_parallel);
     KEEL_RETURN_IF_ERROR(CopyFromWholeModel(*model, *whole));
     const at::Tensor loss = model->Loss(Tokens(), targets);
     loss.backward();
     losses[r.rank] = loss.item<double>();
+    auto parameters = model->named_parameters();
+    summed[r.rank] = SequenceParallelParameters(*model);
+    for (const std::string& name : summed[r.rank]) {
+      at::Tensor grad = parameters[name].grad();
+      AllReduceInPlace(grad, r.group.get());
+    }
     const std::map<std::string, TensorLayout> layouts = ParameterLayouts(*model);
     const auto whole_params = whole->named_parameters();
-    for (const auto& item : model->named_parameters()) {
+    for (const auto& item : parameters) {
       at::Tensor expected = whole_params[item.key()].grad();
       if (auto it = layouts.find(item.key()); it != layouts.end()) {
         expected = BlockOf(expected, it->second, item.value().sizes());
@@ -252,40 +359,56 @@ TEST(TensorParallelLayersTest, TwoRanksGiveTheWholeModelsLossAndGradients) {
     EXPECT_NEAR(losses[rank], whole_loss.item<double>(),
                 1e-6 * std::abs(whole_loss.item<double>()));
     EXPECT_TRUE(mismatches[rank].empty()) << mismatches[rank].begin()->first;
+    // The row-parallel biases, added after the reduce-scatter, see half of the sequence.
+    const std::vector<std::string> expected =
+        sequence_parallel ? std::vector<std::string>{"attn.proj.bias", "proj.bias"}
+                          : std::vector<std::string>{};
+    EXPECT_EQ(summed[rank], expected);
   }
 }
 
+TEST(TensorParallelLayersTest, TwoRanksGiveTheWholeModelsLossAndGradients) {
+  ExpectTwoRanksGiveTheWholeModelsLossAndGradients(/*sequence_parallel=*/false);
+}
+
+TEST(TensorParallelLayersTest, SequenceParallelRanksGiveTheWholeModelsLossAndGradients) {
+  ExpectTwoRanksGiveTheWholeModelsLossAndGradients(/*sequence_parallel=*/true);
+}
+
 // Every layer moved to the fake GPU, over a device group (an NcclLikeGroup, which refuses host
-// tensors as NCCL does): no host tensor is exchanged, forward or backward, and the loss and
-// every gradient are those of the same ranks over Gloo, up to rounding (the fake GPU runs the
-// CPU's kernels, or LibTorch's generic ones).
+// tensors as NCCL does), with and without sequence parallelism: no host tensor is exchanged,
+// forward or backward, and the loss and every gradient are those of the same ranks over Gloo, up
+// to rounding (the fake GPU runs the CPU's kernels, or LibTorch's generic ones).
 TEST(TensorParallelLayersTest, OnADeviceGroupTheLayersExchangeNoHostTensor) {
   Tiny whole = WholeModel();
   const at::Tensor targets = Tokens().roll(-1, 1);
-  const auto run = [&](std::vector<at::Tensor>& losses,
-                       std::vector<std::map<std::string, at::Tensor>>& grads) {
-    return [&](Rank& r) -> absl::Status {
-      Tiny model(r.group.get());
-      KEEL_RETURN_IF_ERROR(CopyFromWholeModel(*model, *whole));
-      model->to(r.device);
-      const at::Tensor loss = model->Loss(Tokens().to(r.device), targets.to(r.device));
-      loss.backward();
-      losses[r.rank] = loss.detach().cpu();
-      for (const auto& item : model->named_parameters()) {
-        grads[r.rank][item.key()] = item.value().grad().cpu();
-      }
-      return absl::OkStatus();
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence-parallel" : "tensor-parallel");
+    const auto run = [&](std::vector<at::Tensor>& losses,
+                         std::vector<std::map<std::string, at::Tensor>>& grads) {
+      return [&](Rank& r) -> absl::Status {
+        Tiny model(r.group.get(), sequence_parallel);
+        KEEL_RETURN_IF_ERROR(CopyFromWholeModel(*model, *whole));
+        model->to(r.device);
+        const at::Tensor loss = model->Loss(Tokens().to(r.device), targets.to(r.device));
+        loss.backward();
+        losses[r.rank] = loss.detach().cpu();
+        for (const auto& item : model->named_parameters()) {
+          grads[r.rank][item.key()] = item.value().grad().cpu();
+        }
+        return absl::OkStatus();
+      };
     };
-  };
-  std::vector<at::Tensor> host_losses(2), device_losses(2);
-  std::vector<std::map<std::string, at::Tensor>> host(2), device(2);
-  KEEL_ASSERT_OK(RunOnRanks(2, run(host_losses, host)));
-  KEEL_ASSERT_OK(RunOnRanksNcclLike(2, run(device_losses, device)));
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_TRUE(at::allclose(device_losses[rank], host_losses[rank], /*rtol=*/1e-6, /*atol=*/0));
-    for (const auto& [name, grad] : host[rank]) {
-      EXPECT_TRUE(at::allclose(device[rank].at(name), grad, /*rtol=*/1e-5, /*atol=*/1e-6))
-          << "rank " << rank << ": " << name;
+    std::vector<at::Tensor> host_losses(2), device_losses(2);
+    std::vector<std::map<std::string, at::Tensor>> host(2), device(2);
+    KEEL_ASSERT_OK(RunOnRanks(2, run(host_losses, host)));
+    KEEL_ASSERT_OK(RunOnRanksNcclLike(2, run(device_losses, device)));
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(at::allclose(device_losses[rank], host_losses[rank], /*rtol=*/1e-6, /*atol=*/0));
+      for (const auto& [name, grad] : host[rank]) {
+        EXPECT_TRUE(at::allclose(device[rank].at(name), grad, /*rtol=*/1e-5, /*atol=*/1e-6))
+            << "rank " << rank << ": " << name;
+      }
     }
   }
 }

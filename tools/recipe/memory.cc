@@ -74,6 +74,7 @@ RankActivations EstimateRankActivations(const TrainOptions& options,
                               : options.data.dataset.sequence_length;
   shape.activation_bytes = options.bf16 ? kBf16 : kFloat32;
   shape.tensor_parallel_size = sizes.tensor_model_parallel_size;
+  shape.sequence_parallel = options.distributed.sequence_parallel;
   RankActivations most;
   for (int64_t stage = 0; stage < pp; ++stage) {
     shape.layers = models::StageLayersOf(options.model.num_layers, pp, stage).count;

@@ -591,6 +591,36 @@ absl::Status ReadPackedSequence(const PackedSequenceConfig& config, TrainOptions
   return absl::OkStatus();
 }
 
+// Sequence parallelism splits each row's sequence over the tensor-parallel ranks between their
+// layers, whose mixture-of-experts blocks take the whole sequence.
+absl::Status CheckSequenceParallel(const TrainOptions& options) {
+  if (!options.distributed.sequence_parallel) return absl::OkStatus();
+  const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
+  if (tp == 1) {
+    return absl::InvalidArgumentError(
+        "distributed.sequence_parallel (true) splits the sequence over the tensor-parallel ranks, "
+        "and distributed.tensor_model_parallel_size is 1; allowed: sequence_parallel false, or "
+        "tensor_model_parallel_size > 1");
+  }
+  if (options.model.num_moe_experts > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.sequence_parallel (true) with model.num_moe_experts (",
+        options.model.num_moe_experts,
+        "): Keel's mixture-of-experts blocks take the whole sequence; allowed: sequence_parallel "
+        "false, or num_moe_experts 0"));
+  }
+  const int64_t packed = options.packed_sequence.packed_sequence_size;
+  const auto [field, length] =
+      packed > 0 ? std::pair{"packed_sequence.packed_sequence_size", packed}
+                 : std::pair{"data.sequence_length", options.data.dataset.sequence_length};
+  if (length % tp == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " (", length, ") must be divisible by distributed.tensor_model_parallel_size (", tp,
+      ") with distributed.sequence_parallel: each tensor-parallel rank holds an equal share of "
+      "every sequence; allowed: a multiple of ",
+      tp, ", or sequence_parallel false"));
+}
+
 }  // namespace
 
 absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
@@ -642,6 +672,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(ReadLogging(config.logging(), options.logging));
   KEEL_RETURN_IF_ERROR(ReadNumerics(config.numerics(), options.numerics));
   KEEL_RETURN_IF_ERROR(ReadPackedSequence(config.packed_sequence(), options));
+  KEEL_RETURN_IF_ERROR(CheckSequenceParallel(options));
   if (config.loss_fn().has_chunk_len()) {
     const int64_t chunk_len = config.loss_fn().chunk_len();
     KEEL_RETURN_IF_ERROR(Require(chunk_len >= 0, "loss_fn.chunk_len", chunk_len,

@@ -119,6 +119,10 @@ struct DistributedOptions {
   // validation or checkpoint phase for this long ends the rank with every rank's phase
   // reported; 0: off. Default: unset, max(300, 10 x the longest phase so far).
   std::optional<int64_t> hang_timeout_seconds;
+  // Megatron's sequence_parallel: with tensor_model_parallel_size > 1 the norms, the residual
+  // stream and the activations between stages hold this rank's 1/tp of the sequence
+  // (models::ModelGroups::sequence_parallel). Default: false.
+  bool sequence_parallel = false;
   // The model-parallel layout, fields by Megatron's names (initialize_model_parallel); the
   // data-parallel size is the world size divided by tp x pp x cp. Default: all sizes 1.
   parallel::ModelParallelOptions parallel;
@@ -132,6 +136,7 @@ void VisitFields(O& o, V&& v) {
   v("use_distributed_optimizer", o.use_distributed_optimizer);
   v("grad_reduce_in_fp32", o.grad_reduce_in_fp32);
   v("hang_timeout_seconds", o.hang_timeout_seconds);
+  v("sequence_parallel", o.sequence_parallel);
   VisitFields(o.parallel, v);
 }
 
@@ -244,9 +249,11 @@ struct TrainOptions {
 // than gloo or nccl, a non-positive timeout or logging interval, model.tf32 without a GPU,
 // distributed.grad_reduce_in_fp32 without model.bf16, peft options CheckLoraOptions refuses,
 // a negative packed_sequence.packed_sequence_size or a positive one without data.format "sft",
-// with data.paths: data.prefix
-// or validation_every_n_samples also set, no step_scheduler.max_steps, a bad blend list
-// (a weight that is not a positive number), split string or seed.
+// distributed.sequence_parallel with tensor_model_parallel_size 1, with model.num_moe_experts
+// or with a sequence length (data.sequence_length, or packed_sequence_size) that tp does not
+// divide, with data.paths: data.prefix or validation_every_n_samples also set, no
+// step_scheduler.max_steps, a bad blend list (a weight that is not a positive number), split
+// string or seed.
 [[nodiscard]] absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config);
 
 // The checks of a model's sizes and values that every entry point makes before it builds one

@@ -177,6 +177,24 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.grad_reduce_in_fp32=false"},
        "distributed.grad_reduce_in_fp32 (false) applies to model.bf16 runs (float32 runs "
        "reduce float32 gradients); allowed without model.bf16: unset"},
+      {{"distributed.sequence_parallel=true"},
+       "distributed.sequence_parallel (true) splits the sequence over the tensor-parallel ranks, "
+       "and distributed.tensor_model_parallel_size is 1; allowed: sequence_parallel false, or "
+       "tensor_model_parallel_size > 1"},
+      {{"distributed.sequence_parallel=true", "distributed.tensor_model_parallel_size=2",
+        "model.num_moe_experts=4"},
+       "distributed.sequence_parallel (true) with model.num_moe_experts (4): Keel's "
+       "mixture-of-experts blocks take the whole sequence; allowed: sequence_parallel false, or "
+       "num_moe_experts 0"},
+      {{"distributed.sequence_parallel=true", "distributed.tensor_model_parallel_size=2",
+        "data.sequence_length=127"},
+       "data.sequence_length (127) must be divisible by distributed.tensor_model_parallel_size "
+       "(2) with distributed.sequence_parallel: each tensor-parallel rank holds an equal share "
+       "of every sequence; allowed: a multiple of 2, or sequence_parallel false"},
+      {{"distributed.sequence_parallel=true", "distributed.tensor_model_parallel_size=2",
+        "data.format=sft", "data.prefix=chat", "packed_sequence.packed_sequence_size=63"},
+       "packed_sequence.packed_sequence_size (63) must be divisible by "
+       "distributed.tensor_model_parallel_size (2)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
@@ -200,6 +218,17 @@ TEST(ReadOptionsTest, PrecisionAndKernelChoices) {
   KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"model.tf32=true", "distributed.backend=nccl"}));
   EXPECT_TRUE(options.tf32);
   EXPECT_EQ(ConfigFingerprint(options)["tf32"], true);
+}
+
+// distributed.sequence_parallel (Megatron's): off by default; read, and in the run's fingerprint.
+TEST(ReadOptionsTest, SequenceParallelIsReadAndFingerprinted) {
+  KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
+  EXPECT_FALSE(options.distributed.sequence_parallel);
+  EXPECT_EQ(ConfigFingerprint(options)["distributed"]["sequence_parallel"], false);
+  KEEL_ASSERT_OK_AND_ASSIGN(options, Read({"distributed.sequence_parallel=true",
+                                           "distributed.tensor_model_parallel_size=2"}));
+  EXPECT_TRUE(options.distributed.sequence_parallel);
+  EXPECT_EQ(ConfigFingerprint(options)["distributed"]["sequence_parallel"], true);
 }
 
 // What a checkpoint's configuration says of its model: the options a run was read with.

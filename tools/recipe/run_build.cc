@@ -30,7 +30,8 @@ absl::Status Run::BuildModel() {
   torch::manual_seed(options_.seed);
   KEEL_RETURN_IF_ERROR(base::CallTorch(
       absl::StatusCode::kResourceExhausted, "building the model on this rank's device", [&] {
-        s.model = models::BuildLanguageModel(options_.model, runtime_.model_groups());
+        s.model =
+            models::BuildLanguageModel(options_.model, runtime_.model_groups(options_.distributed));
         s.model->to(runtime_.device);
         if (options_.bf16) s.model->to(at::kBFloat16);
       }));

@@ -49,7 +49,12 @@ absl::Status Run::OpenOutputs() {
   *runtime_.log << "model: " << counts[0].item<int64_t>()
                 << (options_.peft ? " LoRA adapter tensors (the rest frozen), " : " tensors, ")
                 << counts[1].item<int64_t>() << " trainable parameters"
-                << (tp > 1 ? absl::StrCat(" (1/", tp, " of most on each tensor-parallel rank)")
+                << (tp > 1 ? absl::StrCat(" (1/", tp, " of most on each tensor-parallel rank",
+                                          options_.distributed.sequence_parallel
+                                              ? absl::StrCat(", and 1/", tp,
+                                                             " of each sequence between its layers")
+                                              : "",
+                                          ")")
                            : "")
                 << (pp > 1 ? absl::StrCat(" in ", pp, " pipeline stages of ",
                                           options_.model.num_layers / pp, " blocks")

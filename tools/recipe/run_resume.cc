@@ -195,7 +195,7 @@ absl::Status Run::ResetState() {
   // base, which its checkpoints do not hold, stays as model.pretrained_path gave it.
   torch::manual_seed(options_.seed);
   const std::shared_ptr<models::LanguageModel> fresh =
-      models::BuildLanguageModel(options_.model, runtime_.model_groups());
+      models::BuildLanguageModel(options_.model, runtime_.model_groups(options_.distributed));
   if (options_.peft.has_value()) {
     KEEL_RETURN_IF_ERROR(AttachAdapters(*fresh, options_.model, *options_.peft, options_.seed));
   }

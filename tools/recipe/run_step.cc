@@ -60,6 +60,8 @@ absl::StatusOr<StepOutput> Run::Step(const std::vector<std::vector<int64_t>>& mi
   s.Enter(Phase::kGradientSync);
   KEEL_RETURN_IF_ERROR(State::Timed(s.gradient_wait, [&] { return s.optimizer->Wait(); }));
   s.Enter(Phase::kStepEnd);
+  KEEL_RETURN_IF_ERROR(
+      ReduceSequenceParallelGrads(*s.model, s.optimizer->StepParameters(), runtime_));
   KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(*s.model, s.optimizer->StepParameters(), runtime_));
   KEEL_ASSIGN_OR_RETURN(const at::Tensor grad_norm,
                         s.optimizer->ClipGradNorm(options_.max_norm, scaling.gradients));

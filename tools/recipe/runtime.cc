@@ -42,8 +42,9 @@ c10d::ProcessGroup* TrainRuntime::expert_group() const { return MeshGroup(*this,
 c10d::ProcessGroup* TrainRuntime::expert_tensor_group() const {
   return MeshGroup(*this, GroupKind::kExpertTp);
 }
-models::ModelGroups TrainRuntime::model_groups() const {
-  return {tensor_group(), pipeline_group(), expert_group(), expert_tensor_group()};
+models::ModelGroups TrainRuntime::model_groups(const DistributedOptions& options) const {
+  return {tensor_group(), pipeline_group(), expert_group(), expert_tensor_group(),
+          options.sequence_parallel};
 }
 c10d::ProcessGroup* TrainRuntime::expert_data_group() const {
   return MeshGroup(*this, GroupKind::kExpertDp);

@@ -70,8 +70,9 @@ struct TrainRuntime {
   c10d::ProcessGroup* expert_data_group() const;
   c10d::ProcessGroup* pipeline_group() const;
   c10d::ProcessGroup* embedding_group() const;
-  // The model's: tensor_group, pipeline_group, expert_group and expert_tensor_group.
-  models::ModelGroups model_groups() const;
+  // The model's: tensor_group, pipeline_group, expert_group and expert_tensor_group, and
+  // `options`' sequence_parallel.
+  models::ModelGroups model_groups(const DistributedOptions& options) const;
   // Gloo twins, for host values: all ranks (the preemption flag, agreement on errors); the
   // data-parallel ranks (sums over the data: label tokens, losses); the pipeline's stages
   // (what the last stage computes; nullptr for one stage); all ranks again for checkpoint

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_join.h"
@@ -76,8 +78,7 @@ absl::StatusOr<at::Tensor> RunStages(models::LanguageModel& model,
       at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(runtime.device));
   parallel::StageCallbacks stage;
   stage.activation_shape = [&](int64_t i) {
-    const at::Tensor& inputs = defined[i]->inputs;
-    return std::vector<int64_t>{inputs.size(0), inputs.size(1), model.hidden_size()};
+    return model.ActivationShape(defined[i]->inputs.sizes());
   };
   stage.forward = [&](int64_t i, const at::Tensor& input) {
     const TokenBatch& batch = *defined[i];
@@ -101,6 +102,31 @@ absl::StatusOr<at::Tensor> RunStages(models::LanguageModel& model,
     options.without_backward();
   }
   return loss_sum;
+}
+
+absl::Status ReduceSequenceParallelGrads(const models::LanguageModel& model,
+                                         const std::vector<gradients::NamedParameter>& parameters,
+                                         const TrainRuntime& runtime) {
+  const std::vector<std::string> names = model.SequenceParallelParameters();
+  const std::set<std::string> summed(names.begin(), names.end());
+  std::vector<at::Tensor> params, flat_grads;
+  for (const gradients::NamedParameter& p : parameters) {
+    if (summed.count(p.name) == 0) continue;
+    at::Tensor param = p.param;
+    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+    params.push_back(param);
+    flat_grads.push_back(param.grad().reshape({-1}));
+  }
+  if (params.empty()) return absl::OkStatus();
+  at::Tensor flat = at::cat(flat_grads);
+  KEEL_RETURN_IF_ERROR(base::AllReduce(flat, base::Reduce::kSum, *runtime.tensor_group(),
+                                       "the sequence-parallel parameters' gradients"));
+  int64_t offset = 0;
+  for (at::Tensor& param : params) {
+    param.mutable_grad().copy_(flat.narrow(0, offset, param.numel()).view_as(param));
+    offset += param.numel();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReduceEmbeddingGrads(const models::LanguageModel& model,

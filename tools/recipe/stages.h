@@ -5,7 +5,8 @@
 //   MarkSharedEmbedding(model, parameters);  // before building the optimizer
 //   KEEL_ASSIGN_OR_RETURN(at::Tensor loss_sum, RunStages(model, batches, runtime, options));
 //   KEEL_RETURN_IF_ERROR(optimizer->Wait());
-//   KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(optimizer->StepParameters(), runtime));
+//   KEEL_RETURN_IF_ERROR(ReduceSequenceParallelGrads(model, optimizer->StepParameters(), runtime));
+//   KEEL_RETURN_IF_ERROR(ReduceEmbeddingGrads(model, optimizer->StepParameters(), runtime));
 #ifndef KEEL_TOOLS_RECIPE_STAGES_H_
 #define KEEL_TOOLS_RECIPE_STAGES_H_
 
@@ -79,6 +80,17 @@ StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRu
                                                    const std::vector<TokenBatch>& batches,
                                                    const TrainRuntime& runtime,
                                                    const StageRunOptions& options);
+
+// Megatron's all-reduce of the sequence-parallel gradients (finalize_model_grads' norms and
+// biases): the gradients of the model's SequenceParallelParameters among `parameters` (after
+// the data-parallel sync: whole parameters, or the distributed optimizer's shards of them, which
+// the tensor-parallel ranks cut alike) summed over runtime.tensor_group() in one all-reduce, so
+// that each is the whole sequence's; a missing gradient counts as zeros. Nothing without
+// sequence parallelism. Collective: over the tensor-parallel group. Errors: kUnavailable from
+// peers.
+[[nodiscard]] absl::Status ReduceSequenceParallelGrads(
+    const models::LanguageModel& model, const std::vector<gradients::NamedParameter>& parameters,
+    const TrainRuntime& runtime);
 
 // Megatron's embedding-group all-reduce: the gradients of the first and last stage's copies of
 // the model's shared embedding (among `parameters`, after the data-parallel sync) summed, so
