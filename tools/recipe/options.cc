@@ -460,6 +460,9 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
   }
   base::Json checkpoint = base::WriteJsonFields(options.checkpoint);
   checkpoint.erase("checkpoint_dir");
+  base::Json distributed = base::WriteJsonFields(options.distributed);
+  // Off: as before Keel had it, so that older checkpoints' configurations compare equal.
+  if (!options.distributed.sequence_parallel) distributed.erase("sequence_parallel");
   return {{"seed", options.seed},
           {"local_batch_size", options.local_batch_size},
           {"max_norm", base::ToJson(options.max_norm)},
@@ -473,7 +476,7 @@ base::Json ConfigFingerprint(const TrainOptions& options) {
           {"optimizer", base::WriteJsonFields(options.optimizer)},
           {"lr_scheduler", base::WriteJsonFields(options.lr_scheduler)},
           {"checkpoint", std::move(checkpoint)},
-          {"distributed", base::WriteJsonFields(options.distributed)},
+          {"distributed", std::move(distributed)},
           {"logging", base::WriteJsonFields(options.logging)},
           {"numerics", base::WriteJsonFields(options.numerics)},
           {"peft", options.peft ? base::WriteJsonFields(*options.peft) : base::Json()}};
