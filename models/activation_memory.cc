@@ -80,6 +80,8 @@ ActivationMemory EstimateActivations(const ModelOptions& options, const Activati
     parts.norm_rest = std::min(parts.norm_rest, parts.norm_inputs);
   }
   const int64_t layer = parts.total();
+  // Selective: one layer's recomputed modules exist again while its backward runs.
+  memory.recomputed_bytes = whole.total() - layer;
   const int64_t input = a * NormRegionTokens(shape) * h;
   const int64_t layers = shape.layers;
   memory.kept_bytes = layers * layer;

@@ -76,8 +76,9 @@ TEST(ActivationMemoryTest, FullRecomputationKeepsEachChunksInput) {
   options.recompute = {};
   options.recompute.recompute_granularity = parallel::RecomputeGranularity::kSelective;
   options.recompute.recompute_modules = {parallel::kMlp};
-  EXPECT_EQ(EstimateActivations(options, Shape(1)).kept_bytes,
-            plain.layer_bytes - 4 * kTokens * 2 * 256);
+  const ActivationMemory mlp = EstimateActivations(options, Shape(1));
+  EXPECT_EQ(mlp.kept_bytes, plain.layer_bytes - 4 * kTokens * 2 * 256);
+  EXPECT_EQ(mlp.recomputed_bytes, 4 * kTokens * 2 * 256);  // while its backward runs
 }
 
 TEST(ActivationMemoryTest, TheChunkedLossHoldsAChunksLogits) {

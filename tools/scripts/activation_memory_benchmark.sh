@@ -7,7 +7,10 @@
 #   with the byte vocabulary (256): no recomputation; full recomputation, uniform, 1 layer a
 #   chunk; full, block, the first 2 layers; selective (core_attn, mlp, layernorm);
 #   with a --large_vocab (65,536) vocabulary: the whole logits (loss_fn.chunk_len=0); the
-#   chunked loss (its default there, 1,024 positions); the chunked loss with full recomputation.
+#   chunked loss (its default there, 1,024 positions); the chunked loss with full recomputation;
+#   on 2 ranks at tp=2 (one thread each): without and with distributed.sequence_parallel (the
+#   largest rank's peak).
+# --parts=recompute,loss,sp picks the groups of runs (a 1 x 16-token baseline always runs).
 # A markdown table on stdout gives each run's peak resident memory (GNU time's maximum RSS),
 # its share of its reference's (the first run of its vocabulary), its activations as measured
 # (the peak less a 1 x 16-token run's, the process, data and model state, and less the larger
@@ -28,12 +31,14 @@ bench=activation_memory_benchmark
 sequence_length=4096
 micro_batch_size=2
 large_vocab=65536
+parts=recompute,loss,sp
 args=(--steps=3 --untimed_steps=0)
 for arg in "$@"; do
   case "${arg}" in
     --sequence_length=*) sequence_length=${arg#*=} ;;
     --micro_batch_size=*) micro_batch_size=${arg#*=} ;;
     --large_vocab=*) large_vocab=${arg#*=} ;;
+    --parts=*) parts=${arg#*=} ;;
     *) args+=("${arg}") ;;
   esac
 done
@@ -52,28 +57,40 @@ selective=(--set model.recompute_granularity=selective
   --set model.recompute_modules=core_attn,mlp,layernorm)
 large=(--set "model.vocab_size=${large_vocab}")
 
-# measure NAME [--set ...]: the run, and the dry run's memory lines in NAME.dry.
+# measure NAME RANKS [--set ...]: the run, and the dry run's memory lines in NAME.dry.
 measure() {
-  local name=$1
-  shift
+  local name=$1 ranks=$2
+  shift 2
   echo "${bench}: ${name}" >&2
-  run "${name}" 1 1 "${threads}" "${shape[@]}" "$@"
-  "${train_bin}" "${common[@]}" "${shape[@]}" "$@" --set "run_dir=${work_dir}/${name}.dry_run" \
+  run "${name}" 1 "${ranks}" "$((ranks == 1 ? threads : 1))" "${shape[@]}" "$@"
+  "${launch_bin}" --nproc_per_node="${ranks}" --master_port=0 -- "${train_bin}" "${common[@]}" \
+    "${shape[@]}" "$@" --set "run_dir=${work_dir}/${name}.dry_run" \
     --set "data.prefix=${work_dir}/corpus" --dry_run >"${work_dir}/${name}.dry" 2>&1
 }
+wants() { [[ ",${parts}," == *",$1,"* ]]; }
 # The process, its data and its model state with next to no activations (1 x 16 tokens).
-measure baseline --set data.sequence_length=16 --set step_scheduler.local_batch_size=1 \
+measure baseline 1 --set data.sequence_length=16 --set step_scheduler.local_batch_size=1 \
   --set step_scheduler.global_batch_size=1
-measure none --set loss_fn.chunk_len=0
-measure full_uniform_1 "${full[@]}"
-measure full_block_2 "${block[@]}"
-measure selective "${selective[@]}"
-measure whole_logits "${large[@]}" --set loss_fn.chunk_len=0
-measure chunked_loss "${large[@]}"
-measure chunked_loss_full "${large[@]}" "${full[@]}"
+if wants recompute; then
+  measure none 1 --set loss_fn.chunk_len=0
+  measure full_uniform_1 1 "${full[@]}"
+  measure full_block_2 1 "${block[@]}"
+  measure selective 1 "${selective[@]}"
+fi
+if wants loss; then
+  measure whole_logits 1 "${large[@]}" --set loss_fn.chunk_len=0
+  measure chunked_loss 1 "${large[@]}"
+  measure chunked_loss_full 1 "${large[@]}" "${full[@]}"
+fi
+if wants sp; then
+  measure tp2 2 --set distributed.tensor_model_parallel_size=2
+  measure tp2_sequence_parallel 2 --set distributed.tensor_model_parallel_size=2 \
+    --set distributed.sequence_parallel=true
+fi
 
 python3 - "${work_dir}" "${sequence_length}" "${micro_batch_size}" "${large_vocab}" "${threads}" <<'PY'
 import json
+import os
 import re
 import sys
 
@@ -99,7 +116,10 @@ rows_ = [("none", "none", "byte vocabulary, no recomputation"),
          ("selective", "none", "selective: core_attn, mlp, layernorm"),
          ("whole_logits", "whole_logits", f"vocabulary {vocab}: whole logits"),
          ("chunked_loss", "whole_logits", "chunked loss (1,024 positions)"),
-         ("chunked_loss_full", "whole_logits", "chunked loss + full, uniform, 1")]
+         ("chunked_loss_full", "whole_logits", "chunked loss + full, uniform, 1"),
+         ("tp2", "tp2", "tp=2 (2 ranks x 1 thread; the larger rank)"),
+         ("tp2_sequence_parallel", "tp2", "tp=2 with sequence parallelism")]
+rows_ = [row for row in rows_ if os.path.exists(f"{work_dir}/{row[0]}.1.rss")]
 runs = {name: measure(name) for name, _, _ in rows_ + [("baseline", "", "")]}
 floor = runs["baseline"]
 print(f"| run ({rows} x {seq} tokens, 1 rank x {threads} threads) | peak RSS MiB | of its reference | "

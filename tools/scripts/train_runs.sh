@@ -63,8 +63,8 @@ common=(--config="${repo_root}/tools/recipe/default.textproto"
 for name in "${!model[@]}"; do common+=(--set "model.${name}=${model[${name}]}"); done
 
 # run NAME ROUND RANKS THREADS [--set ...]: one run into ${work_dir}/NAME.ROUND (its log beside
-# it, and for one rank its peak resident memory in KiB, from GNU time, in NAME.ROUND.rss), on
-# the corpus the first run prepared.
+# it, and its peak resident memory in KiB from GNU time in NAME.ROUND.rss: the trainer's, or
+# over several ranks the largest rank's), on the corpus the first run prepared.
 run() {
   local name=$1 round=$2 ranks=$3 run_threads=$4
   shift 4
@@ -75,8 +75,8 @@ run() {
     OMP_NUM_THREADS=${run_threads} /usr/bin/time -f %M -o "${dir}.rss" "${train_bin}" "${args[@]}" \
       >"${dir}.log" 2>&1
   else
-    OMP_NUM_THREADS=${run_threads} "${launch_bin}" --nproc_per_node="${ranks}" --master_port=0 \
-      -- "${train_bin}" "${args[@]}" >"${dir}.log" 2>&1
+    OMP_NUM_THREADS=${run_threads} /usr/bin/time -f %M -o "${dir}.rss" "${launch_bin}" \
+      --nproc_per_node="${ranks}" --master_port=0 -- "${train_bin}" "${args[@]}" >"${dir}.log" 2>&1
   fi
   if [[ ! -e "${work_dir}/corpus.bin" ]]; then
     cp "${dir}/data/corpus.bin" "${dir}/data/corpus.idx" "${work_dir}/"
