@@ -1,6 +1,5 @@
 #include "models/llama.h"
 
-#include <limits>
 #include <string>
 #include <utility>
 
