@@ -136,6 +136,33 @@ void ReleaseCachedCudaMemory() {
 #endif
 }
 
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+namespace {
+c10::CachingAllocator::Stat AllocatedBytes(c10::DeviceIndex index) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index)
+      .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+}
+}  // namespace
+#endif
+
+int64_t CudaMemoryAllocated(c10::DeviceIndex index) {
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+  return AllocatedBytes(index).current;
+#else
+  return 0;
+#endif
+}
+
+int64_t TakeCudaPeakMemoryAllocated(c10::DeviceIndex index) {
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+  const int64_t peak = AllocatedBytes(index).peak;
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  return peak;
+#else
+  return 0;
+#endif
+}
+
 std::function<void()> RecordCudaFence(const at::Device& device) {
 #ifdef KEEL_LIBTORCH_HAS_CUDA
   auto event = std::make_shared<at::cuda::CUDAEvent>();

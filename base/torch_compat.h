@@ -13,6 +13,7 @@
 #define KEEL_BASE_TORCH_COMPAT_H_
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -74,6 +75,15 @@ std::function<void()> RecordCudaFence(const at::Device& device);
 // Releases the CUDA caching allocator's unused blocks (torch.cuda.empty_cache()); nothing to
 // do with a LibTorch built without CUDA.
 void ReleaseCachedCudaMemory();
+
+// The CUDA caching allocator's bytes of live tensors on device `index`
+// (torch.cuda.memory_allocated); 0 with a LibTorch built without CUDA.
+int64_t CudaMemoryAllocated(c10::DeviceIndex index);
+
+// The caching allocator's peak of those bytes since its last reset
+// (torch.cuda.max_memory_allocated), then resets the peak (reset_peak_memory_stats); 0 with a
+// LibTorch built without CUDA.
+int64_t TakeCudaPeakMemoryAllocated(c10::DeviceIndex index);
 
 }  // namespace keel::base
 

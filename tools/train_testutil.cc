@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <utility>
@@ -255,6 +256,15 @@ std::vector<StepMetrics> Metrics(const std::string& run_dir) {
   absl::StatusOr<std::vector<StepMetrics>> metrics = recipe::ReadJsonl(run_dir + "/metrics.jsonl");
   EXPECT_THAT(metrics.status(), keel::testing::IsOk());
   return metrics.ok() ? *std::move(metrics) : std::vector<StepMetrics>();
+}
+
+double PeakTensorMemoryGib(const std::string& run_dir) {
+  double peak = 0;
+  for (const StepMetrics& m : Metrics(run_dir)) {
+    peak = std::max(peak, m.max_memory_allocated_gib.value_or(0.0));
+  }
+  EXPECT_GT(peak, 0) << run_dir << ": no step reported max_memory_allocated_gib";
+  return peak;
 }
 
 std::string LatestCheckpoint(const std::string& run_dir) {

@@ -93,6 +93,10 @@ std::optional<int64_t> NumberAfter(const std::string& text, const std::string& p
 // The run's metrics.jsonl, every step (fails the test if it cannot be read).
 std::vector<recipe::StepMetrics> Metrics(const std::string& run_dir);
 
+// The most bytes of live tensors rank 0 held at once over the run's steps, in GiB (the largest
+// max_memory_allocated_gib of its metrics); fails the test if no step reported it.
+double PeakTensorMemoryGib(const std::string& run_dir);
+
 // The newest checkpoint of a run, every byte verified; fails the test if a newer one was
 // skipped (nothing corrupt may ever be committed).
 std::string LatestCheckpoint(const std::string& run_dir);

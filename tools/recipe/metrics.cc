@@ -130,6 +130,9 @@ std::string ProgressLine(const StepMetrics& metrics, int64_t max_steps, int64_t 
   absl::StrAppend(&line, absl::StrFormat(" | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s",
                                          metrics.loss, metrics.lr, metrics.grad_norm,
                                          Throughput(metrics.tokens_per_second.value_or(0.0))));
+  if (metrics.max_memory_allocated_gib.has_value()) {
+    absl::StrAppend(&line, absl::StrFormat(" | mem %.2f GiB", *metrics.max_memory_allocated_gib));
+  }
   if (metrics.val_loss.has_value()) {
     absl::StrAppend(&line, absl::StrFormat(" | val loss %.4f", *metrics.val_loss));
   }

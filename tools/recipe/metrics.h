@@ -39,6 +39,10 @@ struct StepMetrics {
   // Training throughput over the last logging interval, all ranks together: on the steps with a
   // progress line (every logging.log_every_steps, and validation steps), null on the others.
   std::optional<double> tokens_per_second;
+  // Rank 0's most bytes of live tensors on its device at once over the same interval, in GiB
+  // (torch.cuda.max_memory_allocated, reset each interval: AutoModel's `mem`; on the CPU as
+  // base/tensor_memory.h counts them): on the steps with a progress line, null on the others.
+  std::optional<double> max_memory_allocated_gib;
   // Wall-clock seconds since this process started training (it restarts at 0 on resume).
   double elapsed_seconds = 0.0;
   // Validation loss, for steps that ran validation.
@@ -69,6 +73,7 @@ void VisitFields(O& o, V&& v) {
   v("lr", o.lr);
   v("grad_norm", o.grad_norm);
   v("tokens_per_second", o.tokens_per_second);
+  v("max_memory_allocated_gib", o.max_memory_allocated_gib);
   v("elapsed_seconds", o.elapsed_seconds);
   v("val_loss", o.val_loss);
   v("skipped_steps", o.skipped_steps);
@@ -114,9 +119,10 @@ class JsonlWriter {
 
 // One progress line, e.g.
 //   step   120/1000 | loss 2.3412 | lr 3.00e-04 | grad norm 0.812 | 15.2k tok/s | ETA 1m58s
-// with "| val loss X" added when present. The ETA extrapolates elapsed_seconds over the
-// `metrics.step - start_step` steps this process ran (`start_step`: the step it resumed from);
-// it is "ETA --" before any step, and left out when max_steps <= 0.
+// with "| mem X GiB" (max_memory_allocated_gib) and "| val loss X" added when present. The ETA
+// extrapolates elapsed_seconds over the `metrics.step - start_step` steps this process ran
+// (`start_step`: the step it resumed from); it is "ETA --" before any step, and left out when
+// max_steps <= 0.
 std::string ProgressLine(const StepMetrics& metrics, int64_t max_steps, int64_t start_step = 0);
 
 }  // namespace keel::tools::recipe

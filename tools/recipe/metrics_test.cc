@@ -50,6 +50,7 @@ void ExpectSameMetrics(const StepMetrics& actual, const StepMetrics& expected) {
   EXPECT_EQ(actual.lr, expected.lr);
   EXPECT_EQ(actual.grad_norm, expected.grad_norm);
   EXPECT_EQ(actual.tokens_per_second, expected.tokens_per_second);
+  EXPECT_EQ(actual.max_memory_allocated_gib, expected.max_memory_allocated_gib);
   EXPECT_EQ(actual.elapsed_seconds, expected.elapsed_seconds);
   EXPECT_EQ(actual.val_loss, expected.val_loss);
   EXPECT_EQ(actual.skipped_steps, expected.skipped_steps);
@@ -69,6 +70,7 @@ TEST(JsonlWriterTest, WritesOneObjectPerLineInFieldOrder) {
   KEEL_ASSERT_OK(writer.Write(m));
   m.step = 4;
   m.tokens_per_second = 1000;
+  m.max_memory_allocated_gib = 1.5;
   m.val_loss = 2.0;
   m.skipped_steps = 1;
   m.moe_aux_loss = 0.125;
@@ -79,17 +81,20 @@ TEST(JsonlWriterTest, WritesOneObjectPerLineInFieldOrder) {
   KEEL_ASSERT_OK(writer.Write(m));
   EXPECT_EQ(ReadFileOrFail(path),
             "{\"step\":3,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
-            "\"tokens_per_second\":null,\"elapsed_seconds\":3.0,\"val_loss\":null,"
+            "\"tokens_per_second\":null,\"max_memory_allocated_gib\":null,"
+            "\"elapsed_seconds\":3.0,\"val_loss\":null,"
             "\"skipped_steps\":null,\"moe_aux_loss\":null,\"tokens_per_expert\":null,"
             "\"restart_count\":null,\"restart_cause\":null,\"resumed_from_step\":null}\n"
             "{\"step\":4,\"epoch\":0,\"loss\":2.5,\"lr\":0.25,\"grad_norm\":0.5,"
-            "\"tokens_per_second\":1000.0,\"elapsed_seconds\":3.0,\"val_loss\":2.0,"
+            "\"tokens_per_second\":1000.0,\"max_memory_allocated_gib\":1.5,"
+            "\"elapsed_seconds\":3.0,\"val_loss\":2.0,"
             "\"skipped_steps\":1,\"moe_aux_loss\":0.125,\"tokens_per_expert\":[3,5],"
             "\"restart_count\":2,\"restart_cause\":\"rank 1 killed by signal 9\","
             "\"resumed_from_step\":3}\n");
 }
 
-// Lines written before a field that may be absent existed (skipped_steps) still read.
+// Lines written before a field that may be absent existed (skipped_steps,
+// max_memory_allocated_gib) still read.
 TEST(JsonlWriterTest, ReadsLinesWithoutTheOptionalFields) {
   const std::string path = absl::StrCat(NewTempDir("jsonl_older"), "/metrics.jsonl");
   keel::testing::WriteFileOrFail(
@@ -101,6 +106,7 @@ TEST(JsonlWriterTest, ReadsLinesWithoutTheOptionalFields) {
   EXPECT_EQ(read[0].loss, 2.5);
   EXPECT_FALSE(read[0].val_loss.has_value());
   EXPECT_FALSE(read[0].skipped_steps.has_value());
+  EXPECT_FALSE(read[0].max_memory_allocated_gib.has_value());
 }
 
 TEST(JsonlWriterTest, RoundTripsDoublesExactly) {
@@ -112,6 +118,7 @@ TEST(JsonlWriterTest, RoundTripsDoublesExactly) {
       Metrics(4, std::numeric_limits<double>::infinity(), 2.0 / 7.0),
   };
   written[1].val_loss = 0.30000000000000004;
+  written[3].max_memory_allocated_gib = 1.0 / 3.0;
   written[2].grad_norm = -std::numeric_limits<double>::infinity();
   {
     KEEL_ASSERT_OK_AND_ASSIGN(JsonlWriter writer, JsonlWriter::Create(path, /*append=*/false));
@@ -252,6 +259,10 @@ TEST(ProgressLineTest, FormatsEveryColumnAndEta) {
   EXPECT_EQ(ProgressLine(m, 1000),
             "step  120/1000 | loss 2.3412 | lr 3.00e-04 | grad norm 0.812 | 950 tok/s | "
             "val loss 2.5000 | skipped 2 | ETA 1m50s");
+  m.max_memory_allocated_gib = 1.2345;
+  EXPECT_EQ(ProgressLine(m, 1000),
+            "step  120/1000 | loss 2.3412 | lr 3.00e-04 | grad norm 0.812 | 950 tok/s | "
+            "mem 1.23 GiB | val loss 2.5000 | skipped 2 | ETA 1m50s");
 }
 
 TEST(ProgressLineTest, EtaCountsOnlyThisRunsSteps) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "base/tensor_memory.h"
 #include "tools/recipe/internal/run_state.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/runtime.h"
@@ -57,6 +58,8 @@ absl::Status Run::AfterStep(StepMetrics& metrics) {
   if (metrics.step % options_.logging.log_every_steps == 0 || validate) {
     const double seconds = Seconds(Clock::now() - s.interval_start);
     metrics.tokens_per_second = seconds > 0 ? s.interval_tokens / seconds : 0.0;
+    metrics.max_memory_allocated_gib =
+        static_cast<double>(base::TakePeakTensorMemory(runtime_.device)) / (1 << 30);
     s.interval_start = Clock::now();
     s.interval_tokens = 0;
     // Flushed: a pipe or file (tee, a job log) shows progress as it happens.
@@ -85,6 +88,7 @@ absl::Status Run::Loop() {
   s.watchdog = std::make_unique<HangWatchdog>(runtime_.rank, runtime_.world_size, runtime_.store(),
                                               std::move(watchdog));
   s.loop_start = s.interval_start = Clock::now();
+  base::TakePeakTensorMemory(runtime_.device);  // the first interval counts steps, not the setup
   s.counting.emplace(s.comm_timers);
   result_.final_loss = std::numeric_limits<double>::quiet_NaN();
   for (int64_t epoch : scheduler.Epochs()) {
@@ -133,6 +137,8 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, TrainRuntime runt
     if (acquired.ok()) lock.emplace(*std::move(acquired));
   }
   KEEL_RETURN_IF_ERROR(AgreeOverRanks(locked, runtime, "locking the run directory"));
+  // Before the model and its state exist, so that the peaks the metrics report count them.
+  base::TrackTensorMemory(runtime.device);
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<Run> run, Run::Build(options, std::move(runtime)));
   KEEL_RETURN_IF_ERROR(run->Resume().status());
   KEEL_RETURN_IF_ERROR(run->Loop());

@@ -120,6 +120,10 @@ absl::Status AddStepScalars(TensorBoardWriter& writer, const StepMetrics& metric
   KEEL_RETURN_IF_ERROR(writer.AddScalar("train/loss", step, metrics.loss, wall_time));
   KEEL_RETURN_IF_ERROR(writer.AddScalar("train/lr", step, metrics.lr, wall_time));
   KEEL_RETURN_IF_ERROR(writer.AddScalar("train/grad_norm", step, metrics.grad_norm, wall_time));
+  if (metrics.max_memory_allocated_gib) {
+    KEEL_RETURN_IF_ERROR(writer.AddScalar("train/max_memory_allocated_gib", step,
+                                          *metrics.max_memory_allocated_gib, wall_time));
+  }
   if (metrics.val_loss) {
     KEEL_RETURN_IF_ERROR(writer.AddScalar("val/loss", step, *metrics.val_loss, wall_time));
   }

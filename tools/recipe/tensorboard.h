@@ -58,7 +58,8 @@ uint32_t Crc32c(absl::string_view data);
 uint32_t MaskedCrc32c(absl::string_view data);
 
 // A step's scalars at `wall_time`: train/loss, train/lr, train/grad_norm, and where the step
-// has them val/loss, train/skipped_steps, moe/aux_loss and moe/tokens_per_expert/<expert>.
+// has them train/max_memory_allocated_gib, val/loss, train/skipped_steps, moe/aux_loss and
+// moe/tokens_per_expert/<expert>.
 // Errors: AddScalar's.
 [[nodiscard]] absl::Status AddStepScalars(TensorBoardWriter& writer, const StepMetrics& metrics,
                                           double wall_time);
