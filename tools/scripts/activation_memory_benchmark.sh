@@ -10,12 +10,13 @@
 #   chunked loss (its default there, 1,024 positions); the chunked loss with full recomputation;
 #   on 2 ranks at tp=2 (one thread each): without and with distributed.sequence_parallel (the
 #   largest rank's peak).
-# --parts=recompute,loss,sp picks the groups of runs (a 1 x 16-token baseline always runs).
-# A markdown table on stdout gives each run's peak resident memory (GNU time's maximum RSS),
-# its share of its reference's (the first run of its vocabulary), its activations as measured
-# (the peak less a 1 x 16-token run's, the process, data and model state, and less the larger
-# vocabulary's extra model state), the dry run's activations and model state, and the final
-# loss (recomputation changes no bit; the chunked loss only rounding).
+# --parts=recompute,loss,sp picks the groups of runs.
+# A markdown table on stdout gives each run's peak of live tensors (the trainer's
+# max_memory_allocated_gib, rank 0's, over its steps) and its share of its reference's (the
+# first run of its vocabulary), its activations as measured (that peak less the dry run's model
+# state), the dry run's activations and model state, its peak resident memory (GNU time's
+# maximum RSS: the tensors, the process and what the C heap keeps of freed buffers) with its
+# share, and the final loss (recomputation changes no bit; the chunked loss only rounding).
 #
 #   tools/scripts/activation_memory_benchmark.sh                 # from the repository root
 #   tools/scripts/activation_memory_benchmark.sh --sequence_length=8192 --steps=2
@@ -68,9 +69,6 @@ measure() {
     --set "data.prefix=${work_dir}/corpus" --dry_run >"${work_dir}/${name}.dry" 2>&1
 }
 wants() { [[ ",${parts}," == *",$1,"* ]]; }
-# The process, its data and its model state with next to no activations (1 x 16 tokens).
-measure baseline 1 --set data.sequence_length=16 --set step_scheduler.local_batch_size=1 \
-  --set step_scheduler.global_batch_size=1
 if wants recompute; then
   measure none 1 --set loss_fn.chunk_len=0
   measure full_uniform_1 1 "${full[@]}"
@@ -104,10 +102,12 @@ def mib(text):
 def measure(name):
     rss = int(open(f"{work_dir}/{name}.1.rss").read().split()[-1]) / 1024.0
     metrics = [json.loads(line) for line in open(f"{work_dir}/{name}.1/metrics.jsonl")]
+    tensors = max(m["max_memory_allocated_gib"] or 0.0 for m in metrics) * 1024.0
     dry = open(f"{work_dir}/{name}.dry").read()
     state = re.search(r"memory per rank.*: ([0-9.]+ MiB) before activations", dry).group(1)
     activations = re.search(r"about ([0-9.]+ MiB) at a step's peak", dry).group(1)
-    return {"rss": rss, "loss": metrics[-1]["loss"], "state": mib(state), "activations": mib(activations)}
+    return {"rss": rss, "tensors": tensors, "loss": metrics[-1]["loss"], "state": mib(state),
+            "activations": mib(activations)}
 
 
 rows_ = [("none", "none", "byte vocabulary, no recomputation"),
@@ -117,20 +117,17 @@ rows_ = [("none", "none", "byte vocabulary, no recomputation"),
          ("whole_logits", "whole_logits", f"vocabulary {vocab}: whole logits"),
          ("chunked_loss", "whole_logits", "chunked loss (1,024 positions)"),
          ("chunked_loss_full", "whole_logits", "chunked loss + full, uniform, 1"),
-         ("tp2", "tp2", "tp=2 (2 ranks x 1 thread; the larger rank)"),
+         ("tp2", "tp2", "tp=2 (2 ranks x 1 thread; rank 0)"),
          ("tp2_sequence_parallel", "tp2", "tp=2 with sequence parallelism")]
 rows_ = [row for row in rows_ if os.path.exists(f"{work_dir}/{row[0]}.1.rss")]
-runs = {name: measure(name) for name, _, _ in rows_ + [("baseline", "", "")]}
-floor = runs["baseline"]
-print(f"| run ({rows} x {seq} tokens, 1 rank x {threads} threads) | peak RSS MiB | of its reference | "
-      f"activations measured MiB | dry run: activations MiB | dry run: model state MiB | final loss |")
-print("|---|---:|---:|---:|---:|---:|---|")
+runs = {name: measure(name) for name, _, _ in rows_}
+print(f"| run ({rows} x {seq} tokens, 1 rank x {threads} threads) | peak tensors MiB | of its reference | "
+      f"activations measured MiB | dry run: activations MiB | dry run: model state MiB | "
+      f"peak RSS MiB | of its reference | final loss |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
 for name, base, label in rows_:
-    r = runs[name]
-    # The peak less the 16-token run's (the process, its data, the byte vocabulary's model
-    # state) and less this run's extra model state.
-    measured = r["rss"] - floor["rss"] - (r["state"] - floor["state"])
-    print(f"| {label} | {r['rss']:.0f} | {100.0 * r['rss'] / runs[base]['rss']:.0f}% | {measured:.0f} | "
-          f"{r['activations']:.0f} | {r['state']:.0f} | {r['loss']:.6f} |")
-print(f"\nbaseline (1 x 16 tokens): peak RSS {floor['rss']:.0f} MiB")
+    r, b = runs[name], runs[base]
+    print(f"| {label} | {r['tensors']:.0f} | {100.0 * r['tensors'] / b['tensors']:.0f}% | "
+          f"{r['tensors'] - r['state']:.0f} | {r['activations']:.0f} | {r['state']:.0f} | "
+          f"{r['rss']:.0f} | {100.0 * r['rss'] / b['rss']:.0f}% | {r['loss']:.6f} |")
 PY
