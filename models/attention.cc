@@ -1,5 +1,7 @@
 #include "models/attention.h"
 
+#include <vector>
+
 #include "ATen/ATen.h"
 #include "base/attention.h"
 #include "base/collectives.h"
@@ -35,15 +37,18 @@ at::Tensor AttentionImpl::Heads(const at::Tensor& projected, int64_t heads) cons
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& tables,
                                   const base::PackedSequences* packed) {
-  at::Tensor q = Heads(q_proj_->forward(x), local_heads_);
-  at::Tensor k = Heads(k_proj_->forward(x), local_kv_heads_);
+  // q, k and v from one product (and under sequence parallelism one gather of x).
+  const std::vector<at::Tensor> qkv = parallel::ColumnParallelLinearImpl::ForwardStacked(
+      x, {q_proj_.get(), k_proj_.get(), v_proj_.get()});
+  at::Tensor q = Heads(qkv[0], local_heads_);
+  at::Tensor k = Heads(qkv[1], local_kv_heads_);
   if (options_.qk_norm) {
     q = q_norm_->forward(q);
     k = k_norm_->forward(k);
   }
   q = ApplyRotary(q.transpose(1, 2), tables);
   k = ApplyRotary(k.transpose(1, 2), tables);
-  const at::Tensor v = Heads(v_proj_->forward(x), local_kv_heads_).transpose(1, 2);
+  const at::Tensor v = Heads(qkv[2], local_kv_heads_).transpose(1, 2);
   const int64_t group = local_heads_ / local_kv_heads_;
   const int64_t window = options_.window;
   const at::Tensor attended = parallel::RecomputeIf(

@@ -1,9 +1,10 @@
 // Self-attention with grouped-query heads under Hugging Face's Llama names, on tensor-parallel
 // layers: q_proj, k_proj and v_proj are column-parallel (each rank holds its query heads and
-// the key-value heads they read: tp divides num_key_value_heads), o_proj row-parallel. Each
-// query head i reads key-value head i / (heads / kv heads) (HF's repeat_kv). RoPE rotates
-// queries and keys; Qwen3's per-head RMSNorms of queries and keys (q_norm, k_norm) come before
-// it; Qwen2's q/k/v have biases; Mistral's window limits how far back a position attends.
+// the key-value heads they read: tp divides num_key_value_heads), computed as one matrix product
+// of their weights stacked (Megatron's linear_qkv), o_proj row-parallel. Each query head i
+// reads key-value head i / (heads / kv heads) (HF's repeat_kv). RoPE rotates queries and keys;
+// Qwen3's per-head RMSNorms of queries and keys (q_norm, k_norm) come before it; Qwen2's q/k/v
+// have biases; Mistral's window limits how far back a position attends.
 //
 //   Attention attention(options, tp);
 //   at::Tensor y = attention->forward(x, tables, /*packed=*/nullptr);  // x [batch, seq, hidden]

@@ -1,5 +1,7 @@
 #include "models/gated_mlp.h"
 
+#include <vector>
+
 #include "ATen/ATen.h"
 
 namespace keel::models {
@@ -20,7 +22,10 @@ GatedMlpImpl::GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d:
                                                    sequence_parallel))) {}
 
 at::Tensor GatedMlpImpl::forward(const at::Tensor& x) {
-  return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+  // gate and up from one product (and under sequence parallelism one gather of x).
+  const std::vector<at::Tensor> gate_up =
+      parallel::ColumnParallelLinearImpl::ForwardStacked(x, {gate_proj_.get(), up_proj_.get()});
+  return down_proj_->forward(at::silu(gate_up[0]) * gate_up[1]);
 }
 
 }  // namespace keel::models

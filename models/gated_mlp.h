@@ -1,8 +1,8 @@
 // The gated MLP of Llama-style models (SwiGLU) under Hugging Face's names:
 // down_proj(silu(gate_proj(x)) * up_proj(x)), gate_proj and up_proj column-parallel (two
-// weights, not one fused [gate; up], so that each is one block per rank under its HF name),
-// down_proj row-parallel; no biases. With sequence parallelism x and the output are this rank's
-// share of the sequence.
+// weights, not one fused [gate; up], so that each is one block per rank under its HF name, but
+// one matrix product of the two stacked: Megatron's linear_fc1), down_proj row-parallel; no
+// biases. With sequence parallelism x and the output are this rank's share of the sequence.
 //
 //   GatedMlp mlp(hidden_size, intermediate_size, tp);
 //   at::Tensor y = mlp->forward(x);  // x and y [..., hidden], whole on every rank

@@ -156,9 +156,40 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t input_size, int64_t o
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  at::Tensor output = ColumnParallelProduct(input, weight_, bias_, tp_, sequence_parallel_);
-  if (adapter_) output = output + adapter_->forward(input);
+  const at::Tensor output =
+      Adapted(ColumnParallelProduct(input, weight_, bias_, tp_, sequence_parallel_), input);
   return gather_output_ ? GatherFromTensorParallelRegion(output, tp_) : output;
+}
+
+at::Tensor ColumnParallelLinearImpl::Adapted(at::Tensor output, const at::Tensor& input) {
+  return adapter_ ? output + adapter_->forward(input) : output;
+}
+
+std::vector<at::Tensor> ColumnParallelLinearImpl::ForwardStacked(
+    const at::Tensor& input, const std::vector<ColumnParallelLinearImpl*>& layers) {
+  TORCH_CHECK(!layers.empty(), "ForwardStacked needs at least one layer");
+  const ColumnParallelLinearImpl& first = *layers.front();
+  std::vector<at::Tensor> weights, biases;
+  std::vector<int64_t> rows;
+  for (const ColumnParallelLinearImpl* layer : layers) {
+    TORCH_CHECK(layer->tp_ == first.tp_ && layer->sequence_parallel_ == first.sequence_parallel_ &&
+                    layer->input_size_ == first.input_size_ && !layer->gather_output_ &&
+                    layer->bias_.defined() == first.bias_.defined(),
+                "ForwardStacked's layers must share tp, sequence parallelism, input size and "
+                "having a bias, and gather no output");
+    weights.push_back(layer->weight_);
+    if (layer->bias_.defined()) biases.push_back(layer->bias_);
+    rows.push_back(layer->weight_.size(0));
+  }
+  const at::Tensor weight = layers.size() == 1 ? weights[0] : at::cat(weights);
+  const at::Tensor bias = biases.empty()       ? at::Tensor()
+                          : layers.size() == 1 ? biases[0]
+                                               : at::cat(biases);
+  std::vector<at::Tensor> outputs =
+      ColumnParallelProduct(input, weight, bias, first.tp_, first.sequence_parallel_)
+          .split_with_sizes(rows, -1);
+  for (size_t i = 0; i < layers.size(); ++i) outputs[i] = layers[i]->Adapted(outputs[i], input);
+  return outputs;
 }
 
 void ColumnParallelLinearImpl::Adapt(std::shared_ptr<LinearAdapter> adapter) {

@@ -148,7 +148,18 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public LaidOut {
   // Whether the input is this rank's share of the sequence (false on one rank).
   bool sequence_parallel() const { return sequence_parallel_; }
 
+  // What each of `layers` returns for the same `input` (its forward, adapter included), from
+  // one matrix product of their weights stacked by rows and, under sequence parallelism, one
+  // gather of the input: Megatron's fused linear_qkv and linear_fc1 over weights that keep
+  // their own names and blocks. Requires: at least one layer; all share tp, sequence_parallel
+  // and input_size; all or none have a bias; none gathers its output.
+  static std::vector<at::Tensor> ForwardStacked(
+      const at::Tensor& input, const std::vector<ColumnParallelLinearImpl*>& layers);
+
  private:
+  // `output` (this layer's product of `input`) with the adapter's output added.
+  at::Tensor Adapted(at::Tensor output, const at::Tensor& input);
+
   int64_t input_size_, output_size_;
   c10d::ProcessGroup* tp_;
   bool gather_output_, sequence_parallel_;
