@@ -14,7 +14,8 @@
 # trainer_benchmarks (the bf16 trainer beside the Python autocast loop on issue 32's table GPT)
 # and gpt2_benchmarks (the same on GPT-2 124M). The optional phases, for a second call when
 # time is left: profile (LibTorch's profiler over the bf16 step), families (the Llama-style
-# families), compiled_benchmarks (beside torch.compile), attention_benchmarks (the fused
+# families), compiled_benchmarks (beside torch.compile), llama_benchmarks (the Llama family
+# beside transformers' LlamaForCausalLM, issue 46's shapes), attention_benchmarks (the fused
 # attention beside the explicit one) and checkpoint_benchmarks (checkpoints beside raw copies).
 # Without --prebuilt (.bazel-device carried, tools/device/pack.sh) it builds there first and
 # also runs the whole suite: phases build and tests, the default ones and the optional ones,
@@ -30,7 +31,8 @@ WORK=/tmp/keel-device-check
 REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
 CHECK_PHASES=gpu_tests,train,benchmarks,trainer_benchmarks,gpt2_benchmarks
-OPTIONAL_PHASES=profile,families,compiled_benchmarks,attention_benchmarks,checkpoint_benchmarks
+OPTIONAL_PHASES=profile,families,compiled_benchmarks,llama_benchmarks,attention_benchmarks
+OPTIONAL_PHASES+=,checkpoint_benchmarks
 ALL_PHASES=build,$CHECK_PHASES,tests,$OPTIONAL_PHASES
 PHASES=
 DEADLINE=0
@@ -245,6 +247,12 @@ gpt2_benchmarks() {
 compiled_benchmarks() {
   trainer_benchmark --shapes=table,gpt2 --pairs=compiled --work_dir="$WORK/gpu_benchmark_compiled"
 }
+# The GPT-2-sized Llama in bf16 beside transformers' model under autocast, plain and compiled,
+# and Llama 3.2 1B's shape in bf16 (tokens/s, MFU and both sides' peak of live tensors).
+llama_benchmarks() {
+  trainer_benchmark --shapes=llama --pairs=bf16,compiled --work_dir="$WORK/gpu_benchmark_llama" &&
+    trainer_benchmark --shapes=llama1b --pairs=bf16 --work_dir="$WORK/gpu_benchmark_llama1b"
+}
 
 # The report: the machine, each phase's status, the tests' verdicts, the figures.
 report() {
@@ -303,7 +311,7 @@ report() {
       echo
       grep -E '^final loss|^done at step|tokens/s' "$WORK/train.log" | tail -n 6 | sed 's/^/    /'
     fi
-    for name in trainer_benchmarks gpt2_benchmarks compiled_benchmarks; do
+    for name in trainer_benchmarks gpt2_benchmarks compiled_benchmarks llama_benchmarks; do
       [[ -f "$WORK/$name.log" ]] || continue
       echo
       sed -n '/^## Keel beside/,/^$/p; /^|/p' "$WORK/$name.log" | awk '!seen[$0]++'

@@ -20,6 +20,10 @@
 #   tools/scripts/train_benchmark.sh --device=cuda        # the trainer on NCCL, the reference on CUDA
 #   tools/scripts/train_benchmark.sh --device=cuda --reference_flag=--bf16 --trainer_set=model.tf32=true
 #
+# --family=llama trains the Llama family instead of the GPT: the reference as transformers'
+# LlamaForCausalLM, whose initial weights it writes once into the work directory, and the
+# trainer from that Hugging Face directory (model.pretrained_path), so both start from the same
+# weights; --num_query_groups=N gives it N key-value heads (default: one per query head).
 # --trainer_set=FIELD=VALUE (repeatable) sets a field of the trainer only, --reference_flag=FLAG
 # (repeatable) passes a flag to the reference only (a variant: --bf16, --compile, --fused,
 # --tf32); --json=FILE also writes the medians and the model's size as JSON
@@ -53,6 +57,8 @@ launch_bin=""
 prefix=""
 work_dir=""
 json_out=""
+family=gpt
+num_query_groups=0
 trainer_extra=()
 reference_extra=()
 
@@ -116,6 +122,8 @@ for arg in "$@"; do
     --prefix=*) prefix=${arg#*=} ;;
     --work_dir=*) work_dir=${arg#*=} ;;
     --json=*) json_out=${arg#*=} ;;
+    --family=*) family=${arg#*=} ;;
+    --num_query_groups=*) num_query_groups=${arg#*=} ;;
     --trainer_set=*) trainer_extra+=(--set "${arg#*=}") ;;
     --reference_flag=*) reference_extra+=("${arg#*=}") ;;
     -h | --help) usage ;;
@@ -140,6 +148,14 @@ for n in rounds steps threads ranks; do
     exit 2
   fi
 done
+if [[ "${family}" != gpt && "${family}" != llama ]]; then
+  echo "train_benchmark: --family (${family}) must be gpt or llama" >&2
+  exit 2
+fi
+if ! [[ "${num_query_groups}" =~ ^[0-9]+$ ]] || { [[ "${family}" == gpt ]] && ((num_query_groups > 0)); }; then
+  echo "train_benchmark: --num_query_groups (${num_query_groups}) must be a count, for --family=llama" >&2
+  exit 2
+fi
 if [[ "${device}" != cpu && "${device}" != cuda ]]; then
   echo "train_benchmark: --device (${device}) must be cpu or cuda" >&2
   exit 2
@@ -235,6 +251,20 @@ prefix=$(absolute "${prefix}")
 [[ -f "${prefix}.idx" && -f "${prefix}.bin" ]] ||
   { echo "train_benchmark: no indexed dataset at ${prefix}.{bin,idx}" >&2; exit 1; }
 
+if [[ "${family}" == llama ]]; then
+  initial="${work_dir}/initial_weights"
+  reference_settings+=(--family=llama --num_query_groups="${num_query_groups}")
+  log "the Llama's initial weights: ${initial}"
+  if ! "${python}" "${repo_root}/tools/scripts/train_reference.py" --prefix="${prefix}" \
+    "${reference_settings[@]}" --write_initial_weights="${initial}" >"${work_dir}/initial.log" 2>&1; then
+    tail -n 20 "${work_dir}/initial.log" >&2
+    echo "train_benchmark: writing the initial weights failed; log: ${work_dir}/initial.log" >&2
+    exit 1
+  fi
+  reference_settings+=(--initial_weights="${initial}")
+  trainer_settings+=(--set "model.pretrained_path=${initial}")
+fi
+
 for ((round = 1; round <= rounds; ++round)); do
   log "round ${round}/${rounds}: C++ (${steps} steps, ${ranks} rank(s) of ${threads} threads, ${device})"
   run_trainer "${ranks}" "${work_dir}/cpp_${round}" "${work_dir}/cpp_${round}.log" \
@@ -253,6 +283,7 @@ done
 
 settings_line=""
 for name in "${flag_names[@]}"; do settings_line+="${name}=${value[${name}]} "; done
+[[ "${family}" == gpt ]] || settings_line+="family=llama num_query_groups=${num_query_groups} "
 OMP_WAIT_POLICY=${wait_policy} "${python}" - "${work_dir}" "${rounds}" "${steps}" "${untimed_steps}" "${threads}" \
   "${value[global_batch_size]}" "${value[local_batch_size]}" "${value[sequence_length]}" \
   "${ranks}" "${prefix}" "${train_bin}" "${settings_line}" "${device}" "${json_out}" \
@@ -298,6 +329,7 @@ def cpp_run(r):
                 rows[row["step"]] = row
     if steps not in rows or (untimed and untimed not in rows):
         fail(f"cpp_{r}/metrics.jsonl lacks step {untimed} or {steps}")
+    memory = max((row.get("max_memory_allocated_gib") or 0.0) for row in rows.values())
     tokens = step_tokens(int(windows.group(1)))
     start = rows[untimed]["elapsed_seconds"] if untimed else 0.0
     seconds = rows[steps]["elapsed_seconds"] - start
@@ -307,6 +339,7 @@ def cpp_run(r):
         "wait": float(done.group(4)),
         "book": float(done.group(2)),
         "book_ms": float(done.group(2)) / 100 * float(done.group(3)) / int(done.group(1)) * 1e3,
+        "memory": memory,
     }
 
 
@@ -321,6 +354,7 @@ def python_run(r):
     return {"tps": float(values["tokens_per_second"]) / ranks,
             "loss": float(values["final_loss"]),
             "wait": 100 * float(values["gradient_wait_share"]),
+            "memory": float(values.get("max_memory_allocated_gib", "nan")),
             "parameters": int(parameters.group(1)) if parameters else 0}
 
 
@@ -343,19 +377,25 @@ print(f"- machine: {cpu}, {os.cpu_count()} cores; both {where}; {threads} thread
 print(f"- {steps} steps of {gbs} x {seq} tokens ({gbs // (lbs * ranks)} micro-batches of {lbs} "
       f"per rank), "
       f"tokens/s over steps {untimed + 1}-{steps}; {hyper_parameters.strip()}")
+print("- peak tensors: the most bytes of live tensors at once (the trainer's "
+      "max_memory_allocated_gib, rank 0's; torch.cuda.max_memory_allocated for Python, on GPUs)")
 if variants.strip() != "|":
     print(f"- variant (trainer settings | reference flags): {variants}")
 print(f"- data: {prefix}; trainer: {train_bin}; logs: {work}\n")
 print("| round | C++ tokens/s | Python tokens/s | C++ / Python | C++ final loss "
       "| Python final loss | bookkeeping (share of loop) | bookkeeping per step "
-      "| C++ gradient wait | Python gradient wait |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| C++ gradient wait | Python gradient wait | C++ peak tensors GiB | Python peak tensors GiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def gib(value):
+    return "n/a" if value != value else f"{value:.3f}"  # NaN: Python on the CPU counts none
 
 
 def row(label, c, p):
     print(f"| {label} | {c['tps']:.1f} | {p['tps']:.1f} | {c['tps'] / p['tps']:.3f} | "
           f"{c['loss']:.4f} | {p['loss']:.4f} | {c['book']:.3g}% | {c['book_ms']:.3g} ms | "
-          f"{c['wait']:.3g}% | {p['wait']:.3g}% |")
+          f"{c['wait']:.3g}% | {p['wait']:.3g}% | {gib(c['memory'])} | {gib(p['memory'])} |")
 
 
 for r, (c, p) in enumerate(zip(cpp, py), start=1):

@@ -11,6 +11,18 @@ the step, torch.nn.utils.clip_grad_norm_, AdamW, and Megatron-Core's OptimizerPa
 formulas (optim/param_scheduler.cc) for the learning rate and weight decay. No validation,
 checkpoints or metric files.
 
+With --family=llama the model is transformers' LlamaForCausalLM (SDPA attention, tied
+embeddings, float32 weights) of the trainer's model.family "llama" shape (--num_query_groups
+key-value heads, --rotary_base, --norm_epsilon). Its weights are a Hugging Face directory that
+--write_initial_weights=DIR writes (drawn from --seed, then the script exits) and
+--initial_weights=DIR starts from; the trainer starts from the same directory
+(model.pretrained_path), so both loops see the same weights and batches:
+
+    .venv/bin/python tools/scripts/train_reference.py --prefix=P --family=llama \
+        --num_query_groups=2 --write_initial_weights=/tmp/llama
+    .venv/bin/python tools/scripts/train_reference.py --prefix=P --family=llama \
+        --num_query_groups=2 --initial_weights=/tmp/llama
+
     .venv/bin/python tools/scripts/train_reference.py --prefix=runs/default/data/corpus --threads=2
 
 Under torchrun (WORLD_SIZE > 1) it is data-parallel as the trainer on tools:launch is: the
@@ -32,9 +44,10 @@ The last line is machine-readable: tokens_per_second=N, the label tokens of the 
 computes the C++ trainer's figure the same way from its metrics.jsonl), for all ranks together;
 gradient_wait_share=F is the share of the loop spent after the last gradient bucket was ready
 (DDP's comm hook) until backward returned with the averaged gradients, the trainer's
-"waiting for gradients" (0 on one process).
+"waiting for gradients" (0 on one process); on a GPU max_memory_allocated_gib=F is rank 0's
+torch.cuda.max_memory_allocated over the steps, in GiB.
 Needs PyTorch (2.6 or later, the one whose LibTorch the trainer uses: @libtorch//:python) and
-NumPy.
+NumPy; --family=llama also transformers.
 """
 
 import argparse
@@ -293,6 +306,37 @@ class Gpt(nn.Module):
         return F.linear(self.ln_f(x), self.lm_head.weight)
 
 
+def llama(args, padded_vocab_size):
+    """transformers' LlamaForCausalLM of the trainer's Llama shape, its weights from
+    --initial_weights (or drawn from --seed for --write_initial_weights)."""
+    import transformers  # only this family needs it
+
+    if args.initial_weights:
+        return transformers.LlamaForCausalLM.from_pretrained(
+            args.initial_weights, dtype=torch.float32, attn_implementation="sdpa")
+    config = transformers.LlamaConfig(
+        vocab_size=padded_vocab_size, hidden_size=args.hidden_size,
+        intermediate_size=args.ffn_hidden_size, num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_attention_heads,
+        num_key_value_heads=args.num_query_groups or args.num_attention_heads,
+        max_position_embeddings=args.sequence_length, rms_norm_eps=args.norm_epsilon,
+        rope_theta=args.rotary_base, tie_word_embeddings=True, use_cache=False,
+        attn_implementation="sdpa")
+    torch.manual_seed(args.seed)
+    return transformers.LlamaForCausalLM(config)
+
+
+class Logits(nn.Module):
+    """A causal language model's logits alone, as Gpt.forward returns them."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens):
+        return self.model(input_ids=tokens, use_cache=False).logits
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -319,6 +363,16 @@ def parse_args(argv):
     p.add_argument("--sequence_length", type=int, default=128)
     p.add_argument("--validation_every_n_samples", type=int, default=20)
     # model section.
+    p.add_argument("--family", default="gpt", choices=["gpt", "llama"],
+                   help="Keel's GPT, or transformers' LlamaForCausalLM (model.family)")
+    p.add_argument("--num_query_groups", type=int, default=0,
+                   help="llama: key-value heads; 0: --num_attention_heads")
+    p.add_argument("--rotary_base", type=float, default=10000.0, help="llama: RoPE's base")
+    p.add_argument("--norm_epsilon", type=float, default=1e-5, help="llama: RMSNorm's epsilon")
+    p.add_argument("--initial_weights", default="",
+                   help="llama: the Hugging Face directory the model starts from")
+    p.add_argument("--write_initial_weights", default="",
+                   help="llama: write the model drawn from --seed to this directory and exit")
     p.add_argument("--vocab_size", type=int, default=256)
     p.add_argument("--make_vocab_size_divisible_by", type=int, default=128,
                    help="the embedding holds the vocabulary rounded up to a multiple of this")
@@ -357,6 +411,13 @@ def parse_args(argv):
                 f"--local_batch_size ({args.local_batch_size})")
     if args.hidden_size % args.num_attention_heads != 0:
         p.error(f"--hidden_size ({args.hidden_size}) must be divisible by "
+                f"--num_attention_heads ({args.num_attention_heads})")
+    if args.family == "gpt" and (args.initial_weights or args.write_initial_weights):
+        p.error("--initial_weights and --write_initial_weights are for --family=llama")
+    if args.family == "llama" and not (args.initial_weights or args.write_initial_weights):
+        p.error("--family=llama needs --initial_weights or --write_initial_weights")
+    if args.num_query_groups and args.num_attention_heads % args.num_query_groups != 0:
+        p.error(f"--num_query_groups ({args.num_query_groups}) must divide "
                 f"--num_attention_heads ({args.num_attention_heads})")
     if not 0 <= args.untimed_steps < args.steps:
         p.error(f"--untimed_steps ({args.untimed_steps}) must be in [0, --steps)")
@@ -433,8 +494,16 @@ def main(argv):
 
     multiple = args.make_vocab_size_divisible_by
     padded_vocab_size = (args.vocab_size + multiple - 1) // multiple * multiple
-    model = Gpt(padded_vocab_size, args.hidden_size, args.num_layers, args.num_attention_heads,
-                args.ffn_hidden_size, args.sequence_length, args.seed).to(device)
+    if args.write_initial_weights:
+        llama(args, padded_vocab_size).save_pretrained(args.write_initial_weights)
+        print(f"initial weights: {args.write_initial_weights}", file=out)
+        return 0
+    if args.family == "llama":
+        model = Logits(llama(args, padded_vocab_size)).to(device)
+    else:
+        model = Gpt(padded_vocab_size, args.hidden_size, args.num_layers,
+                    args.num_attention_heads, args.ffn_hidden_size, args.sequence_length,
+                    args.seed).to(device)
     parameters = list(model.parameters())  # the tied weight once
     model = world.wrap(model)
     if args.compile:
@@ -513,6 +582,9 @@ def main(argv):
     print(f"timed_steps={args.steps - args.untimed_steps}", file=out)
     print(f"timed_seconds={timed_seconds:.6f}", file=out)
     print(f"gradient_wait_share={world.wait_seconds / (end - loop_start):.6f}", file=out)
+    if device.type == "cuda":
+        print(f"max_memory_allocated_gib={torch.cuda.max_memory_allocated(device) / 2**30:.4f}",
+              file=out)
     print(f"tokens_per_second={timed_tokens / timed_seconds:.1f}", file=out, flush=True)
     return 0
 
