@@ -93,6 +93,8 @@ ActivationMemory EstimateActivations(const ModelOptions& options, const Activati
     } else {
       memory.kept_bytes = n * input + (layers - n) * layer;
       memory.recomputed_bytes = n > 0 ? layer : 0;
+      memory.recomputes_after_release = true;
+      memory.recomputed_inputs_bytes = n * input;
     }
   }
   if (!shape.last_stage) return memory;

@@ -26,6 +26,7 @@
 #ifndef KEEL_MODELS_ACTIVATION_MEMORY_H_
 #define KEEL_MODELS_ACTIVATION_MEMORY_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "models/model_options.h"
@@ -63,11 +64,19 @@ struct ActivationMemory {
   int64_t head_kept_bytes = 0;
   int64_t logits_peak_bytes = 0;
 
-  // A step's peak: every micro-batch in flight keeps its share; one's recomputation or
-  // logits on top.
+  // "full" with "block": the first layers run again at the end of a micro-batch's backward
+  // pass, after the later layers and the loss have freed what they kept; the inputs of those
+  // first layers are then all it holds. false: recomputation runs beside everything kept.
+  bool recomputes_after_release = false;
+  int64_t recomputed_inputs_bytes = 0;
+
+  // A step's peak: every micro-batch in flight keeps its share; one's recomputation or logits
+  // on top (under "block", its recomputation beside only the first layers' inputs).
   int64_t peak_bytes(int64_t micro_batches_in_flight) const {
-    return micro_batches_in_flight * (kept_bytes + head_kept_bytes) +
-           (recomputed_bytes > logits_peak_bytes ? recomputed_bytes : logits_peak_bytes);
+    const int64_t held = micro_batches_in_flight * (kept_bytes + head_kept_bytes);
+    if (!recomputes_after_release) return held + std::max(recomputed_bytes, logits_peak_bytes);
+    return std::max(held + logits_peak_bytes, held - kept_bytes - head_kept_bytes +
+                                                  recomputed_inputs_bytes + recomputed_bytes);
   }
 };
 

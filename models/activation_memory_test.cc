@@ -2,6 +2,8 @@
 // tensors (the header's formulas), and what recomputation and the chunked loss change.
 #include "models/activation_memory.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace keel::models {
@@ -72,6 +74,23 @@ TEST(ActivationMemoryTest, FullRecomputationKeepsEachChunksInput) {
   options.recompute.recompute_num_layers = 1;
   const ActivationMemory block = EstimateActivations(options, Shape(4));
   EXPECT_EQ(block.kept_bytes, 4 * kTokens * 64 + 3 * plain.layer_bytes);
+  // The first layer runs again only after the other three and the loss freed theirs: the peak
+  // is at the start of backward, with the logits' gradient, not the recomputation on top.
+  EXPECT_EQ(block.peak_bytes(1),
+            block.kept_bytes + block.head_kept_bytes + block.logits_peak_bytes);
+  // Two micro-batches in flight: the later one's first layer runs again beside the earlier
+  // one's whole share.
+  EXPECT_EQ(
+      block.peak_bytes(2),
+      std::max(2 * (block.kept_bytes + block.head_kept_bytes) + block.logits_peak_bytes,
+               block.kept_bytes + block.head_kept_bytes + 4 * kTokens * 64 + plain.layer_bytes));
+  // Every layer recomputed: their inputs, and one layer made again or the loss's peak.
+  options.recompute.recompute_num_layers = 4;
+  const ActivationMemory all = EstimateActivations(options, Shape(4));
+  EXPECT_EQ(all.kept_bytes, 4 * 4 * kTokens * 64);
+  EXPECT_EQ(
+      all.peak_bytes(1),
+      all.kept_bytes + std::max(all.head_kept_bytes + all.logits_peak_bytes, plain.layer_bytes));
   // Selective mlp and layernorm drop GELU's two and the norms' inputs' copies beyond one each.
   options.recompute = {};
   options.recompute.recompute_granularity = parallel::RecomputeGranularity::kSelective;
