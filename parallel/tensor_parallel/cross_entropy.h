@@ -4,7 +4,9 @@
 // at r x vocab / tp); the maximum, the sum of exponentials and the target's logit are reduced
 // over the group, so no rank ever holds the whole logits. Its gradient is computed directly
 // (softmax minus the target's one-hot, on each rank's slice). On one rank, ATen's fused
-// log-softmax does the same arithmetic in fewer passes.
+// log-softmax does the same arithmetic in fewer passes; bf16 logits on a GPU, in a build with
+// --config=cuda (KEEL_CUDA_KERNELS), take Keel's kernels, which read them once forward and once
+// backward.
 //
 //   at::Tensor logits = lm_head(hidden);                       // [b, s, vocab / tp]
 //   at::Tensor losses = VocabParallelCrossEntropy(logits, labels, tp);  // [b, s]

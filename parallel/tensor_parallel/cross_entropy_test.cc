@@ -1,7 +1,8 @@
 // The output layer and the loss over chunks of positions (LinearCrossEntropy) against ATen's
 // cross-entropy of the whole logits: on one rank at every chunk length (dividing the positions
 // or not, longer than them), with vocabulary padding, a frozen weight and bf16; and on 2 real
-// Gloo ranks, each holding its vocabulary slice.
+// Gloo ranks, each holding its vocabulary slice. On a GPU, bf16 logits' loss and gradient (Keel's
+// kernels under --config=cuda) against the same on the CPU.
 #include "parallel/tensor_parallel/cross_entropy.h"
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "parallel/tensor_parallel/mappings.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
+#include "torch/cuda.h"
 
 namespace keel::parallel {
 namespace {
@@ -140,6 +142,40 @@ TEST(LinearCrossEntropyTest, TwoRanksGiveTheOneRankLossAndGradients) {
     }
     return absl::OkStatus();
   }));
+}
+
+// bf16 logits on a GPU (with --config=cuda Keel's kernels) give the loss and gradient that the
+// same logits give on the CPU (ATen's fused log-softmax), at the trainer's vocabulary sizes,
+// with padding columns at -inf.
+TEST(VocabParallelCrossEntropyTest, OnAGpuBf16LogitsGiveTheCpusLossAndGradient) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU: the CUDA path is not checked here";
+#ifndef KEEL_CUDA_KERNELS
+  GTEST_SKIP() << "built without --config=cuda: Keel's cross-entropy kernels are not in this build";
+#endif
+  const at::Device gpu(at::kCUDA, 0);
+  for (const int64_t vocab : {int64_t{7}, int64_t{50304}, int64_t{128256}}) {
+    SCOPED_TRACE(vocab);
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/vocab);
+    const int64_t real = vocab - 2;
+    const at::Tensor logits =
+        at::randn({3, 37, vocab}, generator, at::kFloat).mul(4).to(at::kBFloat16);
+    const at::Tensor target = at::randint(real, {3, 37}, generator, at::kLong);
+    const at::Tensor grad_loss = at::rand({3, 37}, generator, at::kFloat);
+    std::vector<at::Tensor> losses, grads;
+    for (const at::Device device : {at::Device(at::kCPU), gpu}) {
+      const at::Tensor leaf = logits.to(device).requires_grad_(true);
+      const at::Tensor loss =
+          VocabParallelCrossEntropy(WithoutPadding(leaf, real), target.to(device), nullptr);
+      (loss * grad_loss.to(device)).sum().backward();
+      losses.push_back(loss.detach().cpu());
+      grads.push_back(leaf.grad().cpu().to(at::kFloat));
+    }
+    EXPECT_EQ(losses[1].scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::allclose(losses[1], losses[0], /*rtol=*/1e-5, /*atol=*/1e-5));
+    // Each gradient rounded to bf16 from float32 values within float rounding: one bf16 step.
+    EXPECT_TRUE(at::allclose(grads[1], grads[0], /*rtol=*/8e-3, /*atol=*/1e-7));
+    EXPECT_TRUE(grads[1].narrow(-1, real, vocab - real).eq(0).all().item<bool>());
+  }
 }
 
 }  // namespace
