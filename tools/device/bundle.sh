@@ -29,6 +29,8 @@ TARGETS=(
   //checkpoint:checkpoint_benchmark
   //base:attention_benchmark
   //base:attention_test
+  //parallel/tensor_parallel:cross_entropy_test
+  //parallel/tensor_parallel:cross_entropy_benchmark
 )
 OPT=(--config=cuda -c opt)
 bazel build "${OPT[@]}" "${TARGETS[@]}"

@@ -111,7 +111,8 @@ build() { "${BAZEL[@]}" build "${OPT[@]}" -k //...; }
 gpu_tests() {
   local status=0
   if [[ -n "$PREBUILT" ]]; then
-    for test in optim/fused_adamw_test checkpoint/checkpoint_gpu_test base/attention_test; do
+    for test in optim/fused_adamw_test checkpoint/checkpoint_gpu_test base/attention_test \
+      parallel/tensor_parallel/cross_entropy_test; do
       "$BIN/$test" && echo "//${test%/*}:${test##*/} PASSED" || { echo "//${test%/*}:${test##*/} FAILED"; status=1; }
     done
     # The test runs the interpreter by its path (a bare name would be taken for a missing file).
@@ -124,7 +125,8 @@ gpu_tests() {
   "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors --build_tests_only \
     --test_tag_filters=gpu //... || status=1
   "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors \
-    //gradients:offload_test //third_party/cuda:cuda_link_test || status=1
+    //gradients:offload_test //third_party/cuda:cuda_link_test \
+    //parallel/tensor_parallel:cross_entropy_test || status=1
   return $status
 }
 
@@ -218,6 +220,7 @@ benchmarks() {
   local status=0
   "$BIN/gradients/clip_grad_norm_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/optim/fused_adamw_benchmark" --benchmark_filter=cuda || status=1
+  "$BIN/parallel/tensor_parallel/cross_entropy_benchmark" --benchmark_filter=cuda || status=1
   return $status
 }
 
