@@ -1,6 +1,5 @@
 #include "base/tensor_memory.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>

@@ -138,8 +138,13 @@ void ReleaseCachedCudaMemory() {
 
 #ifdef KEEL_LIBTORCH_HAS_CUDA
 namespace {
+// `index`, or the current device for -1 (a device given as "cuda").
+c10::DeviceIndex Concrete(c10::DeviceIndex index) {
+  return index >= 0 ? index : c10::cuda::current_device();
+}
+
 c10::CachingAllocator::Stat AllocatedBytes(c10::DeviceIndex index) {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(index)
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(Concrete(index))
       .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
 }
 }  // namespace
@@ -156,7 +161,7 @@ int64_t CudaMemoryAllocated(c10::DeviceIndex index) {
 int64_t TakeCudaPeakMemoryAllocated(c10::DeviceIndex index) {
 #ifdef KEEL_LIBTORCH_HAS_CUDA
   const int64_t peak = AllocatedBytes(index).peak;
-  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(Concrete(index));
   return peak;
 #else
   return 0;

@@ -76,7 +76,7 @@ std::function<void()> RecordCudaFence(const at::Device& device);
 // do with a LibTorch built without CUDA.
 void ReleaseCachedCudaMemory();
 
-// The CUDA caching allocator's bytes of live tensors on device `index`
+// The CUDA caching allocator's bytes of live tensors on device `index` (-1: the current device)
 // (torch.cuda.memory_allocated); 0 with a LibTorch built without CUDA.
 int64_t CudaMemoryAllocated(c10::DeviceIndex index);
 
