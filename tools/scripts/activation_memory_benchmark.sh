@@ -8,8 +8,8 @@
 #   chunk; full, block, the first 2 layers; selective (core_attn, mlp, layernorm);
 #   with a --large_vocab (65,536) vocabulary: the whole logits (loss_fn.chunk_len=0); the
 #   chunked loss (its default there, 1,024 positions); the chunked loss with full recomputation;
-#   on 2 ranks at tp=2 (one thread each): without and with distributed.sequence_parallel (the
-#   largest rank's peak).
+#   on 2 ranks at tp=2 (one thread each): without and with distributed.sequence_parallel (rank
+#   0's peak of live tensors, the larger rank's peak RSS).
 # --parts=recompute,loss,sp picks the groups of runs.
 # A markdown table on stdout gives each run's peak of live tensors (the trainer's
 # max_memory_allocated_gib, rank 0's, over its steps) and its share of its reference's (the
