@@ -45,7 +45,7 @@ computes the C++ trainer's figure the same way from its metrics.jsonl), for all 
 gradient_wait_share=F is the share of the loop spent after the last gradient bucket was ready
 (DDP's comm hook) until backward returned with the averaged gradients, the trainer's
 "waiting for gradients" (0 on one process); on a GPU max_memory_allocated_gib=F is rank 0's
-torch.cuda.max_memory_allocated over the steps, in GiB.
+torch.cuda.max_memory_allocated over the run, in GiB.
 Needs PyTorch (2.6 or later, the one whose LibTorch the trainer uses: @libtorch//:python) and
 NumPy; --family=llama also transformers.
 """
