@@ -1,10 +1,10 @@
 // //tools:train with activation recomputation (model.recompute_granularity), as child processes:
 // the loss, learning-rate, gradient-norm and validation trace is bit-identical to the run
-// without it for both families, "full" ("uniform" and "block") and "selective" (every module),
-// under LoRA (the frozen embedding's output needs no gradient: the trap of re-entrant
-// checkpointing), at tp=2 and pp=2, and with a mixture of experts over ep=2 (its load-balancing
-// loss and statistics once per step), while rank 0 holds fewer bytes of tensors at its peak;
-// Megatron-Core's checks on the fields are errors naming them.
+// without it for both families, in float32 and Megatron's bf16, "full" ("uniform" and "block") and
+// "selective" (every module), under LoRA (the frozen embedding's output needs no gradient: the trap
+// of re-entrant checkpointing), at tp=2 and pp=2, and with a mixture of experts over ep=2 (its
+// load-balancing loss and statistics once per step), while rank 0 holds fewer bytes of tensors at
+// its peak; Megatron-Core's checks on the fields are errors naming them.
 #include <string>
 #include <vector>
 
@@ -55,6 +55,13 @@ TEST(TrainRecomputeTest, TheGptTraceIsBitIdentical) { ExpectRecomputationChanges
 
 TEST(TrainRecomputeTest, TheLlamaTraceIsBitIdentical) {
   ExpectRecomputationChangesNothing(1, PretrainedRun("llama_gqa_untied"));
+}
+
+// Megatron's bf16: bf16 layers, float32 main gradients; the rerun rounds as the first run did.
+TEST(TrainRecomputeTest, Bf16TracesAreBitIdentical) {
+  ExpectRecomputationChangesNothing(1, {"model.bf16=true"});
+  ExpectRecomputationChangesNothing(1,
+                                    With(PretrainedRun("llama_gqa_untied"), {"model.bf16=true"}));
 }
 
 // LoRA: the embedding is frozen, so the layers' input needs no gradient; the adapters still
