@@ -15,7 +15,8 @@
 # and gpt2_benchmarks (the same on GPT-2 124M). The optional phases, for a second call when
 # time is left: profile (LibTorch's profiler over the bf16 step), families (the Llama-style
 # families), compiled_benchmarks (beside torch.compile), llama_benchmarks (the Llama family
-# beside transformers' LlamaForCausalLM, issue 46's shapes), attention_benchmarks (the fused
+# beside transformers' LlamaForCausalLM, issue 46's shapes), memory_benchmarks (Llama 3.2 1B's
+# peak of live tensors in AutoModel's three configurations), attention_benchmarks (the fused
 # attention beside the explicit one) and checkpoint_benchmarks (checkpoints beside raw copies).
 # Without --prebuilt (.bazel-device carried, tools/device/pack.sh) it builds there first and
 # also runs the whole suite: phases build and tests, the default ones and the optional ones,
@@ -31,8 +32,8 @@ WORK=/tmp/keel-device-check
 REPORT=${OUT:+$OUT/device-report.md}
 REPORT=${REPORT:-$WORK/report.md}
 CHECK_PHASES=gpu_tests,train,benchmarks,trainer_benchmarks,gpt2_benchmarks
-OPTIONAL_PHASES=profile,families,compiled_benchmarks,llama_benchmarks,attention_benchmarks
-OPTIONAL_PHASES+=,checkpoint_benchmarks
+OPTIONAL_PHASES=profile,families,compiled_benchmarks,llama_benchmarks,memory_benchmarks
+OPTIONAL_PHASES+=,attention_benchmarks,checkpoint_benchmarks
 ALL_PHASES=build,$CHECK_PHASES,tests,$OPTIONAL_PHASES
 PHASES=
 DEADLINE=0
@@ -250,6 +251,15 @@ gpt2_benchmarks() {
 compiled_benchmarks() {
   trainer_benchmark --shapes=table,gpt2 --pairs=compiled --work_dir="$WORK/gpu_benchmark_compiled"
 }
+# Llama 3.2 1B's shape in bf16 (micro-batch 8, sequence 2048): the peak of live tensors without
+# recomputation, with full recomputation, and with the chunked loss too, beside the dry run's
+# estimate (AutoModel's published 53.0, 33.1 and 7.3 GB on one H100).
+memory_benchmarks() {
+  tools/scripts/activation_memory_benchmark.sh --device=cuda --parts=automodel --num_layers=16 \
+    --hidden_size=2048 --num_attention_heads=32 --num_query_groups=8 --ffn_hidden_size=8192 \
+    --sequence_length=2048 --micro_batch_size=8 --large_vocab=128256 \
+    --train_bin="$BIN/tools/train" --work_dir="$WORK/memory_benchmark"
+}
 # The GPT-2-sized Llama in bf16 beside transformers' model under autocast, plain and compiled,
 # and Llama 3.2 1B's shape in bf16 (tokens/s, MFU and both sides' peak of live tensors).
 llama_benchmarks() {
@@ -319,6 +329,12 @@ report() {
       echo
       sed -n '/^## Keel beside/,/^$/p; /^|/p' "$WORK/$name.log" | awk '!seen[$0]++'
     done
+    if [[ -f "$WORK/memory_benchmarks.log" ]]; then
+      echo
+      echo "## Llama 3.2 1B's peak of live tensors (AutoModel: 53.0 / 33.1 / 7.3 GB on one H100)"
+      echo
+      grep '^|' "$WORK/memory_benchmarks.log"
+    fi
     for name in benchmarks attention_benchmarks checkpoint_benchmarks; do
       [[ -f "$WORK/$name.log" ]] || continue
       echo

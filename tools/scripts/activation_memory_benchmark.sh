@@ -10,7 +10,15 @@
 #   chunked loss (its default there, 1,024 positions); the chunked loss with full recomputation;
 #   on 2 ranks at tp=2 (one thread each): without and with distributed.sequence_parallel (rank
 #   0's peak of live tensors, the larger rank's peak RSS).
-# --parts=recompute,loss,sp picks the groups of runs.
+# --parts=recompute,loss,sp picks the groups of runs; --parts=automodel runs AutoModel's three
+# configurations at --large_vocab instead: no recomputation with the whole logits; full
+# recomputation (uniform, 1 layer a chunk); and that with the chunked loss.
+# --device=cuda trains on GPU 0 in Megatron's bf16 (distributed.backend nccl, model.bf16), where
+# the peak of live tensors is the CUDA caching allocator's. AutoModel's published Llama 3.2 1B
+# figures (one H100, micro-batch 8, sequence 2048: 53.0, 33.1 and 7.3 GB) are for:
+#   activation_memory_benchmark.sh --device=cuda --parts=automodel --num_layers=16 \
+#     --hidden_size=2048 --num_attention_heads=32 --num_query_groups=8 --ffn_hidden_size=8192 \
+#     --sequence_length=2048 --micro_batch_size=8 --large_vocab=128256 --train_bin=...
 # A markdown table on stdout gives each run's peak of live tensors (the trainer's
 # max_memory_allocated_gib, rank 0's, over its steps) and its share of its reference's (the
 # first run of its vocabulary), its activations as measured (that peak less the dry run's model
@@ -33,6 +41,8 @@ sequence_length=4096
 micro_batch_size=2
 large_vocab=65536
 parts=recompute,loss,sp
+device=cpu
+num_query_groups=2
 args=(--steps=3 --untimed_steps=0)
 for arg in "$@"; do
   case "${arg}" in
@@ -40,13 +50,19 @@ for arg in "$@"; do
     --micro_batch_size=*) micro_batch_size=${arg#*=} ;;
     --large_vocab=*) large_vocab=${arg#*=} ;;
     --parts=*) parts=${arg#*=} ;;
+    --device=*) device=${arg#*=} ;;
+    --num_query_groups=*) num_query_groups=${arg#*=} ;;
     *) args+=("${arg}") ;;
   esac
 done
 set -- "${args[@]}"
 source "$(dirname "${BASH_SOURCE[0]}")/train_runs.sh"
 
-shape=(--set model.family=llama --set model.num_query_groups=2
+if [[ "${device}" != cpu && "${device}" != cuda ]]; then
+  echo "${bench}: --device (${device}) must be cpu or cuda" >&2
+  exit 2
+fi
+shape=(--set model.family=llama --set "model.num_query_groups=${num_query_groups}"
   --set "data.sequence_length=${sequence_length}" --set data.validation_every_n_samples=0
   --set "step_scheduler.local_batch_size=${micro_batch_size}"
   --set "step_scheduler.global_batch_size=${micro_batch_size}" --set logging.log_every_steps=1)
@@ -57,6 +73,7 @@ block=(--set model.recompute_granularity=full --set model.recompute_method=block
 selective=(--set model.recompute_granularity=selective
   --set model.recompute_modules=core_attn,mlp,layernorm)
 large=(--set "model.vocab_size=${large_vocab}")
+[[ "${device}" == cpu ]] || shape+=(--set distributed.backend=nccl --set model.bf16=true)
 
 # measure NAME RANKS [--set ...]: the run, and the dry run's memory lines in NAME.dry.
 measure() {
@@ -79,6 +96,11 @@ if wants loss; then
   measure whole_logits 1 "${large[@]}" --set loss_fn.chunk_len=0
   measure chunked_loss 1 "${large[@]}"
   measure chunked_loss_full 1 "${large[@]}" "${full[@]}"
+fi
+if wants automodel; then
+  measure automodel_none 1 "${large[@]}" --set loss_fn.chunk_len=0
+  measure automodel_full 1 "${large[@]}" --set loss_fn.chunk_len=0 "${full[@]}"
+  measure automodel_full_chunked 1 "${large[@]}" --set loss_fn.chunk_len=1024 "${full[@]}"
 fi
 if wants sp; then
   measure tp2 2 --set distributed.tensor_model_parallel_size=2
@@ -117,10 +139,22 @@ rows_ = [("none", "none", "byte vocabulary, no recomputation"),
          ("whole_logits", "whole_logits", f"vocabulary {vocab}: whole logits"),
          ("chunked_loss", "whole_logits", "chunked loss (1,024 positions)"),
          ("chunked_loss_full", "whole_logits", "chunked loss + full, uniform, 1"),
+         ("automodel_none", "automodel_none", f"vocabulary {vocab}: no recomputation, whole logits"),
+         ("automodel_full", "automodel_none", "full recomputation (uniform, 1), whole logits"),
+         ("automodel_full_chunked", "automodel_none", "full recomputation and the chunked loss"),
          ("tp2", "tp2", "tp=2 (2 ranks x 1 thread; rank 0)"),
          ("tp2_sequence_parallel", "tp2", "tp=2 with sequence parallelism")]
 rows_ = [row for row in rows_ if os.path.exists(f"{work_dir}/{row[0]}.1.rss")]
 runs = {name: measure(name) for name, _, _ in rows_}
+
+
+def rss(run, base=None):
+    """The peak RSS in MiB, or its share of `base`'s; n/a without GNU time (0)."""
+    if not run["rss"] or (base is not None and not base["rss"]):
+        return "n/a"
+    return f"{run['rss']:.0f}" if base is None else f"{100.0 * run['rss'] / base['rss']:.0f}%"
+
+
 print(f"| run ({rows} x {seq} tokens, 1 rank x {threads} threads) | peak tensors MiB | of its reference | "
       f"activations measured MiB | dry run: activations MiB | dry run: model state MiB | "
       f"peak RSS MiB | of its reference | final loss |")
@@ -129,5 +163,5 @@ for name, base, label in rows_:
     r, b = runs[name], runs[base]
     print(f"| {label} | {r['tensors']:.0f} | {100.0 * r['tensors'] / b['tensors']:.0f}% | "
           f"{r['tensors'] - r['state']:.0f} | {r['activations']:.0f} | {r['state']:.0f} | "
-          f"{r['rss']:.0f} | {100.0 * r['rss'] / b['rss']:.0f}% | {r['loss']:.6f} |")
+          f"{rss(r)} | {rss(r, b)} | {r['loss']:.6f} |")
 PY

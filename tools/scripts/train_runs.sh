@@ -62,9 +62,22 @@ common=(--config="${repo_root}/tools/recipe/default.textproto"
   --set sampler.shuffle_scope=global)
 for name in "${!model[@]}"; do common+=(--set "model.${name}=${model[${name}]}"); done
 
+# timed FILE COMMAND...: COMMAND, its peak resident memory in KiB (GNU time's, the largest
+# process's) in FILE; 0 there on a machine without GNU time (as some GPU machines are).
+timed() {
+  local out=$1
+  shift
+  if [[ -x /usr/bin/time ]]; then
+    /usr/bin/time -f %M -o "${out}" "$@"
+  else
+    echo 0 >"${out}"
+    "$@"
+  fi
+}
+
 # run NAME ROUND RANKS THREADS [--set ...]: one run into ${work_dir}/NAME.ROUND (its log beside
-# it, and its peak resident memory in KiB from GNU time in NAME.ROUND.rss: the trainer's, or
-# over several ranks the largest rank's), on the corpus the first run prepared.
+# it, and its peak resident memory in KiB in NAME.ROUND.rss: the trainer's, or over several
+# ranks the largest rank's; see timed), on the corpus the first run prepared.
 run() {
   local name=$1 round=$2 ranks=$3 run_threads=$4
   shift 4
@@ -72,10 +85,9 @@ run() {
   local args=("${common[@]}" --set "run_dir=${dir}" "$@")
   if [[ -e "${work_dir}/corpus.bin" ]]; then args+=(--set "data.prefix=${work_dir}/corpus"); fi
   if ((ranks == 1)); then
-    OMP_NUM_THREADS=${run_threads} /usr/bin/time -f %M -o "${dir}.rss" "${train_bin}" "${args[@]}" \
-      >"${dir}.log" 2>&1
+    OMP_NUM_THREADS=${run_threads} timed "${dir}.rss" "${train_bin}" "${args[@]}" >"${dir}.log" 2>&1
   else
-    OMP_NUM_THREADS=${run_threads} /usr/bin/time -f %M -o "${dir}.rss" "${launch_bin}" \
+    OMP_NUM_THREADS=${run_threads} timed "${dir}.rss" "${launch_bin}" \
       --nproc_per_node="${ranks}" --master_port=0 -- "${train_bin}" "${args[@]}" >"${dir}.log" 2>&1
   fi
   if [[ ! -e "${work_dir}/corpus.bin" ]]; then
