@@ -5,13 +5,38 @@
 #include <tuple>
 
 #include "ATen/ATen.h"
+#include "ATen/SDPBackend.h"
 #include "c10/util/Exception.h"
 
 namespace keel::base {
+namespace {
+
+// at::scaled_dot_product_attention without dropout, k and v of q's heads or of fewer: in
+// grouped-query mode where LibTorch's fused kernel for these inputs takes it (flash and cuDNN on
+// GPUs, the CPU's flash kernel); repeated to q's heads where grouping would fall back to the
+// math kernel (GPUs' memory-efficient kernel, which float32 and masks take there).
+at::Tensor Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& mask, bool is_causal) {
+  const int64_t heads = q.size(1), kv_heads = k.size(1);
+  TORCH_CHECK(v.size(1) == kv_heads && kv_heads > 0 && heads % kv_heads == 0,
+              "attention: the key and value heads (", kv_heads, ", ", v.size(1),
+              ") must be equal and divide the query heads (", heads, ")");
+  const bool grouped = kv_heads != heads;
+  if (grouped && at::_fused_sdp_choice(q, k, v, mask, /*dropout_p=*/0.0, is_causal,
+                                       /*scale=*/std::nullopt, /*enable_gqa=*/true) ==
+                     static_cast<int64_t>(at::SDPBackend::math)) {
+    return at::scaled_dot_product_attention(q, k.repeat_interleave(heads / kv_heads, 1),
+                                            v.repeat_interleave(heads / kv_heads, 1), mask,
+                                            /*dropout_p=*/0.0, is_causal);
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, is_causal,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/grouped);
+}
+
+}  // namespace
 
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                          /*is_causal=*/true);
+  return Attend(q, k, v, /*mask=*/std::nullopt, /*is_causal=*/true);
 }
 
 at::Tensor SlidingWindowAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -20,7 +45,7 @@ at::Tensor SlidingWindowAttention(const at::Tensor& q, const at::Tensor& k, cons
   if (window >= seq) return CausalAttention(q, k, v);
   const at::Tensor positions = at::arange(seq, q.options().dtype(at::kLong));
   const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);  // i - j
-  return at::scaled_dot_product_attention(q, k, v, behind.ge(0).logical_and(behind.lt(window)));
+  return Attend(q, k, v, behind.ge(0).logical_and(behind.lt(window)), /*is_causal=*/false);
 }
 
 PackedSequences PackedSequences::To(const c10::Device& device) const {

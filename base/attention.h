@@ -17,14 +17,17 @@
 
 namespace keel::base {
 
-// Causal self-attention of q, k, v [batch, heads, seq, head_dim]: softmax(q k^T / sqrt(head_dim))
-// v, each position attending to itself and the positions before it; [batch, heads, seq,
-// head_dim].
+// Causal self-attention of q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, seq,
+// head_dim]: softmax(q k^T / sqrt(head_dim)) v, each position attending to itself and the
+// positions before it; [batch, heads, seq, head_dim]. Grouped-query attention where kv_heads
+// divides heads: query heads g·j to g·j + g - 1 attend with key-value head j (g = heads /
+// kv_heads), in the fused kernel's grouped mode where it has one (flash and cuDNN on GPUs, the
+// CPU's flash kernel), else through k and v repeated to the query heads.
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Causal attention within a sliding window (Mistral's): position i attends to positions j with
-// i - window < j <= i, through the window's boolean mask. CausalAttention when window >= seq.
-// Requires: window > 0.
+// i - window < j <= i, through the window's boolean mask; q, k, v as CausalAttention's.
+// CausalAttention when window >= seq. Requires: window > 0.
 at::Tensor SlidingWindowAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   int64_t window);
 
@@ -49,9 +52,10 @@ struct PackedSequences {
 PackedSequences PackRows(const std::vector<std::vector<int64_t>>& lengths, int64_t seq);
 
 // Causal attention within each sequence of `packed` (block-diagonal: never across two), within
-// a sliding window as SlidingWindowAttention's when window > 0 (0: none), over q, k, v [batch,
-// heads, seq, head_dim]; [batch, heads, seq, head_dim]. On a GPU in bf16 or fp16 (head_dim a
-// multiple of 8 up to 256): ATen's variable-length flash attention over cu_seqlens; elsewhere
+// a sliding window as SlidingWindowAttention's when window > 0 (0: none), over q, k, v as
+// CausalAttention's; [batch, heads, seq, head_dim]. On a GPU in bf16 or fp16 (head_dim a
+// multiple of 8 up to 256): ATen's variable-length flash attention over cu_seqlens, which takes
+// grouped key-value heads as they are; elsewhere
 // CausalAttention (or SlidingWindowAttention) of each sequence in turn, reading cu_seqlens on
 // the host. Requires: `packed` of q's [batch, seq], on q's device; window >= 0.
 at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

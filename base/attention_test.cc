@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/SDPBackend.h"
 #include "ATen/core/grad_mode.h"
 #include "base/attention_reference.h"
 #include "gtest/gtest.h"
@@ -209,6 +212,88 @@ TEST(PackedCausalAttentionTest, OnAGpuThroughTheVariableLengthFlashKernel) {
   const auto options = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
   ExpectPackedIsEachAlone(options, /*window=*/0, 2e-2, 2e-2);
   ExpectPackedIsEachAlone(options, /*window=*/4, 2e-2, 2e-2);
+}
+
+// Grouped-query attention: q [2, 6 heads, 29, 16], k and v [2, 2 heads, 29, 16] against k and v
+// repeated to the query heads (HF's repeat_kv: query heads 0-2 read key-value head 0), the
+// outputs and the gradients (a key-value head's sums its query heads').
+using Attention =
+    std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+
+void ExpectGroupedIsRepeated(const at::TensorOptions& options, const Attention& attend, double rtol,
+                             double atol) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/13);
+  const at::Tensor q0 = at::randn({2, 6, 29, 16}, generator).to(options);
+  const at::Tensor k0 = at::randn({2, 2, 29, 16}, generator).to(options);
+  const at::Tensor v0 = at::randn({2, 2, 29, 16}, generator).to(options);
+  const at::Tensor upstream = at::randn({2, 6, 29, 16}, generator).to(options);
+  std::vector<at::Tensor> grouped, repeated;
+  for (const at::Tensor& x : {q0, k0, v0}) {
+    grouped.push_back(x.clone().requires_grad_());
+    repeated.push_back(x.clone().requires_grad_());
+  }
+  const at::Tensor out = attend(grouped[0], grouped[1], grouped[2]);
+  const at::Tensor expected =
+      attend(repeated[0], repeated[1].repeat_interleave(3, 1), repeated[2].repeat_interleave(3, 1));
+  ASSERT_EQ(out.sizes(), expected.sizes());
+  EXPECT_TRUE(at::allclose(out.to(at::kFloat), expected.to(at::kFloat), rtol, atol))
+      << "max difference " << (out - expected).abs().max().item<float>();
+  out.backward(upstream);
+  expected.backward(upstream);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(at::allclose(grouped[i].grad().to(at::kFloat), repeated[i].grad().to(at::kFloat),
+                             10 * rtol, 10 * atol))
+        << "gradient of input " << i << ": max difference "
+        << (grouped[i].grad() - repeated[i].grad()).abs().max().item<float>();
+  }
+}
+
+// Causal, within a window of 5, and packed ({9, 12} and the padding in row 0, {29} in row 1).
+void ExpectEveryAttentionGroups(const at::TensorOptions& options, double rtol, double atol) {
+  const PackedSequences packed = PackRows({{9, 12}, {29}}, 29).To(options.device());
+  ExpectGroupedIsRepeated(options, CausalAttention, rtol, atol);
+  ExpectGroupedIsRepeated(
+      options,
+      [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return SlidingWindowAttention(q, k, v, /*window=*/5);
+      },
+      rtol, atol);
+  ExpectGroupedIsRepeated(
+      options,
+      [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return PackedCausalAttention(q, k, v, packed, /*window=*/0);
+      },
+      rtol, atol);
+}
+
+TEST(GroupedQueryAttentionTest, IsAttentionOverKeysAndValuesRepeatedToTheQueryHeads) {
+  ExpectEveryAttentionGroups(at::kFloat, 1e-5, 1e-6);
+}
+
+TEST(GroupedQueryAttentionTest, RefusesKeyValueHeadsThatDoNotDivideTheQueryHeads) {
+  const at::Tensor q = at::randn({1, 6, 4, 8}), kv = at::randn({1, 4, 4, 8});
+  try {
+    CausalAttention(q, kv, kv);
+    ADD_FAILURE() << "4 key-value heads over 6 query heads were taken";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what_without_backtrace())
+                  .find("(4, 4) must be equal and divide the query heads (6)"),
+              std::string::npos)
+        << error.what_without_backtrace();
+  }
+}
+
+// On a GPU in bf16 the fused kernels take the groups as they are: no repeated keys and values.
+TEST(GroupedQueryAttentionTest, OnAGpuTheFusedKernelTakesTheGroups) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU on this machine: the grouped kernels are not run";
+  const auto options = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const at::Tensor q = at::randn({2, 6, 128, 64}, options),
+                   kv = at::randn({2, 2, 128, 64}, options);
+  const int64_t backend = at::_fused_sdp_choice(q, kv, kv, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                /*enable_gqa=*/true);
+  EXPECT_NE(backend, static_cast<int64_t>(at::SDPBackend::math));
+  ExpectEveryAttentionGroups(options, 2e-2, 2e-2);
 }
 
 }  // namespace

@@ -12,11 +12,11 @@ constexpr int64_t kFloat32 = 4;
 // One layer's bytes kept for backward, by part, for a micro-batch of `tokens`.
 struct LayerParts {
   // The norms' inputs (recomputation keeps them) and what else they keep: the outputs that
-  // the next projections read, and a Llama RMSNorm's float32 input and normalised values.
+  // the next projections read, and a Llama RMSNorm's normalised values (and float32 input).
   int64_t norm_inputs = 0, norm_rest = 0;
   // The attention's q, k and v as projected (its recomputation's inputs), and what the fused
-  // kernel keeps beyond them (k and v repeated to the query heads, its output), and the output
-  // projection's input.
+  // kernel keeps beyond them (its output, and k and v if it repeats them to the query heads),
+  // and the output projection's input.
   int64_t attention_inputs = 0, attention_rest = 0, projection_input = 0;
   // The MLP's activations beyond its input (the second norm's output).
   int64_t mlp = 0;
@@ -52,11 +52,16 @@ LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
   }
   const int64_t q = options.num_attention_heads * HeadDim(options);
   const int64_t kv = KvHeads(options) * HeadDim(options);
-  // Each RMSNorm: its float32 input, its normalised values and its output.
+  // Each RMSNorm keeps its input (a float32 copy of it, except LibTorch's fused kernel on a
+  // GPU), its normalised values and its output.
+  const int64_t norm_keeps = shape.gpu ? 3 * a : kFloat32 + 2 * a;
   parts.norm_inputs = 2 * a * split * h;
-  parts.norm_rest = 2 * (kFloat32 + 2 * a) * split * h - parts.norm_inputs;
+  parts.norm_rest = 2 * norm_keeps * split * h - parts.norm_inputs;
   parts.attention_inputs = a * tokens * (q + 2 * kv) / t;
-  parts.attention_rest = a * tokens * (2 * (q - kv) + q) / t;
+  // The fused attention's output; k and v repeated to the query heads only where it takes no
+  // groups (the GPU's float32 kernel).
+  const bool repeats = shape.gpu && a == kFloat32;
+  parts.attention_rest = a * tokens * ((repeats ? 2 * (q - kv) : 0) + q) / t;
   parts.projection_input = a * tokens * q / t;
   parts.mlp = 4 * a * tokens * f / t;
   return parts;

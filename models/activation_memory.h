@@ -10,10 +10,13 @@
 //   GPT:   a·T·(4h + 5h/t + 2f/t)         the norms' inputs and outputs; q, k, v, the
 //                                         attention's output and the projection's input; GELU's
 //                                         input and output
-//   Llama: 2·(4 + 2a)·T·h + a·T·(5q/t + 4f/t)   each RMSNorm's float32 input, normalised
-//                                         values and output; q and k, v repeated to the query
-//                                         heads, the attention's output, o_proj's input; SwiGLU's
-//                                         gate, silu, up and product
+//   Llama: 2·(4 + 2a)·T·h + a·T·(3q/t + 2k/t + 4f/t)   each RMSNorm's float32 input
+//                                         (on a GPU, LibTorch's fused kernel keeps the input
+//                                         itself: 3a, not 4 + 2a), normalised values and output;
+//                                         q, k, v, the attention's output (and k and v repeated
+//                                         to the query heads where the GPU's float32 kernel
+//                                         takes no groups), o_proj's input; SwiGLU's gate, silu,
+//                                         up and product
 //   a GPT mixture-of-experts layer keeps, in place of GELU's, its router's float32 logits
 //   (4·T·experts) and, for the topk x T routed tokens (on average a rank's after the
 //   all-to-all), each expert's input and GELU's input and output: a·topk·T·(h + 2f/t)
@@ -40,6 +43,9 @@ struct ActivationShape {
   int64_t sequence_length = 1;
   // Bytes of an activation element: 4 (float32) or 2 (bf16).
   int64_t activation_bytes = 4;
+  // Whether the rank runs on a GPU, whose kernels keep other tensors (the Llama's RMSNorm and
+  // grouped-query attention above).
+  bool gpu = false;
   int64_t tensor_parallel_size = 1;
   // Megatron's sequence parallelism: the norms and the residual stream hold 1/t of the sequence.
   bool sequence_parallel = false;

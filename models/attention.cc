@@ -49,14 +49,12 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& table
   q = ApplyRotary(q.transpose(1, 2), tables);
   k = ApplyRotary(k.transpose(1, 2), tables);
   const at::Tensor v = Heads(qkv[2], local_kv_heads_).transpose(1, 2);
-  const int64_t group = local_heads_ / local_kv_heads_;
   const int64_t window = options_.window;
+  // k and v keep their key-value heads: the attention groups the query heads over them.
   const at::Tensor attended = parallel::RecomputeIf(
       options_.recompute_core_attn,
-      [group, window, packed](const std::vector<at::Tensor>& qkv) {
-        const at::Tensor& q = qkv[0];
-        const at::Tensor k = group > 1 ? qkv[1].repeat_interleave(group, 1) : qkv[1];
-        const at::Tensor v = group > 1 ? qkv[2].repeat_interleave(group, 1) : qkv[2];
+      [window, packed](const std::vector<at::Tensor>& qkv) {
+        const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
         return packed != nullptr ? base::PackedCausalAttention(q, k, v, *packed, window)
                : window > 0      ? base::SlidingWindowAttention(q, k, v, window)
                                  : base::CausalAttention(q, k, v);

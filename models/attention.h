@@ -2,7 +2,8 @@
 // layers: q_proj, k_proj and v_proj are column-parallel (each rank holds its query heads and
 // the key-value heads they read: tp divides num_key_value_heads), computed as one matrix product
 // of their weights stacked (Megatron's linear_qkv), o_proj row-parallel. Each query head i
-// reads key-value head i / (heads / kv heads) (HF's repeat_kv). RoPE rotates queries and keys;
+// reads key-value head i / (heads / kv heads) (HF's repeat_kv), through the fused attention's
+// grouped-query mode where it has one (base/attention.h). RoPE rotates queries and keys;
 // Qwen3's per-head RMSNorms of queries and keys (q_norm, k_norm) come before it; Qwen2's q/k/v
 // have biases; Mistral's window limits how far back a position attends.
 //
@@ -40,8 +41,8 @@ struct AttentionOptions {
   // Each position attends to the `window` positions ending at it (Mistral's sliding_window);
   // 0: all before it.
   int64_t window = 0;
-  // The attention of the projected heads keeps only q, k and v (before grouped-query
-  // attention's repeat) for backward, and runs again in it (parallel/recompute.h's kCoreAttn).
+  // The attention of the projected heads keeps only q, k and v for backward, and runs again in
+  // it (parallel/recompute.h's kCoreAttn).
   // Default: off.
   bool recompute_core_attn = false;
 };

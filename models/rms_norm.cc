@@ -1,5 +1,8 @@
 #include "models/rms_norm.h"
 
+#include <optional>
+#include <tuple>
+
 #include "ATen/ATen.h"
 #include "base/collectives.h"
 #include "parallel/parameters.h"
@@ -13,15 +16,19 @@ RmsNormImpl::RmsNormImpl(int64_t size, double eps, c10d::ProcessGroup* partial_o
       weight_(register_parameter("weight", parallel::NewParameter({size}, 1.0))) {}
 
 at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
-  // One gradient edge into x (float32 x's alias: to() would be x itself, read twice below), so
-  // that x's gradient sums two terms, this norm's and the residual's, the same in either order:
-  // recomputing the norm (parallel/recompute.h) changes no bit.
-  const at::Tensor wide = x.to(at::kFloat).alias();
-  const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  // LibTorch's fused RMSNorm without a weight is x / sqrt(mean(x^2) + eps) in float32, cast back
+  // to x's dtype: on a GPU one kernel forward and one backward, keeping x and a float32
+  // reciprocal a row; elsewhere HF's operations themselves, the same bits. The weight multiplies
+  // after the cast, as HF's does, so bf16 rounds where it rounds in transformers.
+  // x enters through its alias, one gradient edge, so that x's gradient sums two terms, this
+  // norm's and the residual's, the same in either order: recomputing the norm
+  // (parallel/recompute.h) changes no bit.
+  const at::Tensor normed =
+      std::get<0>(at::_fused_rms_norm(x.alias(), {x.size(-1)}, /*weight=*/std::nullopt, eps_));
   const at::Tensor weight = partial_over_ == nullptr
                                 ? weight_
                                 : parallel::CopyToTensorParallelRegion(weight_, partial_over_);
-  return weight * normed.to(x.scalar_type());
+  return weight * normed;
 }
 
 }  // namespace keel::models

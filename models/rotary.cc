@@ -32,7 +32,11 @@ RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, int64_t seq,
   const at::Tensor positions = at::arange(seq, at::kLong).to(at::kFloat);
   const at::Tensor freqs = positions.unsqueeze(-1) * inv_freq;
   const at::Tensor angles = at::cat({freqs, freqs}, -1);
-  return {angles.cos().to(options), angles.sin().to(options)};
+  const at::Tensor sin = angles.sin();  // HF's bits: the sines of cat(freqs, freqs)
+  const int64_t half = inv_freq.size(0);
+  const at::Tensor signed_sin =
+      at::cat({sin.narrow(-1, 0, half).neg(), sin.narrow(-1, half, half)}, -1);
+  return {angles.cos().to(options), signed_sin.to(options)};
 }
 
 RotaryTables AtPositions(const RotaryTables& tables, const at::Tensor& positions) {
@@ -40,13 +44,14 @@ RotaryTables AtPositions(const RotaryTables& tables, const at::Tensor& positions
     return table.index_select(0, positions.reshape(-1))
         .view({positions.size(0), 1, positions.size(1), table.size(1)});
   };
-  return {rows(tables.cos), rows(tables.sin)};
+  return {rows(tables.cos), rows(tables.signed_sin)};
 }
 
 at::Tensor ApplyRotary(const at::Tensor& x, const RotaryTables& tables) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor rotated = at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
-  return x * tables.cos + rotated * tables.sin;
+  // [x1, x2] -> [x2, x1]: a flip of the halves keeps x's strides (q and k arrive transposed),
+  // and its gradient is the same flip.
+  const at::Tensor swapped = x.unflatten(-1, {2, x.size(-1) / 2}).flip(-2).flatten(-2);
+  return x * tables.cos + swapped * tables.signed_sin;
 }
 
 }  // namespace keel::models

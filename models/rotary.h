@@ -33,10 +33,12 @@ struct RopeOptions {
 at::Tensor InverseFrequencies(int64_t head_dim, const RopeOptions& options);
 
 // cos and sin of each position's angles, [seq, head_dim] (each angle twice, as HF's
-// cat(freqs, freqs)), computed in float32 and cast to `options`' dtype on its device.
+// cat(freqs, freqs)), computed in float32 and cast to `options`' dtype on its device. The sines
+// of the first half are negated: rotate_half's sign, folded into the table (x·(-s) is (-x)·s in
+// every floating-point format), so that rotating takes one flip of x's halves.
 struct RotaryTables {
   at::Tensor cos;
-  at::Tensor sin;
+  at::Tensor signed_sin;
 };
 RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, int64_t seq,
                               const at::TensorOptions& options);
@@ -46,7 +48,9 @@ RotaryTables MakeRotaryTables(const at::Tensor& inv_freq, int64_t seq,
 // positions within the tables.
 RotaryTables AtPositions(const RotaryTables& tables, const at::Tensor& positions);
 
-// x * cos + rotate_half(x) * sin over x [batch, heads, seq, head_dim].
+// x * cos + rotate_half(x) * sin over x [batch, heads, seq, head_dim]: HF's bits, forward and
+// backward, in four kernels each way (a flip of x's halves, two products, a sum) where HF's
+// negation, concatenation of strided halves and their sliced gradients take about twice that.
 at::Tensor ApplyRotary(const at::Tensor& x, const RotaryTables& tables);
 
 }  // namespace keel::models

@@ -31,6 +31,8 @@ TARGETS=(
   //base:attention_test
   //parallel/tensor_parallel:cross_entropy_test
   //parallel/tensor_parallel:cross_entropy_benchmark
+  //models:rms_norm_test
+  //models:llama_blocks_benchmark
 )
 OPT=(--config=cuda -c opt)
 bazel build "${OPT[@]}" "${TARGETS[@]}"

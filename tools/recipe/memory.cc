@@ -73,6 +73,7 @@ RankActivations EstimateRankActivations(const TrainOptions& options,
                               ? options.packed_sequence.packed_sequence_size
                               : options.data.dataset.sequence_length;
   shape.activation_bytes = options.bf16 ? kBf16 : kFloat32;
+  shape.gpu = options.distributed.backend == parallel::Backend::kNccl;
   shape.tensor_parallel_size = sizes.tensor_model_parallel_size;
   shape.sequence_parallel = options.distributed.sequence_parallel;
   RankActivations most;
