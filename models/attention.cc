@@ -48,7 +48,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const RotaryTables& table
   }
   q = ApplyRotary(q.transpose(1, 2), tables);
   k = ApplyRotary(k.transpose(1, 2), tables);
-  const at::Tensor v = Heads(qkv[2], local_kv_heads_).transpose(1, 2);
+  // v of its own, unless the q/k norms keep the stacked product for backward anyway: as a view,
+  // v would keep all of it (q and k as projected) alive while the attention keeps v.
+  const at::Tensor v =
+      Heads(options_.qk_norm ? qkv[2] : qkv[2].contiguous(), local_kv_heads_).transpose(1, 2);
   const int64_t window = options_.window;
   // k and v keep their key-value heads: the attention groups the query heads over them.
   const at::Tensor attended = parallel::RecomputeIf(
