@@ -55,9 +55,9 @@ PackedSequences PackRows(const std::vector<std::vector<int64_t>>& lengths, int64
 // a sliding window as SlidingWindowAttention's when window > 0 (0: none), over q, k, v as
 // CausalAttention's; [batch, heads, seq, head_dim]. On a GPU in bf16 or fp16 (head_dim a
 // multiple of 8 up to 256): ATen's variable-length flash attention over cu_seqlens, which takes
-// grouped key-value heads as they are; elsewhere
-// CausalAttention (or SlidingWindowAttention) of each sequence in turn, reading cu_seqlens on
-// the host. Requires: `packed` of q's [batch, seq], on q's device; window >= 0.
+// grouped key-value heads as they are; elsewhere CausalAttention (or SlidingWindowAttention) of
+// each sequence in turn, reading cu_seqlens on the host. Requires: `packed` of q's [batch, seq],
+// on q's device; window >= 0.
 at::Tensor PackedCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const PackedSequences& packed, int64_t window);
 

@@ -1,6 +1,7 @@
 // CausalAttention and SlidingWindowAttention against the explicit masked softmax; packed rows
-// of several sequences (PackedCausalAttention) against each sequence attended alone, on the
-// CPU and, where there is one, on a GPU through ATen's variable-length flash kernel.
+// of several sequences (PackedCausalAttention) against each sequence attended alone; grouped
+// key-value heads against the same heads repeated to the query heads. On the CPU and, where
+// there is one, on a GPU (ATen's variable-length flash kernel, the grouped fused kernels).
 #include "base/attention.h"
 
 #include <algorithm>

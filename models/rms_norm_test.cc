@@ -14,8 +14,8 @@ namespace {
 constexpr double kEps = 1e-5;
 constexpr int64_t kSize = 64;
 
-// x [3, 5, 64] up to about 6 in size (a mean square far from 1), a weight away from one, and
-// the gradient from above, from a fixed generator.
+// x [3, 5, 64] of scale 3 (a mean square far from 1), a weight away from one, and the gradient
+// from above, from a fixed generator.
 struct Inputs {
   at::Tensor x, weight, upstream;
 };
