@@ -189,7 +189,8 @@ families() {
 # Where the trainer's bf16 step (model.bf16) spends its time on the GPU: LibTorch's profiler over
 # steps 6-8 of the GPT that issue 32's table measures (h1024, 8 layers, seq 512, batch 32 in
 # micro-batches of 8), then of GPT-2 124M (h768, 12 layers, seq 1024, vocabulary 50304, batch 32
-# in micro-batches of 16). Two steps follow, so that the run's one checkpoint, after its last,
+# in micro-batches of 16), then of the Llama of GPT-2's size (issue 46's `llama` shape), to see
+# which of its kernels still cost what the GPT's do not. Two steps follow, so that the run's one checkpoint, after its last,
 # stays out of it (the corpus's epoch ends within the profile: no checkpoint there).
 profile_run() {
   local name=$1
@@ -214,7 +215,13 @@ profile() {
   profile_run profile_gpt2 --set model.hidden_size=768 --set model.num_layers=12 \
     --set model.num_attention_heads=12 --set model.ffn_hidden_size=3072 \
     --set model.vocab_size=50304 --set data.sequence_length=1024 \
-    --set step_scheduler.global_batch_size=32 --set step_scheduler.local_batch_size=16
+    --set step_scheduler.global_batch_size=32 --set step_scheduler.local_batch_size=16 || return 1
+  echo "## the GPT-2-sized Llama (h768, 12 layers, 12 query heads over 4 groups, SwiGLU 2048), bf16"
+  profile_run profile_llama_gpt2 --set model.family=llama --set model.hidden_size=768 \
+    --set model.num_layers=12 --set model.num_attention_heads=12 --set model.num_query_groups=4 \
+    --set model.ffn_hidden_size=2048 --set model.vocab_size=50304 \
+    --set data.sequence_length=1024 --set step_scheduler.global_batch_size=32 \
+    --set step_scheduler.local_batch_size=16
 }
 
 tests() { "${BAZEL[@]}" test "${OPT[@]}" -k --test_output=errors //...; }
