@@ -140,6 +140,13 @@ TEST(MemoryTest, ActivationsFollowRecomputationTheLossAndThePipeline) {
   EXPECT_THAT(out.str(), HasSubstr("with full recomputation (uniform, 1 layer(s)) the stage keeps "
                                    "1024.0 MiB (1760.0 MiB made again at once)"));
   EXPECT_THAT(out.str(), HasSubstr("(whole); 1 micro-batch(es) in flight"));
+  // On GPUs (NCCL) LibTorch's fused RMSNorm keeps the bf16 input, not a float32 copy: 6 bytes a
+  // value each, not 8: 16,384 x (2 x 6 x 2048 + 2 x (3 x 2048 + 2 x 512 + 4 x 8192)) bytes.
+  options.distributed.backend = parallel::Backend::kNccl;
+  std::ostringstream on_gpus;
+  PrintPrecisionAndMemory(options, one, on_gpus);
+  EXPECT_THAT(on_gpus.str(), HasSubstr("a layer keeps 1632.0 MiB a micro-batch"));
+  options.distributed.backend = parallel::Backend::kGloo;
 
   // The default chunked loss: the first stage's 4 micro-batches hold the most.
   model.cross_entropy_chunk_len.reset();
