@@ -1,7 +1,6 @@
 #include "models/rms_norm.h"
 
 #include <optional>
-#include <tuple>
 
 #include "ATen/ATen.h"
 #include "base/collectives.h"
@@ -16,15 +15,14 @@ RmsNormImpl::RmsNormImpl(int64_t size, double eps, c10d::ProcessGroup* partial_o
       weight_(register_parameter("weight", parallel::NewParameter({size}, 1.0))) {}
 
 at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
-  // LibTorch's fused RMSNorm without a weight is x / sqrt(mean(x^2) + eps) in float32, cast back
-  // to x's dtype: on a GPU one kernel forward and one backward, keeping x and a float32
-  // reciprocal a row; elsewhere HF's operations themselves, the same bits. The weight multiplies
-  // after the cast, as HF's does, so bf16 rounds where it rounds in transformers.
-  // x enters through its alias, one gradient edge, so that x's gradient sums two terms, this
-  // norm's and the residual's, the same in either order: recomputing the norm
+  // LibTorch's RMSNorm without a weight is x / sqrt(mean(x^2) + eps) in float32, cast back to
+  // x's dtype: on a GPU (LibTorch 2.9 and later) its fused kernel, one forward and one backward,
+  // keeping x and a float32 reciprocal a row; elsewhere HF's operations themselves, the same
+  // bits. The weight multiplies after the cast, as HF's does, so bf16 rounds where it rounds in
+  // transformers. x enters through its alias, one gradient edge, so that x's gradient sums two
+  // terms, this norm's and the residual's, the same in either order: recomputing the norm
   // (parallel/recompute.h) changes no bit.
-  const at::Tensor normed =
-      std::get<0>(at::_fused_rms_norm(x.alias(), {x.size(-1)}, /*weight=*/std::nullopt, eps_));
+  const at::Tensor normed = at::rms_norm(x.alias(), {x.size(-1)}, /*weight=*/std::nullopt, eps_);
   const at::Tensor weight = partial_over_ == nullptr
                                 ? weight_
                                 : parallel::CopyToTensorParallelRegion(weight_, partial_over_);
