@@ -97,18 +97,17 @@ void BM_GroupedAttention(benchmark::State& state, bool repeat, Shape shape, at::
 constexpr Shape kGpuLlama{16, 12, 1024, 64};
 constexpr Shape kGpuLlamaOnCpu{2, 12, 1024, 64};
 
-BENCHMARK_CAPTURE(BM_GroupedAttention, llama_grouped, false, kGpuLlamaOnCpu, at::kCPU)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_GroupedAttention, llama_repeated, true, kGpuLlamaOnCpu, at::kCPU)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_GroupedAttention, llama_grouped_cuda, false, kGpuLlama, at::kCUDA)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_GroupedAttention, llama_repeated_cuda, true, kGpuLlama, at::kCUDA)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+// llama_grouped<suffix> and llama_repeated<suffix>.
+#define KEEL_GROUPED_ATTENTION_BENCHMARKS(suffix, shape, device)                      \
+  BENCHMARK_CAPTURE(BM_GroupedAttention, llama_grouped##suffix, false, shape, device) \
+      ->Unit(benchmark::kMillisecond)                                                 \
+      ->UseRealTime();                                                                \
+  BENCHMARK_CAPTURE(BM_GroupedAttention, llama_repeated##suffix, true, shape, device) \
+      ->Unit(benchmark::kMillisecond)                                                 \
+      ->UseRealTime()
+
+KEEL_GROUPED_ATTENTION_BENCHMARKS(, kGpuLlamaOnCpu, at::kCPU);
+KEEL_GROUPED_ATTENTION_BENCHMARKS(_cuda, kGpuLlama, at::kCUDA);
 
 KEEL_ATTENTION_BENCHMARKS(default_run_float32, kDefaultRun, at::kFloat, at::kCPU);
 KEEL_ATTENTION_BENCHMARKS(gpu_gpt_float32, kGpuGptOnCpu, at::kFloat, at::kCPU);

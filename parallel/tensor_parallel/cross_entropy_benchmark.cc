@@ -40,18 +40,16 @@ void BM_CrossEntropy(benchmark::State& state, Loss loss, at::DeviceType device, 
   state.SetBytesProcessed(state.iterations() * rows * vocab * 6);
 }
 
-BENCHMARK_CAPTURE(BM_CrossEntropy, keel_cpu, Loss::kKeel, at::kCPU, 512, 50304)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_CrossEntropy, libtorch_cpu, Loss::kLibTorch, at::kCPU, 512, 50304)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_CrossEntropy, keel_gpt2_cuda, Loss::kKeel, at::kCUDA, 16384, 50304)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_CrossEntropy, libtorch_gpt2_cuda, Loss::kLibTorch, at::kCUDA, 16384, 50304)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_CrossEntropy, keel_llama3_cuda, Loss::kKeel, at::kCUDA, 8192, 128256)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_CrossEntropy, libtorch_llama3_cuda, Loss::kLibTorch, at::kCUDA, 8192, 128256)
-    ->Unit(benchmark::kMillisecond);
+// Keel's loss and LibTorch's, on `rows` x `vocab` logits: keel_<name> and libtorch_<name>.
+#define KEEL_CROSS_ENTROPY_BENCHMARKS(name, device, rows, vocab)                            \
+  BENCHMARK_CAPTURE(BM_CrossEntropy, keel_##name, Loss::kKeel, device, rows, vocab)         \
+      ->Unit(benchmark::kMillisecond);                                                      \
+  BENCHMARK_CAPTURE(BM_CrossEntropy, libtorch_##name, Loss::kLibTorch, device, rows, vocab) \
+      ->Unit(benchmark::kMillisecond)
+
+KEEL_CROSS_ENTROPY_BENCHMARKS(cpu, at::kCPU, 512, 50304);
+KEEL_CROSS_ENTROPY_BENCHMARKS(gpt2_cuda, at::kCUDA, 16384, 50304);
+KEEL_CROSS_ENTROPY_BENCHMARKS(llama3_cuda, at::kCUDA, 8192, 128256);
 
 }  // namespace
 }  // namespace keel::parallel
