@@ -104,17 +104,27 @@ ActivationMemory EstimateActivations(const ModelOptions& options, const Activati
   }
   if (!shape.last_stage) return memory;
   const int64_t vocab = PaddedVocabSize(options, t) / t;
-  // The final norm as a layer's first; the loss's float32 log-normalisers or log-probabilities.
+  // The final norm as a layer's first, then the loss (parallel/tensor_parallel/cross_entropy.h).
+  // bf16 logits on a GPU take Keel's kernels, which keep no float32 copy of them.
+  const bool kernels = shape.gpu && a == 2;
   const int64_t chunk_len = CrossEntropyChunkLen(options);
   memory.head_kept_bytes = (whole.norm_inputs + whole.norm_rest) / 2;
   if (chunk_len > 0) {
+    // Two float32 numbers a position (the log-normaliser and the target's logit); a chunk's
+    // logits and its gradient in the activations' dtype, and without the kernels its float32
+    // logits and their exponentials.
     memory.head_kept_bytes += 2 * kFloat32 * tokens;
-    // A chunk's float32 logits, their exponentials and its gradient in the activations' dtype.
-    memory.logits_peak_bytes = std::min(chunk_len, tokens) * vocab * (2 * kFloat32 + a);
-  } else {
+    memory.logits_peak_bytes =
+        std::min(chunk_len, tokens) * vocab * (kernels ? 2 * a : 2 * kFloat32 + a);
+  } else if (t == 1 && !kernels) {
+    // ATen's float32 log-probabilities; their gradient in the activations' dtype beside them.
     memory.head_kept_bytes += kFloat32 * tokens * vocab;
-    // The logits' gradient beside the kept float32 values (and a float32 copy over tp).
-    memory.logits_peak_bytes = tokens * vocab * (t > 1 ? kFloat32 : a);
+    memory.logits_peak_bytes = tokens * vocab * a;
+  } else {
+    // The logits in their dtype and a float32 log-normaliser a position; their gradient beside,
+    // and without the kernels its float32 working copy (the gradient itself in float32).
+    memory.head_kept_bytes += a * tokens * vocab + kFloat32 * tokens;
+    memory.logits_peak_bytes = tokens * vocab * (kernels || a == kFloat32 ? a : kFloat32 + a);
   }
   return memory;
 }

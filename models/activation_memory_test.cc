@@ -132,5 +132,30 @@ TEST(ActivationMemoryTest, TheChunkedLossHoldsAChunksLogits) {
   EXPECT_LT(chunked.peak_bytes(1), whole.peak_bytes(1));
 }
 
+// Over tensor parallelism, and on one rank in Keel's kernels (bf16 on a GPU), the loss keeps the
+// logits in their dtype and a float32 log-normaliser a position, not float32 log-probabilities.
+TEST(ActivationMemoryTest, TheLossKeepsTheLogitsInTheirDtypeOverRanksAndInKeelsKernels) {
+  ModelOptions options = Gpt();
+  options.vocab_size = 1000;  // padded to 1024: 512 columns a rank over 2
+  options.cross_entropy_chunk_len = 0;
+  const int64_t final_norm = 2 * kTokens * 64;  // its input and output, times the bytes
+  const ActivationMemory tp2 = EstimateActivations(options, Shape(1, 2, 2));
+  EXPECT_EQ(tp2.head_kept_bytes, 2 * final_norm + 2 * kTokens * 512 + 4 * kTokens);
+  // The bf16 gradient beside its float32 working copy.
+  EXPECT_EQ(tp2.logits_peak_bytes, (4 + 2) * kTokens * 512);
+  const ActivationMemory tp2_float32 = EstimateActivations(options, Shape(1, 2, 4));
+  EXPECT_EQ(tp2_float32.head_kept_bytes, 4 * final_norm + 4 * kTokens * 512 + 4 * kTokens);
+  EXPECT_EQ(tp2_float32.logits_peak_bytes, 4 * kTokens * 512);
+
+  ActivationShape on_gpu = Shape(1, 1, 2);
+  on_gpu.gpu = true;
+  const ActivationMemory kernels = EstimateActivations(options, on_gpu);
+  EXPECT_EQ(kernels.head_kept_bytes, 2 * final_norm + 2 * kTokens * 1024 + 4 * kTokens);
+  EXPECT_EQ(kernels.logits_peak_bytes, 2 * kTokens * 1024);
+  // Chunked: a chunk's bf16 logits and their bf16 gradient, no float32 copies.
+  options.cross_entropy_chunk_len = 16;
+  EXPECT_EQ(EstimateActivations(options, on_gpu).logits_peak_bytes, 16 * 1024 * (2 + 2));
+}
+
 }  // namespace
 }  // namespace keel::models

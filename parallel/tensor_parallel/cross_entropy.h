@@ -2,11 +2,14 @@
 // Megatron-Core's tensor_parallel/cross_entropy.py (vocab_parallel_cross_entropy): each rank
 // holds the logits of its slice of the vocabulary ([..., vocab / tp], rank r's slice starting
 // at r x vocab / tp); the maximum, the sum of exponentials and the target's logit are reduced
-// over the group, so no rank ever holds the whole logits. Its gradient is computed directly
-// (softmax minus the target's one-hot, on each rank's slice). On one rank, ATen's fused
-// log-softmax does the same arithmetic in fewer passes; bf16 logits on a GPU, in a build with
-// --config=cuda (KEEL_CUDA_KERNELS), take Keel's kernels, which read them once forward and once
-// backward.
+// over the group, so no rank ever holds the whole logits. Keel reduces each slice's
+// log-normaliser and target logit (two all-reduces a step, where Megatron's three reduce the
+// maximum logit, the target's and the sum of exponentials; the same loss within float
+// rounding). Its gradient is computed directly (softmax minus the target's one-hot, on each
+// rank's slice) from the logits kept in their dtype. On one rank, ATen's fused log-softmax does
+// the arithmetic in fewer passes. bf16 logits on a GPU, in a build with --config=cuda
+// (KEEL_CUDA_KERNELS), take Keel's kernels on any number of ranks, chunked or not: they read
+// the logits once forward and once backward, writing the gradient in the same pass.
 //
 //   at::Tensor logits = lm_head(hidden);                       // [b, s, vocab / tp]
 //   at::Tensor losses = VocabParallelCrossEntropy(logits, labels, tp);  // [b, s]

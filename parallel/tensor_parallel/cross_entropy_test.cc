@@ -1,10 +1,12 @@
 // The output layer and the loss over chunks of positions (LinearCrossEntropy) against ATen's
 // cross-entropy of the whole logits: on one rank at every chunk length (dividing the positions
 // or not, longer than them), with vocabulary padding, a frozen weight and bf16; and on 2 real
-// Gloo ranks, each holding its vocabulary slice. On a GPU, bf16 logits' loss and gradient (Keel's
-// kernels under --config=cuda) against the same on the CPU.
+// Gloo ranks, each holding its vocabulary slice (one of them padding alone), in float32 and bf16.
+// On a GPU, bf16 logits' loss and gradient (Keel's kernels under --config=cuda) against the same
+// on the CPU, on one rank and two, whole and chunked.
 #include "parallel/tensor_parallel/cross_entropy.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -117,28 +119,64 @@ TEST(LinearCrossEntropyTest, Bf16ChunksAreTheWholeBf16Logits) {
   ExpectClose(grads[3], grads[1], 2e-2);
 }
 
-// Two ranks, each with its 8 rows of the vocabulary (the last 3 of rank 1's padding): the
-// losses, the hidden states' gradient (summed by the input region) and each rank's slice of
-// the weight's gradient are the one-rank reference's.
+// Two ranks, each with its 8 rows of the vocabulary, the last 3 of rank 1's padding (or all 8 of
+// them, a slice without a real entry): the losses, the hidden states' gradient (summed by the
+// input region) and each rank's slice of the weight's gradient are the one-rank reference's,
+// and the padding rows get none.
 TEST(LinearCrossEntropyTest, TwoRanksGiveTheOneRankLossAndGradients) {
-  constexpr int64_t kReal = 13, kRows = kVocab / 2;
-  const Problem p(kReal);
-  const Reference reference(p, kReal);
+  constexpr int64_t kRows = kVocab / 2;
+  for (const int64_t real : {int64_t{13}, kRows}) {
+    const Problem p(real);
+    const Reference reference(p, real);
+    KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+      for (const int64_t chunk_len : {0, 3}) {
+        SCOPED_TRACE(::testing::Message() << "real " << real << ", rank " << r.rank
+                                          << ", chunk_len " << chunk_len);
+        const at::Tensor hidden = p.hidden.clone().requires_grad_(true);
+        const at::Tensor weight =
+            p.weight.narrow(0, r.rank * kRows, kRows).clone().requires_grad_(true);
+        const at::Tensor losses =
+            LinearCrossEntropy(CopyToTensorParallelRegion(hidden, r.group.get()), weight, p.target,
+                               r.group.get(), {chunk_len, real - r.rank * kRows});
+        ExpectClose(losses, reference.losses, 1e-5);
+        (losses * p.grad_loss).sum().backward();
+        ExpectClose(hidden.grad(), reference.grad_hidden, 1e-5);
+        const int64_t real_rows = std::clamp<int64_t>(real - r.rank * kRows, 0, kRows);
+        ExpectClose(weight.grad().narrow(0, 0, real_rows),
+                    reference.grad_weight.narrow(0, r.rank * kRows, real_rows), 1e-5);
+        EXPECT_TRUE(weight.grad().narrow(0, real_rows, kRows - real_rows).eq(0).all().item<bool>());
+      }
+      return absl::OkStatus();
+    }));
+  }
+}
+
+// bf16 on two ranks (the logits kept in bf16, float32 losses, bf16 gradients) as on one rank,
+// chunked and whole.
+TEST(LinearCrossEntropyTest, Bf16OnTwoRanksIsBf16OnOne) {
+  constexpr int64_t kRows = kVocab / 2;
+  const Problem p(kVocab);
+  const at::Tensor hidden = p.hidden.to(at::kBFloat16), weight = p.weight.to(at::kBFloat16);
+  const at::Tensor one_hidden = hidden.clone().requires_grad_(true);
+  const at::Tensor one_weight = weight.clone().requires_grad_(true);
+  const at::Tensor one = LinearCrossEntropy(one_hidden, one_weight, p.target, nullptr, {0, {}});
+  (one * p.grad_loss).sum().backward();
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
-    for (const int64_t chunk_len : {0, 3}) {
+    for (const int64_t chunk_len : {0, 4}) {
       SCOPED_TRACE(::testing::Message() << "rank " << r.rank << ", chunk_len " << chunk_len);
-      const at::Tensor hidden = p.hidden.clone().requires_grad_(true);
-      const at::Tensor weight =
-          p.weight.narrow(0, r.rank * kRows, kRows).clone().requires_grad_(true);
+      const at::Tensor mine_hidden = hidden.clone().requires_grad_(true);
+      const at::Tensor mine_weight =
+          weight.narrow(0, r.rank * kRows, kRows).clone().requires_grad_(true);
       const at::Tensor losses =
-          LinearCrossEntropy(CopyToTensorParallelRegion(hidden, r.group.get()), weight, p.target,
-                             r.group.get(), {chunk_len, kReal - r.rank * kRows});
-      ExpectClose(losses, reference.losses, 1e-5);
+          LinearCrossEntropy(CopyToTensorParallelRegion(mine_hidden, r.group.get()), mine_weight,
+                             p.target, r.group.get(), {chunk_len, {}});
+      EXPECT_EQ(losses.scalar_type(), at::kFloat);
+      ExpectClose(losses, one.detach(), 1e-5);
       (losses * p.grad_loss).sum().backward();
-      ExpectClose(hidden.grad(), reference.grad_hidden, 1e-5);
-      const int64_t real_rows = r.rank == 0 ? kRows : kReal - kRows;
-      ExpectClose(weight.grad().narrow(0, 0, real_rows),
-                  reference.grad_weight.narrow(0, r.rank * kRows, real_rows), 1e-5);
+      EXPECT_EQ(mine_weight.grad().scalar_type(), at::kBFloat16);
+      ExpectClose(mine_hidden.grad(), one_hidden.grad().to(at::kFloat), 2e-2);
+      ExpectClose(mine_weight.grad(),
+                  one_weight.grad().narrow(0, r.rank * kRows, kRows).to(at::kFloat), 2e-2);
     }
     return absl::OkStatus();
   }));
@@ -175,6 +213,64 @@ TEST(VocabParallelCrossEntropyTest, OnAGpuBf16LogitsGiveTheCpusLossAndGradient) 
     // Each gradient rounded to bf16 from float32 values within float rounding: one bf16 step.
     EXPECT_TRUE(at::allclose(grads[1], grads[0], /*rtol=*/8e-3, /*atol=*/1e-7));
     EXPECT_TRUE(grads[1].narrow(-1, real, vocab - real).eq(0).all().item<bool>());
+  }
+}
+
+// ||ours - reference|| <= relative x ||reference||: for gradients summed over many bf16 terms
+// in different orders on two devices.
+void ExpectNear(const at::Tensor& ours, const at::Tensor& reference, double relative) {
+  ASSERT_TRUE(ours.defined());
+  const at::Tensor a = ours.cpu().to(at::kFloat), b = reference.cpu().to(at::kFloat);
+  EXPECT_LE((a - b).norm().item<double>(), relative * b.norm().item<double>());
+}
+
+// bf16 on a GPU (with --config=cuda Keel's kernels), whole and chunked, on one rank and on two
+// (Gloo carrying the GPU's tensors), against the same on the CPU (ATen's composition), at
+// GPT-2's padded vocabulary with its padding columns. The logits are exact in bf16 on both
+// devices (small multiples of 1/8), so that only the float32 sums' orders differ.
+TEST(LinearCrossEntropyTest, OnAGpuBf16SlicesGiveTheCpusLossAndGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU: the CUDA path is not checked here";
+#ifndef KEEL_CUDA_KERNELS
+  GTEST_SKIP() << "built without --config=cuda: Keel's cross-entropy kernels are not in this build";
+#endif
+  constexpr int64_t kPadded = 50304, kReal = 50257, kWidth = 8;
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/5);
+  const at::Tensor hidden = at::randint(-1, 2, {2, 37, kWidth}, generator).to(at::kBFloat16);
+  const at::Tensor weight =
+      at::randint(-4, 5, {kPadded, kWidth}, generator).div(8).to(at::kBFloat16);
+  const at::Tensor target = at::randint(kReal, {2, 37}, generator, at::kLong);
+  const at::Tensor grad_loss = at::rand({2, 37}, generator, at::kFloat);
+  const at::Device gpu(at::kCUDA, 0);
+  for (const int world : {1, 2}) {
+    KEEL_ASSERT_OK(RunOnRanks(world, [&](Rank& r) -> absl::Status {
+      const int64_t rows = kPadded / world;
+      for (const int64_t chunk_len : {0, 16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "rank " << r.rank << " of " << world << ", chunk_len " << chunk_len);
+        std::vector<at::Tensor> losses, grad_hidden, grad_weight;
+        for (const at::Device device : {at::Device(at::kCPU), gpu}) {
+          const at::Tensor h = hidden.to(device).requires_grad_(true);
+          const at::Tensor w = weight.narrow(0, r.rank * rows, rows).to(device).requires_grad_(true);
+          const at::Tensor loss =
+              LinearCrossEntropy(CopyToTensorParallelRegion(h, r.group.get()), w,
+                                 target.to(device), r.group.get(),
+                                 {chunk_len, kReal - r.rank * rows});
+          (loss * grad_loss.to(device)).sum().backward();
+          losses.push_back(loss.detach().cpu());
+          grad_hidden.push_back(h.grad());
+          grad_weight.push_back(w.grad());
+        }
+        EXPECT_EQ(losses[1].scalar_type(), at::kFloat);
+        EXPECT_TRUE(at::allclose(losses[1], losses[0], /*rtol=*/1e-5, /*atol=*/1e-5));
+        ExpectNear(grad_hidden[1], grad_hidden[0], 1e-2);
+        ExpectNear(grad_weight[1], grad_weight[0], 1e-2);
+        if (r.rank == world - 1) {
+          const int64_t padding = kPadded - kReal;
+          EXPECT_TRUE(grad_weight[1].narrow(0, rows - padding, padding).eq(0).all().item<bool>());
+        }
+      }
+      return absl::OkStatus();
+    }));
   }
 }
 

@@ -33,15 +33,15 @@ __device__ MaxSum WarpCombine(MaxSum value) {
   return value;
 }
 
-// One block a row: each thread folds its columns into a MaxSum (one exponential a value), the
-// block combines them; thread 0 writes the row's log-normaliser and loss.
+// One block a row: each thread folds its real columns into a MaxSum (one exponential a value),
+// the block combines them; thread 0 writes the row's log-normaliser and target logit.
 __global__ void __launch_bounds__(kThreads)
-    Forward(const __nv_bfloat16* logits, const int64_t* target, int64_t vocab, float* lse,
-            float* loss) {
+    SliceLogNormaliser(const __nv_bfloat16* logits, const int64_t* target, int64_t columns,
+                       int64_t begin, int64_t real, float* lse, float* target_logit) {
   const int64_t row = blockIdx.x;
-  const __nv_bfloat16* x = logits + row * vocab;
+  const __nv_bfloat16* x = logits + row * columns;
   MaxSum mine{-INFINITY, 0.0f};
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
+  for (int64_t c = threadIdx.x; c < real; c += blockDim.x) {
     const float v = __bfloat162float(x[c]);
     if (v == -INFINITY) continue;
     if (v > mine.max) {
@@ -60,24 +60,28 @@ __global__ void __launch_bounds__(kThreads)
   mine = lane < blockDim.x / kWarp ? warps[lane] : MaxSum{-INFINITY, 0.0f};
   mine = WarpCombine(mine);
   if (lane == 0) {
-    const float normaliser = mine.max + logf(mine.sum);
-    lse[row] = normaliser;
-    loss[row] = normaliser - __bfloat162float(x[target[row]]);
+    // A row without a real logit (a slice of padding alone) has sum 0: log 0 = -inf.
+    lse[row] = mine.max == -INFINITY ? -INFINITY : mine.max + logf(mine.sum);
+    const int64_t t = target[row] - begin;
+    target_logit[row] = t >= 0 && t < real ? __bfloat162float(x[t]) : 0.0f;
   }
 }
 
-// One block a row: softmax minus the target's one-hot, times the row's loss gradient.
+// One block a row: softmax minus the target's one-hot, times the row's loss gradient, in the
+// real columns; 0 in the padding ones.
 __global__ void __launch_bounds__(kThreads)
-    Backward(const __nv_bfloat16* logits, const int64_t* target, const float* lse,
-             const float* grad_loss, int64_t vocab, __nv_bfloat16* grad) {
+    SliceGradient(const __nv_bfloat16* logits, const int64_t* target, const float* lse,
+                  const float* grad_loss, int64_t columns, int64_t begin, int64_t real,
+                  __nv_bfloat16* grad) {
   const int64_t row = blockIdx.x;
-  const __nv_bfloat16* x = logits + row * vocab;
-  __nv_bfloat16* out = grad + row * vocab;
+  const __nv_bfloat16* x = logits + row * columns;
+  __nv_bfloat16* out = grad + row * columns;
   const float normaliser = lse[row], scale = grad_loss[row];
-  const int64_t t = target[row];
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-    const float p = expf(__bfloat162float(x[c]) - normaliser);
-    out[c] = __float2bfloat16((p - (c == t ? 1.0f : 0.0f)) * scale);
+  // The target's column, if one of the real columns holds it.
+  const int64_t t = target[row] - begin, hot = t >= 0 && t < real ? t : -1;
+  for (int64_t c = threadIdx.x; c < columns; c += blockDim.x) {
+    const float p = c < real ? expf(__bfloat162float(x[c]) - normaliser) : 0.0f;
+    out[c] = __float2bfloat16((p - (c == hot ? 1.0f : 0.0f)) * scale);
   }
 }
 
@@ -88,18 +92,20 @@ const char* LastError() {
 
 }  // namespace
 
-const char* LaunchCrossEntropyForward(const void* logits, const int64_t* target, int64_t rows,
-                                      int64_t vocab, float* lse, float* loss, void* stream) {
-  Forward<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __nv_bfloat16*>(logits), target, vocab, lse, loss);
+const char* LaunchSliceLogNormaliser(const void* logits, const int64_t* target, int64_t rows,
+                                     int64_t columns, int64_t begin, int64_t real, float* lse,
+                                     float* target_logit, void* stream) {
+  SliceLogNormaliser<<<static_cast<unsigned>(rows), kThreads, 0,
+                       static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(logits), target, columns, begin, real, lse, target_logit);
   return LastError();
 }
 
-const char* LaunchCrossEntropyBackward(const void* logits, const int64_t* target, const float* lse,
-                                       const float* grad_loss, int64_t rows, int64_t vocab,
-                                       void* grad, void* stream) {
-  Backward<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __nv_bfloat16*>(logits), target, lse, grad_loss, vocab,
+const char* LaunchSliceGradient(const void* logits, const int64_t* target, const float* lse,
+                                const float* grad_loss, int64_t rows, int64_t columns,
+                                int64_t begin, int64_t real, void* grad, void* stream) {
+  SliceGradient<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const __nv_bfloat16*>(logits), target, lse, grad_loss, columns, begin, real,
       static_cast<__nv_bfloat16*>(grad));
   return LastError();
 }
