@@ -1,6 +1,8 @@
 #include "tools/recipe/lr_schedule.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -20,6 +22,15 @@ absl::Status ReadLrScheduler(const LrSchedulerConfig& config, double lr, double 
   derived = {.lr_warmup_steps = !config.has_lr_warmup_steps(),
              .lr_decay_steps = !config.has_lr_decay_steps(),
              .wd_incr_steps = !config.has_wd_incr_steps()};
+  // Megatron's checks (optim::Validate) order the rates and decays; an infinite one passes them
+  // and trains nothing.
+  for (const auto& [field, value] :
+       {std::pair{"init_lr", schedule.init_lr}, {"max_lr", schedule.max_lr},
+        {"min_lr", schedule.min_lr}, {"start_wd", schedule.start_wd}, {"end_wd", schedule.end_wd}}) {
+    if (!std::isinf(value)) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr_scheduler.", field, " (", value, ") must be finite"));
+  }
   return absl::OkStatus();
 }
 

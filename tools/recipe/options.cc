@@ -26,7 +26,9 @@
 namespace keel::tools::recipe {
 namespace {
 
-absl::Status Require(bool ok, absl::string_view field, int64_t value, absl::string_view allowed) {
+// `field` (`value`) `allowed`, unless ok. `value` an integer or a double.
+template <typename Number>
+absl::Status Require(bool ok, absl::string_view field, Number value, absl::string_view allowed) {
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") ", allowed));
 }
@@ -171,6 +173,18 @@ absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& opti
   if (config.has_eps()) options.eps = config.eps();
   if (config.has_weight_decay()) options.weight_decay = config.weight_decay();
   if (config.has_fused()) options.fused = config.fused();
+  // torch.optim.AdamW's checks, before any step (and in the dry run), written so that NaN fails
+  // them; an infinite rate, epsilon or decay trains nothing either.
+  for (const auto& [field, value] : {std::pair{"optimizer.lr", options.lr},
+                                     {"optimizer.eps", options.eps},
+                                     {"optimizer.weight_decay", options.weight_decay}}) {
+    KEEL_RETURN_IF_ERROR(
+        Require(value >= 0 && std::isfinite(value), field, value, "must be a finite number >= 0"));
+  }
+  for (const auto& [field, value] :
+       {std::pair{"optimizer.beta1", options.beta1}, {"optimizer.beta2", options.beta2}}) {
+    KEEL_RETURN_IF_ERROR(Require(value >= 0 && value < 1, field, value, "must be in [0, 1)"));
+  }
   return absl::OkStatus();
 }
 
