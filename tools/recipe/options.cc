@@ -14,6 +14,7 @@
 #include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "checkpoint/hf_import.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "models/hf_config.h"
@@ -46,7 +47,10 @@ absl::Status ReadPretrainedConfig(const ModelConfig& config, models::ModelOption
                      ") is not a directory; allowed: a Hugging Face model's directory "
                      "(config.json and safetensors files), or unset"));
   }
-  if (!std::filesystem::exists(models::HfConfigPath(directory), error)) return absl::OkStatus();
+  if (!std::filesystem::exists(models::HfConfigPath(directory), error)) {
+    // The model is `config`'s: the files' headers at least, before any data is prepared.
+    return base::Annotate(checkpoint::ReadHfTensors(directory).status(), "model.pretrained_path");
+  }
   KEEL_ASSIGN_OR_RETURN(const models::ModelOptions pretrained, models::ReadHfDirectory(directory));
   const base::Json ours = base::WriteJsonFields(model);
   base::Json merged = base::WriteJsonFields(pretrained);

@@ -346,6 +346,28 @@ TEST(ReadOptionsTest, APretrainedConfigGivesTheModel) {
                        HasSubstr("model.num_moe_experts (2) with model.family \"qwen3\"")));
 }
 
+// model.pretrained_path without a config.json: the model is the configuration's, and the
+// files' headers are read at once, before any data is prepared (and in the dry run): a
+// directory without weights, or with a file that is not safetensors, is refused by name.
+TEST(ReadOptionsTest, APretrainedDirectoryWithoutConfigIsCheckedForItsWeights) {
+  const std::string empty = keel::testing::NewTempDir("no_weights");
+  EXPECT_THAT(Read({"model.pretrained_path=" + empty}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("model.pretrained_path: " + empty +
+                                 " holds neither model.safetensors nor "
+                                 "model.safetensors.index.json")));
+  const std::string broken = keel::testing::NewTempDir("broken_weights");
+  keel::testing::WriteFileOrFail(broken + "/model.safetensors", "not a safetensors file");
+  EXPECT_THAT(Read({"model.pretrained_path=" + broken}),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("model.pretrained_path: " + broken + "/model.safetensors")));
+  const std::string weights = keel::testing::NewTempDir("weights_alone");
+  keel::testing::WriteFileOrFail(
+      weights + "/model.safetensors",
+      keel::testing::ReadFileOrFail("testdata/hf_parity/qwen3/model.safetensors"));
+  KEEL_EXPECT_OK(Read({"model.pretrained_path=" + weights}).status());
+}
+
 TEST(ReadOptionsTest, ConfigFileErrorsNameTheFile) {
   EXPECT_THAT(LoadTrainConfig("/nonexistent/train.textproto", {}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/train.textproto")));
