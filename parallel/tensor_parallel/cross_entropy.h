@@ -1,9 +1,8 @@
 // Cross-entropy over logits whose vocabulary is split across a tensor-parallel group, after
 // Megatron-Core's tensor_parallel/cross_entropy.py (vocab_parallel_cross_entropy): each rank
 // holds the logits of its slice of the vocabulary ([..., vocab / tp], rank r's slice starting
-// at r x vocab / tp); the maximum, the sum of exponentials and the target's logit are reduced
-// over the group, so no rank ever holds the whole logits. Keel reduces each slice's
-// log-normaliser and target logit (two all-reduces a step, where Megatron's three reduce the
+// at r x vocab / tp); each slice's log-normaliser and target logit are reduced over the group,
+// so no rank ever holds the whole logits (two all-reduces, where Megatron's three reduce the
 // maximum logit, the target's and the sum of exponentials; the same loss within float
 // rounding). Its gradient is computed directly (softmax minus the target's one-hot, on each
 // rank's slice) from the logits kept in their dtype. On one rank, ATen's fused log-softmax does
