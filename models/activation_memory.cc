@@ -63,7 +63,8 @@ LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
   const bool repeats = shape.gpu && a == kFloat32;
   parts.attention_rest = a * tokens * ((repeats ? 2 * (q - kv) : 0) + q) / t;
   parts.projection_input = a * tokens * q / t;
-  parts.mlp = 4 * a * tokens * f / t;
+  // SwiGLU's gate and up (views of one product) and down_proj's input; no silu(gate).
+  parts.mlp = 3 * a * tokens * f / t;
   return parts;
 }
 

@@ -10,13 +10,13 @@
 //   GPT:   a·T·(4h + 5h/t + 2f/t)         the norms' inputs and outputs; q, k, v, the
 //                                         attention's output and the projection's input; GELU's
 //                                         input and output
-//   Llama: 2·(4 + 2a)·T·h + a·T·(3q/t + 2k/t + 4f/t)   each RMSNorm's float32 input
+//   Llama: 2·(4 + 2a)·T·h + a·T·(3q/t + 2k/t + 3f/t)   each RMSNorm's float32 input
 //                                         (on a GPU, LibTorch's fused kernel keeps the input
 //                                         itself: 3a, not 4 + 2a), normalised values and output;
 //                                         q, k, v, the attention's output (and k and v repeated
 //                                         to the query heads where the GPU's float32 kernel
-//                                         takes no groups), o_proj's input; SwiGLU's gate, silu,
-//                                         up and product
+//                                         takes no groups), o_proj's input; SwiGLU's gate and
+//                                         up (backward makes silu(gate) again) and product
 //   a GPT mixture-of-experts layer keeps, in place of GELU's, its router's float32 logits
 //   (4·T·experts) and, for the topk x T routed tokens (on average a rank's after the
 //   all-to-all), each expert's input and GELU's input and output: a·topk·T·(h + 2f/t)

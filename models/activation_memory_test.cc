@@ -51,10 +51,10 @@ TEST(ActivationMemoryTest, ALlamaLayerKeepsItsNormsFloat32AndItsGroupedHeads) {
   options.family = ModelFamily::kLlama;
   options.num_query_groups = 2;  // q = 64, k = v = 32
   // 2 RMSNorms x (float32 input + normalised + output) + q, k, v, the attention's output,
-  // o_proj's input + 4f, in bf16.
+  // o_proj's input + 3f (SwiGLU's gate, up and product), in bf16.
   const ActivationMemory memory = EstimateActivations(options, Shape(1, 1, 2));
   EXPECT_EQ(memory.layer_bytes,
-            2 * (4 + 2 * 2) * kTokens * 64 + 2 * kTokens * (3 * 64 + 2 * 32 + 4 * 256));
+            2 * (4 + 2 * 2) * kTokens * 64 + 2 * kTokens * (3 * 64 + 2 * 32 + 3 * 256));
   // Selective core_attn keeps q, k and v (kept anyway) and drops the attention's output.
   options.recompute.recompute_granularity = parallel::RecomputeGranularity::kSelective;
   const ActivationMemory selective = EstimateActivations(options, Shape(1, 1, 2));
@@ -69,13 +69,13 @@ TEST(ActivationMemoryTest, OnAGpuTheFusedRmsNormKeepsNoFloat32CopyAndFloat32Repe
   bf16.gpu = true;
   // Each RMSNorm: its bf16 input, normalised values and output.
   EXPECT_EQ(EstimateActivations(options, bf16).layer_bytes,
-            2 * (3 * 2) * kTokens * 64 + 2 * kTokens * (3 * 64 + 2 * 32 + 4 * 256));
+            2 * (3 * 2) * kTokens * 64 + 2 * kTokens * (3 * 64 + 2 * 32 + 3 * 256));
   // float32: the input is the float32 copy; the memory-efficient kernel takes k and v repeated
   // to the 64 query dimensions.
   ActivationShape float32 = Shape(1, 1, 4);
   float32.gpu = true;
   EXPECT_EQ(EstimateActivations(options, float32).layer_bytes,
-            2 * (3 * 4) * kTokens * 64 + 4 * kTokens * (5 * 64 + 4 * 256));
+            2 * (3 * 4) * kTokens * 64 + 4 * kTokens * (5 * 64 + 3 * 256));
 }
 
 TEST(ActivationMemoryTest, FullRecomputationKeepsEachChunksInput) {

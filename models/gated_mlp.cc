@@ -3,8 +3,38 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "torch/csrc/autograd/custom_function.h"
 
 namespace keel::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return at::silu(gate) * up;
+  }
+
+  // As autograd's MulBackward0 and SiluBackward0, in their order and operands.
+  static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& gate = saved[0];
+    const at::Tensor& up = saved[1];
+    const at::Tensor& grad = grad_output[0];
+    at::Tensor grad_gate, grad_up;
+    if (ctx->needs_input_grad(0)) grad_gate = at::silu_backward(grad * up, gate);
+    if (ctx->needs_input_grad(1)) grad_up = grad * at::silu(gate);
+    return {grad_gate, grad_up};
+  }
+};
+
+}  // namespace
+
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
+  return SwiGluFunction::apply(gate, up);
+}
 
 GatedMlpImpl::GatedMlpImpl(int64_t hidden_size, int64_t intermediate_size, c10d::ProcessGroup* tp,
                            bool sequence_parallel)
@@ -25,7 +55,7 @@ at::Tensor GatedMlpImpl::forward(const at::Tensor& x) {
   // gate and up from one product (and under sequence parallelism one gather of x).
   const std::vector<at::Tensor> gate_up =
       parallel::ColumnParallelLinearImpl::ForwardStacked(x, {gate_proj_.get(), up_proj_.get()});
-  return down_proj_->forward(at::silu(gate_up[0]) * gate_up[1]);
+  return down_proj_->forward(SwiGlu(gate_up[0], gate_up[1]));
 }
 
 }  // namespace keel::models

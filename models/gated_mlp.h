@@ -3,6 +3,7 @@
 // weights, not one fused [gate; up], so that each is one block per rank under its HF name, but
 // one matrix product of the two stacked: Megatron's linear_fc1), down_proj row-parallel; no
 // biases. With sequence parallelism x and the output are this rank's share of the sequence.
+// The activation is SwiGlu, which keeps no silu(gate) for backward.
 //
 //   GatedMlp mlp(hidden_size, intermediate_size, tp);
 //   at::Tensor y = mlp->forward(x);  // x and y [..., hidden], whole on every rank
@@ -21,6 +22,13 @@ class ProcessGroup;
 }  // namespace c10d
 
 namespace keel::models {
+
+// silu(gate) * up, differentiable in both, keeping only gate and up for backward: backward makes
+// silu(gate) again rather than keeping it (Megatron's SwiGLUFunction, which keeps its input).
+// Outputs and gradients are the bits of ATen's autograd of silu(gate) * up (Hugging Face's
+// act_fn(gate_proj(x)) * up_proj(x)), in one intermediate_size-wide tensor less a token.
+// Requires: gate and up of one shape, dtype and device.
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
 
 class GatedMlpImpl : public torch::nn::Module {
  public:

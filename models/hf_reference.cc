@@ -22,4 +22,6 @@ at::Tensor HfApplyRotary(const at::Tensor& x, const HfRotaryTables& tables) {
   return x * tables.cos.to(x.device()) + rotated * tables.sin.to(x.device());
 }
 
+at::Tensor HfSwiGlu(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
+
 }  // namespace keel::models

@@ -1,5 +1,5 @@
 // Hugging Face's Llama blocks written out op by op, for tests and benchmarks only: the reference
-// that models::RmsNorm and models::ApplyRotary are checked and timed against.
+// that models::RmsNorm, models::ApplyRotary and models::SwiGlu are checked and timed against.
 #ifndef KEEL_MODELS_HF_REFERENCE_H_
 #define KEEL_MODELS_HF_REFERENCE_H_
 
@@ -23,6 +23,9 @@ HfRotaryTables HfRotary(const at::Tensor& inv_freq, int64_t seq, at::ScalarType 
 // apply_rotary_pos_emb for one of q, k: x * cos + rotate_half(x) * sin, rotate_half(x) =
 // cat(-x2, x1) over x's last dimension.
 at::Tensor HfApplyRotary(const at::Tensor& x, const HfRotaryTables& tables);
+
+// LlamaMLP's activation: act_fn(gate_proj(x)) * up_proj(x), act_fn SiLU, given the two products.
+at::Tensor HfSwiGlu(const at::Tensor& gate, const at::Tensor& up);
 
 }  // namespace keel::models
 

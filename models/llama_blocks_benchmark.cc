@@ -2,12 +2,16 @@
 // (models/hf_reference.h, what Keel ran before): RmsNorm (LibTorch's fused kernel without a
 // weight, then the weight) over a micro-batch of the GPT-2-sized Llama's residual stream
 // ([16 x 1024, 768]), and ApplyRotary (one flip of the halves, a signed sine table) over its q
-// ([16, 12 heads, 1024, 64], transposed as the attention hands it over). bf16 as a GPU trains;
-// the CPU cases run 2 rows of the batch, the *_cuda cases the whole and skip without a GPU.
+// ([16, 12 heads, 1024, 64], transposed as the attention hands it over), and SwiGlu (silu(gate)
+// made again in backward, not kept) over its MLP's gate and up ([16 x 1024, 2048] each, views
+// of the one gate-up product). bf16 as a GPU trains; the CPU cases run 2 rows of the batch, the
+// *_cuda cases the whole and skip without a GPU.
 #include <cstdint>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "benchmark/benchmark.h"
+#include "models/gated_mlp.h"
 #include "models/hf_reference.h"
 #include "models/rms_norm.h"
 #include "models/rotary.h"
@@ -18,7 +22,7 @@ namespace {
 
 enum class Form { kKeel, kHf };
 
-constexpr int64_t kHidden = 768, kHeads = 12, kHeadDim = 64, kSeq = 1024;
+constexpr int64_t kHidden = 768, kHeads = 12, kHeadDim = 64, kSeq = 1024, kFfn = 2048;
 
 bool Skip(benchmark::State& state, at::DeviceType device) {
   if (device == at::kCUDA && !torch::cuda::is_available()) {
@@ -74,6 +78,24 @@ void BM_Rotary(benchmark::State& state, Form form, at::DeviceType device, int64_
       static_cast<double>(state.iterations() * batch * kSeq), benchmark::Counter::kIsRate);
 }
 
+void BM_SwiGlu(benchmark::State& state, Form form, at::DeviceType device, int64_t batch) {
+  if (Skip(state, device)) return;
+  at::manual_seed(0);
+  const auto options = at::TensorOptions(at::kBFloat16).device(device);
+  const at::Tensor gate_up = at::randn({batch, kSeq, 2 * kFfn}, options).requires_grad_(true);
+  const at::Tensor grad = at::randn({batch, kSeq, kFfn}, options);
+  for (auto _ : state) {
+    const std::vector<at::Tensor> halves = gate_up.split(kFfn, -1);
+    const at::Tensor y =
+        form == Form::kKeel ? SwiGlu(halves[0], halves[1]) : HfSwiGlu(halves[0], halves[1]);
+    y.backward(grad);
+    Sync(device);
+    gate_up.mutable_grad().reset();
+  }
+  state.counters["tokens/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * batch * kSeq), benchmark::Counter::kIsRate);
+}
+
 #define KEEL_BLOCK_BENCHMARKS(block)                                   \
   BENCHMARK_CAPTURE(BM_##block, keel_cpu, Form::kKeel, at::kCPU, 2)    \
       ->Unit(benchmark::kMillisecond)                                  \
@@ -90,6 +112,7 @@ void BM_Rotary(benchmark::State& state, Form form, at::DeviceType device, int64_
 
 KEEL_BLOCK_BENCHMARKS(RmsNorm);
 KEEL_BLOCK_BENCHMARKS(Rotary);
+KEEL_BLOCK_BENCHMARKS(SwiGlu);
 
 }  // namespace
 }  // namespace keel::models
