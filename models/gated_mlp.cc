@@ -17,15 +17,20 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     return at::silu(gate) * up;
   }
 
-  // As autograd's MulBackward0 and SiluBackward0, in their order and operands.
+  // As autograd's MulBackward0 and SiluBackward0, the same products (x·y is y·x in IEEE
+  // arithmetic), each gradient computed in place of its first product: no tensor beyond the two
+  // gradients is allocated.
   static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& gate = saved[0];
     const at::Tensor& up = saved[1];
     const at::Tensor& grad = grad_output[0];
     at::Tensor grad_gate, grad_up;
-    if (ctx->needs_input_grad(0)) grad_gate = at::silu_backward(grad * up, gate);
-    if (ctx->needs_input_grad(1)) grad_up = grad * at::silu(gate);
+    if (ctx->needs_input_grad(0)) {
+      grad_gate = grad * up;
+      at::silu_backward_out(grad_gate, grad_gate, gate);
+    }
+    if (ctx->needs_input_grad(1)) grad_up = at::silu(gate).mul_(grad);
     return {grad_gate, grad_up};
   }
 };
