@@ -20,9 +20,6 @@ struct LayerParts {
   int64_t attention_inputs = 0, attention_rest = 0, projection_input = 0;
   // The MLP's activations beyond its input (the second norm's output).
   int64_t mlp = 0;
-  // Not kept: what the layer's backward makes again beside what it kept (the Llama's
-  // silu(gate), SwiGlu's), which recomputation's peak holds on top of the layer.
-  int64_t made_in_backward = 0;
 
   int64_t total() const {
     return norm_inputs + norm_rest + attention_inputs + attention_rest + projection_input + mlp;
@@ -68,7 +65,6 @@ LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
   parts.projection_input = a * tokens * q / t;
   // SwiGLU's gate and up (views of one product) and down_proj's input; no silu(gate).
   parts.mlp = 3 * a * tokens * f / t;
-  parts.made_in_backward = a * tokens * f / t;
   return parts;
 }
 
@@ -107,7 +103,6 @@ ActivationMemory EstimateActivations(const ModelOptions& options, const Activati
       memory.recomputed_inputs_bytes = n * input;
     }
   }
-  if (memory.recomputed_bytes > 0) memory.recomputed_bytes += whole.made_in_backward;
   if (!shape.last_stage) return memory;
   const int64_t vocab = PaddedVocabSize(options, t) / t;
   // The final norm as a layer's first, then the loss (parallel/tensor_parallel/cross_entropy.h).

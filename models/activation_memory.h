@@ -63,8 +63,7 @@ struct ActivationMemory {
   // What the stage's layers keep for backward for one micro-batch under options.recompute.
   int64_t kept_bytes = 0;
   // The most that recomputation makes again at once in backward: a "full" chunk's layers, or
-  // one layer's "selective" modules, and beside them what that layer's backward makes again
-  // (the Llama's silu(gate)).
+  // one layer's "selective" modules.
   int64_t recomputed_bytes = 0;
   // The last stage's final norm and loss: kept for backward for one micro-batch, and the
   // logits' transient peak (the whole micro-batch's, or a chunk's).
