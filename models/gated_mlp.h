@@ -26,7 +26,7 @@ namespace keel::models {
 // silu(gate) * up, differentiable in both, keeping only gate and up for backward: backward makes
 // silu(gate) again rather than keeping it (Megatron's SwiGLUFunction, which keeps its input).
 // Outputs and gradients are the bits of ATen's autograd of silu(gate) * up (Hugging Face's
-// act_fn(gate_proj(x)) * up_proj(x)), in one intermediate_size-wide tensor less a token.
+// act_fn(gate_proj(x)) * up_proj(x)), which keeps one more tensor of gate's shape.
 // Requires: gate and up of one shape, dtype and device.
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
 
