@@ -190,8 +190,9 @@ families() {
 # steps 6-8 of the GPT that issue 32's table measures (h1024, 8 layers, seq 512, batch 32 in
 # micro-batches of 8), then of GPT-2 124M (h768, 12 layers, seq 1024, vocabulary 50304, batch 32
 # in micro-batches of 16), then of the Llama of GPT-2's size (issue 46's `llama` shape), to see
-# which of its kernels still cost what the GPT's do not. Two steps follow, so that the run's one checkpoint, after its last,
-# stays out of it (the corpus's epoch ends within the profile: no checkpoint there).
+# which of its kernels still cost what the GPT's do not. Two steps follow, so that the run's one
+# checkpoint, after its last, stays out of it (the corpus's epoch ends within the profile: no
+# checkpoint there).
 profile_run() {
   local name=$1
   shift
