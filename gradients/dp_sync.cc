@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<DataParallelGradSync>> DataParallelGradSync::Make
   buckets_options.portions = 1;
   buckets_options.collective = "all-reduce";
   buckets_options.main_grad_dtype = options.main_grad_dtype;
+  buckets_options.gradient_accumulation_fusion = options.gradient_accumulation_fusion;
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<GradBuckets> buckets,
                         GradBuckets::Create(std::move(parameters), group, buckets_options,
                                             [group](size_t, Bucket& bucket) {

@@ -55,6 +55,11 @@ struct DataParallelGradSyncOptions {
   // for bf16 parameters: Megatron's grad_reduce_in_fp32), and Wait() leaves the average there
   // (MainGrad), not in .grad. Default: unset (DDP's: gradients accumulate in .grad).
   std::optional<at::ScalarType> main_grad_dtype;
+  // Megatron's gradient_accumulation_fusion (ModelParallelConfig's), with main gradients only:
+  // Keel's linear layers add their weights' gradients into the main gradients from the
+  // weight-gradient product itself (parallel/main_grad.h), on a GPU in float32 from bf16
+  // inputs, and hand autograd no .grad for them. Default: true (Megatron's training default).
+  bool gradient_accumulation_fusion = true;
 };
 
 // Averages the gradients of a module's parameters over a data-parallel process group once per

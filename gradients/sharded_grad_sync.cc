@@ -80,6 +80,7 @@ absl::StatusOr<std::unique_ptr<ShardedGradSync>> ShardedGradSync::Create(
   buckets_options.portions = group.getSize();
   buckets_options.collective = "reduce-scatter";
   buckets_options.main_grad_dtype = options.main_grad_dtype;
+  buckets_options.gradient_accumulation_fusion = options.gradient_accumulation_fusion;
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<GradBuckets> buckets,
                         GradBuckets::Create(std::move(parameters), &group, buckets_options,
                                             [&group, rank, native](size_t, Bucket& bucket) {

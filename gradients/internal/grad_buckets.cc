@@ -16,6 +16,7 @@
 #include "base/collectives.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "parallel/main_grad.h"
 #include "torch/csrc/autograd/function.h"
 #include "torch/csrc/autograd/function_hook.h"
 #include "torch/csrc/autograd/variable.h"
@@ -59,7 +60,8 @@ std::vector<at::Tensor> TensorsOf(const std::vector<NamedParameter>& parameters)
   return tensors;
 }
 
-// Runs after a parameter's AccumulateGrad node, which has just written its .grad.
+// Runs after a parameter's AccumulateGrad node, which has just written its .grad (or had
+// nothing to write: a layer added the gradient to the main gradient itself).
 class AfterAccumulation : public torch::autograd::FunctionPostHook {
  public:
   explicit AfterAccumulation(std::function<void()> fn) : fn_(std::move(fn)) {}
@@ -72,6 +74,21 @@ class AfterAccumulation : public torch::autograd::FunctionPostHook {
 
  private:
   std::function<void()> fn_;
+};
+
+// The same hook offering the parameter's main gradient to the layers (gradient accumulation
+// fusion).
+class OfferingMainGrad : public AfterAccumulation, public parallel::MainGrad {
+ public:
+  using Add = std::function<void(const at::Tensor&, const at::Tensor&)>;
+  OfferingMainGrad(std::function<void()> fn, Add add)
+      : AfterAccumulation(std::move(fn)), add_(std::move(add)) {}
+  void AddWeightGradient(const at::Tensor& grad_output, const at::Tensor& input) override {
+    add_(grad_output, input);
+  }
+
+ private:
+  Add add_;
 };
 
 }  // namespace
@@ -144,10 +161,12 @@ GradBuckets::GradBuckets(c10d::ProcessGroup* group, std::vector<NamedParameter> 
       launch_(std::move(launch)),
       collective_(options.collective),
       main_grads_(options.main_grad_dtype.has_value()),
+      fuse_weight_gradients_(main_grads_ && options.gradient_accumulation_fusion),
       bucket_of_(params_.size()),
       pieces_of_(params_.size()),
       ready_(params_.size(), false),
-      accumulated_(params_.size(), false) {}
+      accumulated_(params_.size(), false),
+      added_(params_.size(), false) {}
 
 GradBuckets::~GradBuckets() {
   for (size_t i = 0; i < hook_handles_.size(); ++i) params_[i].remove_hook(hook_handles_[i]);
@@ -324,8 +343,16 @@ void GradBuckets::RegisterHooks() {
   if (main_grads_) {
     for (size_t i = 0; i < params_.size(); ++i) {
       accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
-      accumulator_hooks_.push_back(accumulators_.back()->add_post_hook(
-          std::make_unique<AfterAccumulation>([this, i] { OnAccumulated(i); })));
+      auto after = [this, i] { OnAccumulated(i); };
+      std::unique_ptr<AfterAccumulation> hook =
+          fuse_weight_gradients_
+              ? std::make_unique<OfferingMainGrad>(
+                    after,
+                    [this, i](const at::Tensor& grad_output, const at::Tensor& input) {
+                      AddWeightGradient(i, grad_output, input);
+                    })
+              : std::make_unique<AfterAccumulation>(after);
+      accumulator_hooks_.push_back(accumulators_.back()->add_post_hook(std::move(hook)));
     }
     return;
   }
@@ -361,12 +388,7 @@ void GradBuckets::OnGradient(size_t index, const at::Tensor& grad) {
 }
 
 absl::Status GradBuckets::AddGradientLocked(size_t index, const at::Tensor& grad) {
-  if (ready_[index]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parameter '", names_[index],
-        "' received a second gradient before Wait(); call Wait() after each synchronised "
-        "backward"));
-  }
+  if (ready_[index]) return SecondGradientError(index);
   const at::Tensor& accumulated = params_[index].grad();
   absl::Status status;
   if (grad.layout() != c10::kStrided ||
@@ -400,21 +422,22 @@ void GradBuckets::OnAccumulated(size_t index) {
   if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
 }
 
+// A parameter's gradient of this backward is whatever a layer added (AddWeightGradient) plus
+// its .grad, if any.
 absl::Status GradBuckets::AddMainGradientLocked(size_t index) {
   at::Tensor& grad = params_[index].mutable_grad();
-  if (!grad.defined()) return absl::OkStatus();
+  const bool added = added_[index];
+  added_[index] = false;
+  if (!grad.defined() && !added) return absl::OkStatus();
   const bool sync = sync_enabled_.load();
   if (sync && ready_[index]) {
     grad.reset();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parameter '", names_[index],
-        "' received a second gradient before Wait(); call Wait() after each synchronised "
-        "backward"));
+    return SecondGradientError(index);
   }
   absl::Status status;
-  if (grad.layout() != c10::kStrided) {
+  if (grad.defined() && grad.layout() != c10::kStrided) {
     status = SparseGradientError(index);
-  } else {
+  } else if (grad.defined()) {
     status = base::CallTorch(
         absl::StatusCode::kInternal,
         absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient"), [&] {
@@ -434,6 +457,32 @@ absl::Status GradBuckets::AddMainGradientLocked(size_t index) {
   grad.reset();  // as Megatron, the parameter's own gradient is freed once in main_grad
   if (sync) MarkReadyLocked(index);
   return status;
+}
+
+// Runs inside a layer's backward, before the parameter's AccumulateGrad. The error of a
+// gradient after the parameter's bucket was launched waits for Wait(), the rows untouched.
+void GradBuckets::AddWeightGradient(size_t index, const at::Tensor& grad_output,
+                                    const at::Tensor& input) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status;
+  if (sync_enabled_.load() && ready_[index]) {
+    status = SecondGradientError(index);
+  } else {
+    status = base::CallTorch(
+        absl::StatusCode::kInternal,
+        absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient"), [&] {
+          const Bucket& bucket = buckets_[bucket_of_[index]];
+          for (size_t p : pieces_of_[index]) {
+            const Piece& piece = bucket.pieces[p];
+            at::Tensor rows = BucketRows(piece);
+            parallel::AddProductInto(rows, grad_output.narrow(1, piece.row_begin, piece.rows),
+                                     input, /*overwrite=*/!accumulated_[index]);
+          }
+        });
+    accumulated_[index] = true;
+    added_[index] = true;
+  }
+  if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
 }
 
 void GradBuckets::SkipBackward() {
@@ -465,6 +514,13 @@ absl::Status GradBuckets::TakeAccumulatedLocked(size_t index) {
           BucketRows(piece).copy_(Rows(accumulated, piece));
         }
       });
+}
+
+absl::Status GradBuckets::SecondGradientError(size_t index) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "parameter '", names_[index],
+      "' received a second gradient before Wait(); call Wait() after each synchronised "
+      "backward"));
 }
 
 absl::Status GradBuckets::SparseGradientError(size_t index) const {
@@ -551,6 +607,7 @@ absl::Status GradBuckets::Wait() {
   }
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(accumulated_.begin(), accumulated_.end(), false);
+  std::fill(added_.begin(), added_.end(), false);
   num_ready_ = 0;
   next_bucket_ = 0;
   local_sum_ = std::move(pending_sum_);

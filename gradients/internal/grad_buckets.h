@@ -5,7 +5,9 @@
 // hooks, and each bucket's collective launched, in bucket order on every rank, as soon as its
 // last gradient arrived. With main gradients (Megatron's main_grad), the buffers are in their
 // dtype and hold the gradients summed over every backward pass, accumulation micro-batches
-// included; the parameters' own .grad is freed as soon as it was added in.
+// included; the parameters' own .grad is freed as soon as it was added in, and with
+// gradient_accumulation_fusion each parameter's hook offers its rows to Keel's layers
+// (parallel/main_grad.h), which add a weight's gradient there themselves.
 #ifndef KEEL_GRADIENTS_INTERNAL_GRAD_BUCKETS_H_
 #define KEEL_GRADIENTS_INTERNAL_GRAD_BUCKETS_H_
 
@@ -69,6 +71,8 @@ struct GradBucketsOptions {
   // DataParallelGradSyncOptions::main_grad_dtype: the buffers' dtype, and every backward adds
   // into them. Unset: the parameters' dtype, filled by the synchronised backward only.
   std::optional<at::ScalarType> main_grad_dtype;
+  // DataParallelGradSyncOptions::gradient_accumulation_fusion (with main gradients only).
+  bool gradient_accumulation_fusion = false;
 };
 
 class GradBuckets {
@@ -133,8 +137,13 @@ class GradBuckets {
   // Main gradients: after the parameter's AccumulateGrad, its .grad is added to its rows and
   // freed.
   void OnAccumulated(size_t index);
+  // parallel::MainGrad::AddWeightGradient for parameter `index`: grad_output^T input into its
+  // rows, before its AccumulateGrad (which then has no gradient to accumulate).
+  void AddWeightGradient(size_t index, const at::Tensor& grad_output, const at::Tensor& input);
   [[nodiscard]] absl::Status AddMainGradientLocked(size_t index);
   [[nodiscard]] absl::Status ZeroPiecesLocked(size_t index);
+  // kFailedPrecondition naming the parameter.
+  [[nodiscard]] absl::Status SecondGradientError(size_t index) const;
   // kInvalidArgument naming the parameter.
   [[nodiscard]] absl::Status SparseGradientError(size_t index) const;
   // The gradient accumulated so far into the parameter's pieces: .grad's (zeros without one),
@@ -150,6 +159,7 @@ class GradBuckets {
   const Launch launch_;
   const std::string collective_;
   const bool main_grads_;
+  const bool fuse_weight_gradients_;
   std::vector<Bucket> buckets_;
   // For each parameter: its bucket and its pieces' indices there.
   std::vector<size_t> bucket_of_;
@@ -167,6 +177,9 @@ class GradBuckets {
   // Main gradients: whether the parameter's rows hold a gradient of this step (else the next
   // one is copied in, not added).
   std::vector<bool> accumulated_;
+  // Main gradients: whether a layer added the parameter's gradient in this backward
+  // (AddWeightGradient), so that its AccumulateGrad counts as its arrival.
+  std::vector<bool> added_;
   size_t num_ready_ = 0;
   size_t next_bucket_ = 0;  // buckets are launched in index order on every rank
   absl::Status hook_status_;

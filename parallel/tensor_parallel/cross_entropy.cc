@@ -6,6 +6,7 @@
 
 #include "ATen/ATen.h"
 #include "base/collectives.h"
+#include "parallel/main_grad.h"
 #include "parallel/tensor_parallel/internal/vocab_slice.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/csrc/autograd/custom_function.h"
@@ -145,9 +146,12 @@ struct ChunkedLinear : torch::autograd::Function<ChunkedLinear> {
     const VocabSlice slice{ctx->saved_data["begin"].toInt(), ctx->saved_data["real"].toInt()};
     const at::Tensor grad_loss = grad_output[0].reshape({-1});
     const bool want_hidden = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
+    // With a main gradient, each chunk's product is added there; else summed here in float32.
+    MainGrad* main = want_weight ? MainGradOf(weight) : nullptr;
     at::Tensor grad_hidden = want_hidden ? at::empty_like(rows) : at::Tensor();
-    at::Tensor grad_weight =
-        want_weight ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    at::Tensor grad_weight = want_weight && main == nullptr
+                                 ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
+                                 : at::Tensor();
     for (int64_t begin = 0; begin < rows.size(0); begin += chunk_len) {
       const int64_t end = std::min(rows.size(0), begin + chunk_len);
       const at::Tensor chunk = rows.slice(0, begin, end);
@@ -160,7 +164,9 @@ struct ChunkedLinear : torch::autograd::Function<ChunkedLinear> {
         at::mm_out(out, g, weight);
       }
       if (!want_weight) continue;
-      if (g.scalar_type() == at::kFloat) {
+      if (main != nullptr) {
+        main->AddWeightGradient(g, chunk);
+      } else if (g.scalar_type() == at::kFloat) {
         grad_weight.addmm_(g.t(), chunk);
       } else {
         grad_weight.add_(at::mm(g.t(), chunk));
@@ -168,7 +174,7 @@ struct ChunkedLinear : torch::autograd::Function<ChunkedLinear> {
     }
     return {want_hidden ? grad_hidden.view(ctx->saved_data["hidden_shape"].toIntVector())
                         : at::Tensor(),
-            want_weight ? grad_weight.to(weight.scalar_type()) : at::Tensor(),
+            grad_weight.defined() ? grad_weight.to(weight.scalar_type()) : at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -187,7 +193,9 @@ at::Tensor LinearCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight
                               const LinearCrossEntropyOptions& options) {
   if (options.chunk_len == 0) {
     return VocabParallelCrossEntropy(
-        WithoutPadding(at::linear(hidden, weight), options.real_columns), target, group);
+        WithoutPadding(LinearWithGradAccumulation(hidden, {weight}, at::Tensor(), nullptr),
+                       options.real_columns),
+        target, group);
   }
   return ChunkedLinear::apply(hidden, weight, target, reinterpret_cast<intptr_t>(group),
                               options.chunk_len, options.real_columns);

@@ -68,8 +68,9 @@ struct LinearCrossEntropyOptions {
 // of `group`: after CopyToTensorParallelRegion), `weight` ([vocab / tp, h]) this rank's slice;
 // the gradient this rank returns for `hidden` is its slice's part, which the region's backward
 // sums over the group. Differentiable in `hidden` and `weight`; with a chunk_len the weight's
-// gradient is accumulated in float32 over the chunks and the losses equal the whole logits'
-// within float rounding. Collective as VocabParallelCrossEntropy. Requires: as it, and `hidden`
+// gradient is accumulated in float32 over the chunks (into its main gradient where a sync
+// offers one, parallel/main_grad.h) and the losses equal the whole logits' within float
+// rounding. Collective as VocabParallelCrossEntropy. Requires: as it, and `hidden`
 // and `weight` of one dtype and device, chunk_len >= 0.
 at::Tensor LinearCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight,
                               const at::Tensor& target, c10d::ProcessGroup* group,

@@ -129,11 +129,21 @@ absl::Status InitialiseFromWholeSteps(torch::nn::Module& model,
   return absl::OkStatus();
 }
 
+namespace {
+
+// ColumnParallelProduct over weights stacked by rows.
+at::Tensor StackedProduct(const at::Tensor& input, const std::vector<at::Tensor>& weights,
+                          const at::Tensor& bias, c10d::ProcessGroup* tp, bool sequence_parallel) {
+  if (sequence_parallel) return LinearWithGradAccumulation(input, weights, bias, tp);
+  return LinearWithGradAccumulation(CopyToTensorParallelRegion(input, tp), weights, bias, nullptr);
+}
+
+}  // namespace
+
 at::Tensor ColumnParallelProduct(const at::Tensor& input, const at::Tensor& weight,
                                  const at::Tensor& bias, c10d::ProcessGroup* tp,
                                  bool sequence_parallel) {
-  if (sequence_parallel) return SequenceGatheredLinear(input, weight, bias, tp);
-  return at::linear(CopyToTensorParallelRegion(input, tp), weight, bias);
+  return StackedProduct(input, {weight}, bias, tp, sequence_parallel);
 }
 
 at::Tensor ColumnParallelInput(const at::Tensor& input, c10d::ProcessGroup* tp,
@@ -181,12 +191,11 @@ std::vector<at::Tensor> ColumnParallelLinearImpl::ForwardStacked(
     if (layer->bias_.defined()) biases.push_back(layer->bias_);
     rows.push_back(layer->weight_.size(0));
   }
-  const at::Tensor weight = layers.size() == 1 ? weights[0] : at::cat(weights);
   const at::Tensor bias = biases.empty()       ? at::Tensor()
                           : layers.size() == 1 ? biases[0]
                                                : at::cat(biases);
   std::vector<at::Tensor> outputs =
-      ColumnParallelProduct(input, weight, bias, first.tp_, first.sequence_parallel_)
+      StackedProduct(input, weights, bias, first.tp_, first.sequence_parallel_)
           .split_with_sizes(rows, -1);
   for (size_t i = 0; i < layers.size(); ++i) outputs[i] = layers[i]->Adapted(outputs[i], input);
   return outputs;
@@ -220,11 +229,11 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t input_size, int64_t output_
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   // One rank: the ordinary layer's fused bias addition, to the bit.
   if (!Parallel(tp_)) {
-    const at::Tensor output = at::linear(input, weight_, bias_);
+    const at::Tensor output = LinearWithGradAccumulation(input, {weight_}, bias_, nullptr);
     return adapter_ ? output + adapter_->forward(input) : output;
   }
   const at::Tensor local = input_is_parallel_ ? input : ScatterToTensorParallelRegion(input, tp_);
-  const at::Tensor partial = at::linear(local, weight_);
+  const at::Tensor partial = LinearWithGradAccumulation(local, {weight_}, at::Tensor(), nullptr);
   at::Tensor output = sequence_parallel_ ? ReduceScatterToSequenceParallelRegion(partial, tp_)
                                          : ReduceFromTensorParallelRegion(partial, tp_);
   if (adapter_) output = output + adapter_->forward(local);

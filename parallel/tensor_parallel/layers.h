@@ -112,7 +112,9 @@ class LinearAdapter : public torch::nn::Module {
 // X A^T + b for a column-parallel layer's rows A of the weight and b of the bias (undefined:
 // none), as ColumnParallelLinear computes it: X [..., seq, in] whole on every rank, or with
 // sequence_parallel (and tp of more than one rank) this rank's share of the sequence, gathered
-// first (SequenceGatheredLinear); [..., seq, rows] either way. Collective over `tp`.
+// first (LinearWithGradAccumulation); [..., seq, rows] either way. The weight's gradient goes
+// into its main gradient where a sync offers one (parallel/main_grad.h), as in every layer
+// here. Collective over `tp`.
 at::Tensor ColumnParallelProduct(const at::Tensor& input, const at::Tensor& weight,
                                  const at::Tensor& bias, c10d::ProcessGroup* tp,
                                  bool sequence_parallel);

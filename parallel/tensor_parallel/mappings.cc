@@ -1,5 +1,6 @@
 #include "parallel/tensor_parallel/mappings.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include "ATen/ATen.h"
 #include "base/collectives.h"
 #include "parallel/comm_timers.h"
+#include "parallel/main_grad.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -137,35 +139,70 @@ struct ReduceScatterToSequence : torch::autograd::Function<ReduceScatterToSequen
   }
 };
 
-// Saves the input as given (this rank's share of the sequence) and gathers it again in the
-// backward pass for the weight's gradient, rather than keeping the whole sequence.
-struct SequenceGathered : torch::autograd::Function<SequenceGathered> {
+// The weights side by side by rows, as one weight.
+at::Tensor Stacked(at::TensorList weights) {
+  return weights.size() == 1 ? weights[0] : at::cat(weights);
+}
+
+// at::linear(x, Stacked(weights), bias), x the input or, with a group, the input gathered along
+// the sequence. Saves the input as given (under sequence parallelism this rank's share, gathered
+// again in the backward pass for the weights' gradients) and the weights themselves (stacked
+// again in the backward pass, not kept stacked). Each weight's gradient goes into its main
+// gradient where it has one.
+struct LinearOverWeights : torch::autograd::Function<LinearOverWeights> {
   // The bias is optional: autograd takes no undefined tensor as an input.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, at::TensorList weights,
                             const std::optional<at::Tensor>& bias, int64_t group) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["bias"] = bias.has_value();
-    ctx->save_for_backward({input, weight});
-    auto* tp = reinterpret_cast<c10d::ProcessGroup*>(group);
-    return at::linear(Gathered(input, tp, kSequenceDim), weight, bias);
+    variable_list saved = {input};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    auto* sequence_group = reinterpret_cast<c10d::ProcessGroup*>(group);
+    const at::Tensor whole =
+        sequence_group != nullptr ? Gathered(input, sequence_group, kSequenceDim) : input;
+    return at::linear(whole, Stacked(weights), bias);
   }
+
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     c10d::ProcessGroup* group = Decode(ctx);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
-    const at::Tensor& weight = saved[1];
+    const at::TensorList weights = at::TensorList(saved).slice(1);
+    const size_t count = weights.size();
     const at::Tensor rows = grad[0].reshape({-1, grad[0].size(-1)});
-    at::Tensor grad_input, grad_weight, grad_bias;
+    // The gradients of the input, each weight, the bias and the group.
+    variable_list grads(count + 3);
     if (ctx->needs_input_grad(0)) {
-      grad_input = ReduceScattered(grad[0].matmul(weight), group, kSequenceDim);
+      const at::Tensor grad_input = grad[0].matmul(Stacked(weights));
+      grads[0] = group != nullptr ? ReduceScattered(grad_input, group, kSequenceDim) : grad_input;
     }
-    if (ctx->needs_input_grad(1)) {
-      const at::Tensor whole = Gathered(input, group, kSequenceDim);
-      grad_weight = rows.t().mm(whole.reshape({-1, whole.size(-1)}));
+    at::Tensor whole, product;
+    int64_t begin = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t height = weights[i].size(0);
+      if (ctx->needs_input_grad(1 + i)) {
+        if (!whole.defined()) {
+          const at::Tensor gathered =
+              group != nullptr ? Gathered(input, group, kSequenceDim) : input;
+          whole = gathered.reshape({-1, gathered.size(-1)});
+        }
+        if (MainGrad* main = MainGradOf(weights[i])) {
+          main->AddWeightGradient(count == 1 ? rows : rows.narrow(1, begin, height), whole);
+        } else {
+          // Weights without a main gradient share one product, as autograd's of the stacked
+          // weight.
+          if (!product.defined()) product = rows.t().mm(whole);
+          grads[1 + i] = count == 1 ? product : product.narrow(0, begin, height);
+        }
+      }
+      begin += height;
     }
-    // needs_input_grad counts the tensors given: the bias is the third when there is one.
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = rows.sum(0);
-    return {grad_input, grad_weight, grad_bias, at::Tensor()};
+    // needs_input_grad counts the tensors given: the bias follows the weights when there is one.
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(1 + count)) {
+      grads[1 + count] = rows.sum(0);
+    }
+    return grads;
   }
 };
 
@@ -208,12 +245,19 @@ at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input,
   return ReduceScatterToSequence::apply(input, Encode(group));
 }
 
-at::Tensor SequenceGatheredLinear(const at::Tensor& input, const at::Tensor& weight,
-                                  const at::Tensor& bias, c10d::ProcessGroup* group) {
-  if (group == nullptr || group->getSize() == 1) return at::linear(input, weight, bias);
+at::Tensor LinearWithGradAccumulation(const at::Tensor& input,
+                                      const std::vector<at::Tensor>& weights,
+                                      const at::Tensor& bias, c10d::ProcessGroup* sequence_group) {
+  TORCH_CHECK(!weights.empty(), "LinearWithGradAccumulation needs at least one weight");
+  const bool gather = sequence_group != nullptr && sequence_group->getSize() > 1;
+  const bool fuse = at::GradMode::is_enabled() &&
+                    std::any_of(weights.begin(), weights.end(),
+                                [](const at::Tensor& w) { return MainGradOf(w) != nullptr; });
+  if (!gather && !fuse) return at::linear(input, Stacked(weights), bias);
   const std::optional<at::Tensor> optional_bias =
       bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  return SequenceGathered::apply(input, weight, optional_bias, Encode(group));
+  return LinearOverWeights::apply(input, at::TensorList(weights), optional_bias,
+                                  gather ? Encode(sequence_group) : 0);
 }
 
 void AllReduceInPlace(at::Tensor& tensor, c10d::ProcessGroup* group, bool max) {

@@ -29,6 +29,8 @@
 #ifndef KEEL_PARALLEL_TENSOR_PARALLEL_MAPPINGS_H_
 #define KEEL_PARALLEL_TENSOR_PARALLEL_MAPPINGS_H_
 
+#include <vector>
+
 #include "ATen/core/Tensor.h"
 
 namespace c10d {
@@ -50,12 +52,16 @@ at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, c10d::Proce
 at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input,
                                                  c10d::ProcessGroup* group);
 
-// A column-parallel layer's product under sequence parallelism, after Megatron's
-// linear_with_grad_accumulation_and_async_allreduce: at::linear(GatherFromSequenceParallelRegion(
-// input), weight, bias) (bias undefined: none), keeping only `input`, this rank's share of the
-// sequence, for the backward pass, which gathers it again for the weight's gradient.
-at::Tensor SequenceGatheredLinear(const at::Tensor& input, const at::Tensor& weight,
-                                  const at::Tensor& bias, c10d::ProcessGroup* group);
+// at::linear(x, at::cat(weights), bias) (bias undefined: none), x the input, or with a
+// sequence group of more than one rank the input gathered along the sequence (Megatron's
+// linear_with_grad_accumulation_and_async_allreduce): then only `input`, this rank's share, is
+// kept for the backward pass, which gathers it again for the weights' gradients. Each weight's
+// gradient goes into its main gradient where a sync offers one (parallel/main_grad.h:
+// Megatron's gradient_accumulation_fusion), else to autograd. With neither, at::linear
+// itself. Requires: at least one weight; all of one width.
+at::Tensor LinearWithGradAccumulation(const at::Tensor& input,
+                                      const std::vector<at::Tensor>& weights,
+                                      const at::Tensor& bias, c10d::ProcessGroup* sequence_group);
 
 // Without autograd, for code that computes its own backward (the vocabulary-parallel
 // cross-entropy): `tensor` summed (or maximised) over the group in place.

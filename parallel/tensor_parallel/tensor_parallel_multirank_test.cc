@@ -118,7 +118,7 @@ TEST(MappingsTest, EachSequenceParallelCollectiveAndItsGradient) {
 // the sequence for the backward pass, gives what autograd gives through the gather: the output
 // and the gradients of the input, of this rank's rows of the weight and of the bias; with a
 // frozen weight, the input's alone.
-TEST(MappingsTest, SequenceGatheredLinearIsTheLinearOfTheGatheredSequence) {
+TEST(MappingsTest, LinearWithGradAccumulationIsTheLinearOfTheGatheredSequence) {
   KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
     c10d::ProcessGroup* tp = r.group.get();
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(/*seed_in=*/r.rank);
@@ -134,7 +134,7 @@ TEST(MappingsTest, SequenceGatheredLinearIsTheLinearOfTheGatheredSequence) {
       std::vector<at::Tensor> reference = {input.clone().requires_grad_(true),
                                            weight.clone().requires_grad_(!frozen),
                                            bias.clone().requires_grad_(!frozen)};
-      const at::Tensor out = SequenceGatheredLinear(ours[0], ours[1], ours[2], tp);
+      const at::Tensor out = LinearWithGradAccumulation(ours[0], {ours[1]}, ours[2], tp);
       const at::Tensor expected = at::linear(GatherFromSequenceParallelRegion(reference[0], tp),
                                              reference[1], reference[2]);
       EXPECT_TRUE(at::allclose(out, expected, /*rtol=*/1e-6, /*atol=*/1e-6));
