@@ -547,6 +547,13 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
         ") applies to model.bf16 runs (float32 runs reduce float32 gradients); allowed without "
         "model.bf16: unset"));
   }
+  if (const std::optional<bool> fusion = options.distributed.gradient_accumulation_fusion;
+      fusion.has_value() && !options.bf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.gradient_accumulation_fusion (", *fusion ? "true" : "false",
+        ") applies to model.bf16 runs, whose main gradients it fills (float32 runs keep .grad); "
+        "allowed without model.bf16: unset"));
+  }
   KEEL_RETURN_IF_ERROR(CheckModelParallelModel(options));
   KEEL_RETURN_IF_ERROR(parallel::CheckRecomputeOptions(
       options.model.recompute,

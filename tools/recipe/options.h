@@ -115,6 +115,11 @@ struct DistributedOptions {
   // Megatron's grad_reduce_in_fp32 (model.bf16 runs only): float32 main gradients, else bf16.
   // Default: unset, true under model.bf16.
   std::optional<bool> grad_reduce_in_fp32;
+  // Megatron's gradient_accumulation_fusion (model.bf16 runs only): the linear layers add their
+  // weights' gradients into the main gradients from the weight-gradient product (on a GPU one
+  // GEMM accumulating bf16 inputs in float32), with no bf16 .grad between
+  // (gradients::DataParallelGradSyncOptions). Default: unset, true under model.bf16.
+  std::optional<bool> gradient_accumulation_fusion;
   // The hang watchdog's timeout (WatchdogOptions::timeout_seconds): no progress in a step,
   // validation or checkpoint phase for this long ends the rank with every rank's phase
   // reported; 0: off. Default: unset, max(300, 10 x the longest phase so far).
@@ -135,6 +140,7 @@ void VisitFields(O& o, V&& v) {
   v("timeout_seconds", o.timeout_seconds);
   v("use_distributed_optimizer", o.use_distributed_optimizer);
   v("grad_reduce_in_fp32", o.grad_reduce_in_fp32);
+  v("gradient_accumulation_fusion", o.gradient_accumulation_fusion);
   v("hang_timeout_seconds", o.hang_timeout_seconds);
   v("sequence_parallel", o.sequence_parallel);
   VisitFields(o.parallel, v);

@@ -185,6 +185,9 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.grad_reduce_in_fp32=false"},
        "distributed.grad_reduce_in_fp32 (false) applies to model.bf16 runs (float32 runs "
        "reduce float32 gradients); allowed without model.bf16: unset"},
+      {{"distributed.gradient_accumulation_fusion=true"},
+       "distributed.gradient_accumulation_fusion (true) applies to model.bf16 runs, whose main "
+       "gradients it fills (float32 runs keep .grad); allowed without model.bf16: unset"},
       {{"distributed.sequence_parallel=true"},
        "distributed.sequence_parallel (true) splits the sequence over the tensor-parallel ranks, "
        "and distributed.tensor_model_parallel_size is 1; allowed: sequence_parallel false, or "
@@ -261,8 +264,8 @@ TEST(ReadOptionsTest, SavedModelIsTheRunsModel) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no \"model\" section")));
 }
 
-// model.bf16 (Megatron's bf16): off by default; distributed.grad_reduce_in_fp32 unset (true
-// under bf16) or as set; on the CPU with model parallelism too (Gloo carries bf16).
+// model.bf16 (Megatron's bf16): off by default; distributed.grad_reduce_in_fp32 and
+// gradient_accumulation_fusion unset (true under bf16) or as set; on the CPU with model parallelism too (Gloo carries bf16).
 TEST(ReadOptionsTest, Bf16IsOptIn) {
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
   EXPECT_FALSE(options.bf16);
@@ -272,6 +275,10 @@ TEST(ReadOptionsTest, Bf16IsOptIn) {
   EXPECT_TRUE(options.bf16);
   EXPECT_EQ(options.distributed.grad_reduce_in_fp32, false);
   EXPECT_EQ(ConfigFingerprint(options)[kBf16Field], true);
+  EXPECT_EQ(options.distributed.gradient_accumulation_fusion, std::nullopt);
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      options, Read({"model.bf16=true", "distributed.gradient_accumulation_fusion=false"}));
+  EXPECT_EQ(options.distributed.gradient_accumulation_fusion, false);
   const std::vector<std::string> tp2 = {"model.bf16=true",
                                         "distributed.tensor_model_parallel_size=2"};
   KEEL_EXPECT_OK(Read(tp2).status());
