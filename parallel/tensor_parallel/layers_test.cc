@@ -1,7 +1,8 @@
 // ColumnParallelLinearImpl::ForwardStacked: the column-parallel layers that read one input,
 // computed as one product of their stacked weights, give what each layer's forward gives and
 // the same gradients, on one rank (biases, an adapter) and on two ranks under sequence
-// parallelism (one gather instead of one a layer); layers that do not match are refused.
+// parallelism (one gather instead of one a layer), keeping no stacked copy of the weights for
+// backward; layers that do not match are refused.
 #include "parallel/tensor_parallel/layers.h"
 
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "base/tensor_memory.h"
 #include "gtest/gtest.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "testing/ranks.h"
@@ -135,6 +137,20 @@ TEST(ForwardStackedTest, SequenceParallelRanksGiveEachLayersOutputAndGradients) 
     }
     return absl::OkStatus();
   }));
+}
+
+// Between forward and backward the stacked layers hold their product alone: backward stacks
+// the weights again rather than keeping a stacked copy of them from forward.
+TEST(ForwardStackedTest, KeepsNoStackedCopyOfTheWeights) {
+  base::TrackTensorMemory(at::kCPU);
+  const Layers layers =
+      MakeLayers({6, 10}, nullptr, /*sequence_parallel=*/false, /*bias=*/false, false, 7);
+  const at::Tensor x = at::zeros({3, 5, 8}, at::kFloat).requires_grad_(true);
+  const int64_t before = base::TensorMemory(at::kCPU);
+  const std::vector<at::Tensor> outputs = ColumnParallelLinearImpl::ForwardStacked(x, layers.raw());
+  EXPECT_EQ(base::TensorMemory(at::kCPU) - before, 3 * 5 * (6 + 10) * 4);
+  (outputs[0].sum() + outputs[1].sum()).backward();
+  for (const at::Tensor& p : layers.parameters()) EXPECT_TRUE(p.grad().defined());
 }
 
 TEST(ForwardStackedTest, RefusesLayersThatDoNotMatch) {

@@ -253,7 +253,9 @@ at::Tensor LinearWithGradAccumulation(const at::Tensor& input,
   const bool fuse = at::GradMode::is_enabled() &&
                     std::any_of(weights.begin(), weights.end(),
                                 [](const at::Tensor& w) { return MainGradOf(w) != nullptr; });
-  if (!gather && !fuse) return at::linear(input, Stacked(weights), bias);
+  // One weight without either: ATen's own linear. Stacked weights always take the function,
+  // which keeps the weights for backward, not a stacked copy of them.
+  if (!gather && !fuse && weights.size() == 1) return at::linear(input, weights[0], bias);
   const std::optional<at::Tensor> optional_bias =
       bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   return LinearOverWeights::apply(input, at::TensorList(weights), optional_bias,

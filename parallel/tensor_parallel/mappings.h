@@ -57,8 +57,10 @@ at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input,
 // linear_with_grad_accumulation_and_async_allreduce): then only `input`, this rank's share, is
 // kept for the backward pass, which gathers it again for the weights' gradients. Each weight's
 // gradient goes into its main gradient where a sync offers one (parallel/main_grad.h:
-// Megatron's gradient_accumulation_fusion), else to autograd. With neither, at::linear
-// itself. Requires: at least one weight; all of one width.
+// Megatron's gradient_accumulation_fusion), else to autograd. Backward uses the weights
+// themselves, stacked again, not a stacked copy kept from forward. One weight with neither a
+// gather nor a main gradient: at::linear itself. Requires: at least one weight; all of one
+// width.
 at::Tensor LinearWithGradAccumulation(const at::Tensor& input,
                                       const std::vector<at::Tensor>& weights,
                                       const at::Tensor& bias, c10d::ProcessGroup* sequence_group);
