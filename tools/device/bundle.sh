@@ -33,6 +33,8 @@ TARGETS=(
   //parallel/tensor_parallel:cross_entropy_benchmark
   //models:rms_norm_test
   //models:llama_blocks_benchmark
+  //parallel:main_grad_test
+  //gradients:main_grad_fusion_benchmark
 )
 OPT=(--config=cuda -c opt)
 bazel build "${OPT[@]}" "${TARGETS[@]}"

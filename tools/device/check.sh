@@ -11,7 +11,8 @@
 # CUDA and NCCL, the GPU tests as plain GoogleTest binaries. Its default phases are the check a
 # lease is for, in order: gpu_tests; train (the default run on the GPU over NCCL beside the same
 # run on the CPU); benchmarks (clipping, the fused AdamW and the cross-entropy beside
-# LibTorch's own, the Llama's RMSNorm, RoPE and grouped attention beside HF's forms);
+# LibTorch's own, gradient accumulation fusion beside the unfused main gradients, the Llama's
+# RMSNorm, RoPE and grouped attention beside HF's forms);
 # trainer_benchmarks (the bf16 trainer beside the Python autocast loop on issue 32's table GPT)
 # and gpt2_benchmarks (the same on GPT-2 124M). The optional phases, for a second call when
 # time is left: profile (LibTorch's profiler over the bf16 step), families (the Llama-style
@@ -114,7 +115,7 @@ gpu_tests() {
   local status=0
   if [[ -n "$PREBUILT" ]]; then
     for test in optim/fused_adamw_test checkpoint/checkpoint_gpu_test base/attention_test \
-      parallel/tensor_parallel/cross_entropy_test models/rms_norm_test; do
+      parallel/tensor_parallel/cross_entropy_test models/rms_norm_test parallel/main_grad_test; do
       "$BIN/$test" && echo "//${test%/*}:${test##*/} PASSED" || { echo "//${test%/*}:${test##*/} FAILED"; status=1; }
     done
     # The test runs the interpreter by its path (a bare name would be taken for a missing file).
@@ -232,6 +233,7 @@ benchmarks() {
   "$BIN/gradients/clip_grad_norm_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/optim/fused_adamw_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/parallel/tensor_parallel/cross_entropy_benchmark" --benchmark_filter=cuda || status=1
+  "$BIN/gradients/main_grad_fusion_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/models/llama_blocks_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/base/attention_benchmark" --benchmark_filter='Grouped.*cuda' || status=1
   return $status
