@@ -438,20 +438,13 @@ absl::Status GradBuckets::AddMainGradientLocked(size_t index) {
   if (grad.defined() && grad.layout() != c10::kStrided) {
     status = SparseGradientError(index);
   } else if (grad.defined()) {
-    status = base::CallTorch(
-        absl::StatusCode::kInternal,
-        absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient"), [&] {
-          const Bucket& bucket = buckets_[bucket_of_[index]];
-          for (size_t p : pieces_of_[index]) {
-            const Piece& piece = bucket.pieces[p];
-            at::Tensor rows = BucketRows(piece);
-            if (accumulated_[index]) {
-              rows.add_(Rows(grad, piece));
-            } else {
-              rows.copy_(Rows(grad, piece));
-            }
-          }
-        });
+    status = AddToMainGradientLocked(index, [&](const Piece& piece, at::Tensor& rows) {
+      if (accumulated_[index]) {
+        rows.add_(Rows(grad, piece));
+      } else {
+        rows.copy_(Rows(grad, piece));
+      }
+    });
   }
   accumulated_[index] = true;
   grad.reset();  // as Megatron, the parameter's own gradient is freed once in main_grad
@@ -468,21 +461,28 @@ void GradBuckets::AddWeightGradient(size_t index, const at::Tensor& grad_output,
   if (sync_enabled_.load() && ready_[index]) {
     status = SecondGradientError(index);
   } else {
-    status = base::CallTorch(
-        absl::StatusCode::kInternal,
-        absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient"), [&] {
-          const Bucket& bucket = buckets_[bucket_of_[index]];
-          for (size_t p : pieces_of_[index]) {
-            const Piece& piece = bucket.pieces[p];
-            at::Tensor rows = BucketRows(piece);
-            parallel::AddProductInto(rows, grad_output.narrow(1, piece.row_begin, piece.rows),
-                                     input, /*overwrite=*/!accumulated_[index]);
-          }
-        });
+    status = AddToMainGradientLocked(index, [&](const Piece& piece, at::Tensor& rows) {
+      parallel::AddProductInto(rows, grad_output.narrow(1, piece.row_begin, piece.rows), input,
+                               /*overwrite=*/!accumulated_[index]);
+    });
     accumulated_[index] = true;
     added_[index] = true;
   }
   if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
+}
+
+absl::Status GradBuckets::AddToMainGradientLocked(
+    size_t index, const std::function<void(const Piece&, at::Tensor&)>& add) {
+  return base::CallTorch(
+      absl::StatusCode::kInternal,
+      absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient"), [&] {
+        const Bucket& bucket = buckets_[bucket_of_[index]];
+        for (size_t p : pieces_of_[index]) {
+          const Piece& piece = bucket.pieces[p];
+          at::Tensor rows = BucketRows(piece);
+          add(piece, rows);
+        }
+      });
 }
 
 void GradBuckets::SkipBackward() {
