@@ -291,6 +291,10 @@ absl::Status ReadData(const DataConfig& config, DataOptions& options) {
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.dataset));
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.megatron));
   KEEL_RETURN_IF_ERROR(CopyFields(config, options.sft));
+  // Megatron's seq_length has no default: the model's positions and every sample's length.
+  KEEL_RETURN_IF_ERROR(Require(options.dataset.sequence_length > 1, "data.sequence_length",
+                               options.dataset.sequence_length,
+                               "must be > 1 (the tokens a sample trains on)"));
   if (options.sft.format == DataFormat::kSft &&
       (options.prefix.empty() || !config.paths().empty())) {
     return absl::InvalidArgumentError(absl::StrCat(

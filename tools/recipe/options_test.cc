@@ -96,6 +96,7 @@ TEST(ReadOptionsTest, UnsetSectionsKeepTheDefaults) {
   TrainConfig config;
   config.set_run_dir("r");
   config.mutable_step_scheduler()->set_local_batch_size(2);
+  config.mutable_data()->set_sequence_length(128);  // required: Megatron's seq_length
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, ReadOptions(config));
   EXPECT_EQ(options.optimizer.lr, 1e-3);  // torch::optim::AdamW's defaults
   EXPECT_EQ(options.optimizer.weight_decay, 1e-2);
@@ -185,6 +186,9 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
       {{"distributed.grad_reduce_in_fp32=false"},
        "distributed.grad_reduce_in_fp32 (false) applies to model.bf16 runs (float32 runs "
        "reduce float32 gradients); allowed without model.bf16: unset"},
+      {{"data.sequence_length=0"},
+       "data.sequence_length (0) must be > 1 (the tokens a sample trains on)"},
+      {{"data.sequence_length=-3"}, "data.sequence_length (-3) must be > 1"},
       {{"distributed.gradient_accumulation_fusion=true"},
        "distributed.gradient_accumulation_fusion (true) applies to model.bf16 runs, whose main "
        "gradients it fills (float32 runs keep .grad); allowed without model.bf16: unset"},
@@ -321,6 +325,7 @@ TEST(ReadOptionsTest, MegatronDataIsCheckedBeforeAnythingIsBuilt) {
   TrainConfig config;
   config.set_run_dir("/tmp/run");
   config.mutable_step_scheduler()->set_local_batch_size(1);
+  config.mutable_data()->set_sequence_length(128);
   config.mutable_data()->set_paths("/x/a");
   EXPECT_THAT(ReadOptions(config), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr("set step_scheduler.max_steps")));
