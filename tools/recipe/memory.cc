@@ -133,6 +133,9 @@ void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLa
   if (options.bf16) {
     out << "precision: bf16 parameters and activations; main gradients in "
         << (options.distributed.grad_reduce_in_fp32.value_or(true) ? "float32" : "bf16")
+        << (options.distributed.gradient_accumulation_fusion.value_or(true)
+                ? " (the linear layers' weight gradients added from their GEMMs)"
+                : "")
         << ", float32 main parameters and AdamW state (Megatron's bf16)\n";
   } else {
     out << "precision: float32" << (options.tf32 ? " (matrix products in TF32)" : "") << "\n";

@@ -63,7 +63,8 @@ TEST(MemoryTest, KeelsOwnBuffersCostWhatTheyHold) {
 }
 
 // Shards divide the parameters of a stage, and the stage with the embedding and the head
-// holds the most; the dry run's lines name the precision.
+// holds the most; the dry run's lines name the precision, and whether the weight gradients go
+// into the main gradients from their GEMMs.
 TEST(MemoryTest, PrintsThePrecisionAndTheLargestStage) {
   TrainOptions options = Options(true, false);
   options.model.num_layers = 4;
@@ -77,8 +78,13 @@ TEST(MemoryTest, PrintsThePrecisionAndTheLargestStage) {
   std::ostringstream out;
   PrintPrecisionAndMemory(options, layout, out);
   EXPECT_THAT(out.str(), HasSubstr("precision: bf16 parameters and activations; main gradients "
-                                   "in float32, float32 main parameters and AdamW state"));
+                                   "in float32 (the linear layers' weight gradients added from "
+                                   "their GEMMs), float32 main parameters and AdamW state"));
   EXPECT_THAT(out.str(), HasSubstr("memory per rank (pipeline stage 0 of 4, the largest): "));
+  options.distributed.gradient_accumulation_fusion = false;
+  std::ostringstream unfused;
+  PrintPrecisionAndMemory(options, layout, unfused);
+  EXPECT_THAT(unfused.str(), HasSubstr("main gradients in float32, float32 main parameters"));
   std::ostringstream fp32;
   PrintPrecisionAndMemory(Options(false, false), *parallel::MeshLayout::Create({}, 1), fp32);
   EXPECT_THAT(fp32.str(), HasSubstr("precision: float32\n"));
