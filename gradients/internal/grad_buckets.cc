@@ -397,18 +397,13 @@ absl::Status GradBuckets::AddGradientLocked(size_t index, const at::Tensor& grad
     absl::Status zeroed = ZeroPiecesLocked(index);
     if (!zeroed.ok()) status = std::move(zeroed);
   } else {
-    status = base::CallTorch(
-        absl::StatusCode::kInternal,
-        absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"), [&] {
-          Bucket& bucket = buckets_[bucket_of_[index]];
-          for (size_t p : pieces_of_[index]) {
-            const Piece& piece = bucket.pieces[p];
-            at::Tensor rows = BucketRows(piece);
-            if (accumulated.defined()) {
-              at::add_out(rows, Rows(accumulated, piece), Rows(grad, piece));
-            } else {
-              rows.copy_(Rows(grad, piece));
-            }
+    status = ForEachPieceLocked(
+        index, absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"),
+        [&](const Piece& piece, at::Tensor& rows) {
+          if (accumulated.defined()) {
+            at::add_out(rows, Rows(accumulated, piece), Rows(grad, piece));
+          } else {
+            rows.copy_(Rows(grad, piece));
           }
         });
   }
@@ -438,13 +433,14 @@ absl::Status GradBuckets::AddMainGradientLocked(size_t index) {
   if (grad.defined() && grad.layout() != c10::kStrided) {
     status = SparseGradientError(index);
   } else if (grad.defined()) {
-    status = AddToMainGradientLocked(index, [&](const Piece& piece, at::Tensor& rows) {
-      if (accumulated_[index]) {
-        rows.add_(Rows(grad, piece));
-      } else {
-        rows.copy_(Rows(grad, piece));
-      }
-    });
+    status = ForEachPieceLocked(index, MainGradientWrite(index),
+                                [&](const Piece& piece, at::Tensor& rows) {
+                                  if (accumulated_[index]) {
+                                    rows.add_(Rows(grad, piece));
+                                  } else {
+                                    rows.copy_(Rows(grad, piece));
+                                  }
+                                });
   }
   accumulated_[index] = true;
   grad.reset();  // as Megatron, the parameter's own gradient is freed once in main_grad
@@ -461,28 +457,32 @@ void GradBuckets::AddWeightGradient(size_t index, const at::Tensor& grad_output,
   if (sync_enabled_.load() && ready_[index]) {
     status = SecondGradientError(index);
   } else {
-    status = AddToMainGradientLocked(index, [&](const Piece& piece, at::Tensor& rows) {
-      parallel::AddProductInto(rows, grad_output.narrow(1, piece.row_begin, piece.rows), input,
-                               /*overwrite=*/!accumulated_[index]);
-    });
+    status = ForEachPieceLocked(
+        index, MainGradientWrite(index), [&](const Piece& piece, at::Tensor& rows) {
+          parallel::AddProductInto(rows, grad_output.narrow(1, piece.row_begin, piece.rows), input,
+                                   /*overwrite=*/!accumulated_[index]);
+        });
     accumulated_[index] = true;
     added_[index] = true;
   }
   if (!status.ok() && hook_status_.ok()) hook_status_ = std::move(status);
 }
 
-absl::Status GradBuckets::AddToMainGradientLocked(
-    size_t index, const std::function<void(const Piece&, at::Tensor&)>& add) {
-  return base::CallTorch(
-      absl::StatusCode::kInternal,
-      absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient"), [&] {
-        const Bucket& bucket = buckets_[bucket_of_[index]];
-        for (size_t p : pieces_of_[index]) {
-          const Piece& piece = bucket.pieces[p];
-          at::Tensor rows = BucketRows(piece);
-          add(piece, rows);
-        }
-      });
+absl::Status GradBuckets::ForEachPieceLocked(
+    size_t index, const std::string& what,
+    const std::function<void(const Piece&, at::Tensor&)>& write) {
+  return base::CallTorch(absl::StatusCode::kInternal, what, [&] {
+    const Bucket& bucket = buckets_[bucket_of_[index]];
+    for (size_t p : pieces_of_[index]) {
+      const Piece& piece = bucket.pieces[p];
+      at::Tensor rows = BucketRows(piece);
+      write(piece, rows);
+    }
+  });
+}
+
+std::string GradBuckets::MainGradientWrite(size_t index) const {
+  return absl::StrCat("adding the gradient of '", names_[index], "' to its main gradient");
 }
 
 void GradBuckets::SkipBackward() {
@@ -505,15 +505,9 @@ absl::Status GradBuckets::TakeAccumulatedLocked(size_t index) {
     if (!zeroed.ok()) return zeroed;
     return SparseGradientError(index);
   }
-  return base::CallTorch(
-      absl::StatusCode::kInternal,
-      absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"), [&] {
-        const Bucket& bucket = buckets_[bucket_of_[index]];
-        for (size_t p : pieces_of_[index]) {
-          const Piece& piece = bucket.pieces[p];
-          BucketRows(piece).copy_(Rows(accumulated, piece));
-        }
-      });
+  return ForEachPieceLocked(
+      index, absl::StrCat("copying the gradient of '", names_[index], "' into its bucket"),
+      [&](const Piece& piece, at::Tensor& rows) { rows.copy_(Rows(accumulated, piece)); });
 }
 
 absl::Status GradBuckets::SecondGradientError(size_t index) const {
@@ -529,10 +523,8 @@ absl::Status GradBuckets::SparseGradientError(size_t index) const {
 }
 
 absl::Status GradBuckets::ZeroPiecesLocked(size_t index) {
-  return base::CallTorch(absl::StatusCode::kInternal, "zeroing a bucket slot", [&] {
-    Bucket& bucket = buckets_[bucket_of_[index]];
-    for (size_t p : pieces_of_[index]) BucketRows(bucket.pieces[p]).zero_();
-  });
+  return ForEachPieceLocked(index, "zeroing a bucket slot",
+                            [](const Piece&, at::Tensor& rows) { rows.zero_(); });
 }
 
 void GradBuckets::MarkReadyLocked(size_t index) {

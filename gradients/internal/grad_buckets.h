@@ -140,10 +140,13 @@ class GradBuckets {
   // parallel::MainGrad::AddWeightGradient for parameter `index`: grad_output^T input into its
   // rows, before its AccumulateGrad (which then has no gradient to accumulate).
   void AddWeightGradient(size_t index, const at::Tensor& grad_output, const at::Tensor& input);
-  // Calls `add` with each of the parameter's pieces and its rows in the main gradient; a throw
-  // becomes kInternal naming the parameter.
-  [[nodiscard]] absl::Status AddToMainGradientLocked(
-      size_t index, const std::function<void(const Piece&, at::Tensor&)>& add);
+  // Calls `write` with each of the parameter's pieces and its rows in the bucket; a throw
+  // becomes kInternal, described by `what`.
+  [[nodiscard]] absl::Status ForEachPieceLocked(
+      size_t index, const std::string& what,
+      const std::function<void(const Piece&, at::Tensor&)>& write);
+  // ForEachPieceLocked's description of adding to the parameter's main gradient.
+  std::string MainGradientWrite(size_t index) const;
   [[nodiscard]] absl::Status AddMainGradientLocked(size_t index);
   [[nodiscard]] absl::Status ZeroPiecesLocked(size_t index);
   // kFailedPrecondition naming the parameter.
