@@ -46,7 +46,7 @@ RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshL
   const int64_t reduced = (dp > 1 ? dense : 0) + (expert_dp > 1 ? experts : 0);
   memory.optimizer_bytes = 2 * kFloat32 * stepped;
   if (options.bf16) {
-    const bool in_fp32 = options.distributed.grad_reduce_in_fp32.value_or(true);
+    const bool in_fp32 = MainGradientsInFloat32(options.distributed);
     memory.weight_bytes = kBf16 * all;
     memory.gradient_bytes = (in_fp32 ? kFloat32 : kBf16) * all;
     memory.main_param_bytes = kFloat32 * stepped;
@@ -132,8 +132,8 @@ void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLa
                              std::ostream& out) {
   if (options.bf16) {
     out << "precision: bf16 parameters and activations; main gradients in "
-        << (options.distributed.grad_reduce_in_fp32.value_or(true) ? "float32" : "bf16")
-        << (options.distributed.gradient_accumulation_fusion.value_or(true)
+        << (MainGradientsInFloat32(options.distributed) ? "float32" : "bf16")
+        << (FusesGradientAccumulation(options.distributed)
                 ? " (the linear layers' weight gradients added from their GEMMs)"
                 : "")
         << ", float32 main parameters and AdamW state (Megatron's bf16)\n";

@@ -49,9 +49,9 @@ absl::StatusOr<std::unique_ptr<optim::DataParallelOptimizer>> BuildOptimizer(
   if (options.bf16) {
     // Megatron's bf16: float32 main parameters, main gradients in float32 unless told.
     optimizer_options.sync.main_grad_dtype =
-        options.distributed.grad_reduce_in_fp32.value_or(true) ? at::kFloat : at::kBFloat16;
+        MainGradientsInFloat32(options.distributed) ? at::kFloat : at::kBFloat16;
     optimizer_options.sync.gradient_accumulation_fusion =
-        options.distributed.gradient_accumulation_fusion.value_or(true);
+        FusesGradientAccumulation(options.distributed);
   }
   return optim::DataParallelOptimizer::Create(
       std::move(parameters), runtime.gradient_group(),

@@ -133,6 +133,15 @@ struct DistributedOptions {
   parallel::ModelParallelOptions parallel;
 };
 
+// grad_reduce_in_fp32 and gradient_accumulation_fusion as a model.bf16 run takes them: unset
+// is true (Megatron's defaults).
+inline bool MainGradientsInFloat32(const DistributedOptions& o) {
+  return o.grad_reduce_in_fp32.value_or(true);
+}
+inline bool FusesGradientAccumulation(const DistributedOptions& o) {
+  return o.gradient_accumulation_fusion.value_or(true);
+}
+
 // The layout's fields are the section's own (distributed.tensor_model_parallel_size, ...).
 template <typename O, typename V, base::IsFieldsOf<O, DistributedOptions> = 0>
 void VisitFields(O& o, V&& v) {
