@@ -4,6 +4,8 @@
 // device group (the NCCL-like group of a fake GPU's tensors) nothing goes over the host.
 #include <cmath>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,8 @@
 #include "parallel/moe/token_dispatcher.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
+#include "torch/csrc/autograd/function.h"
+#include "torch/csrc/autograd/variable.h"
 
 namespace keel::parallel {
 namespace {
@@ -280,6 +284,71 @@ TEST(SequentialMlpTest, ExpertsAreShardedOverEpByIndex) {
     return absl::OkStatus();
   }));
   EXPECT_TRUE(SequentialMlp(kExperts, kHidden, kFfn, nullptr)->LocalLayouts().empty());
+}
+
+// How many gradient functions take `parameter`'s gradient straight to its accumulator in the
+// graph behind `output`.
+int EdgesInto(const at::Tensor& output, const at::Tensor& parameter) {
+  const std::shared_ptr<torch::autograd::Node> accumulator =
+      torch::autograd::impl::try_get_grad_accumulator(parameter);
+  std::vector<torch::autograd::Node*> stack = {output.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  int edges = 0;
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      if (edge.function == accumulator) ++edges;
+      stack.push_back(edge.function.get());
+    }
+  }
+  return edges;
+}
+
+// The module against each expert as two separate weights of its own: groups of rows (two per
+// expert, as from two source ranks, one of them empty) give the same outputs and gradients, bit
+// for bit, and each stacked weight's gradient is built once, not once per group.
+TEST(SequentialMlpTest, GroupsOfRowsGoThroughTheirExpertsAndEachWeightIsReadOnce) {
+  Whole whole;
+  const auto params = whole.experts->named_parameters();
+  std::vector<at::Tensor> fc1, fc2;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    fc1.push_back(params["fc1"][e].detach().clone().requires_grad_(true));
+    fc2.push_back(params["fc2"][e].detach().clone().requires_grad_(true));
+  }
+  const std::vector<int64_t> counts = {3, 0, 2, 4, 1, 2, 0, 3};
+  const at::Tensor tokens = Draw({15, kHidden}, 7);
+  const at::Tensor x = tokens.clone().requires_grad_(true);
+  const at::Tensor out = whole.experts->forward(x, counts);
+  EXPECT_EQ(EdgesInto(out, params["fc1"]), 1);
+  EXPECT_EQ(EdgesInto(out, params["fc2"]), 1);
+  (out * out).sum().backward();
+
+  const at::Tensor x_ref = tokens.clone().requires_grad_(true);
+  std::vector<at::Tensor> groups;
+  int64_t start = 0;
+  for (size_t c = 0; c < counts.size(); ++c) {
+    const int64_t e = static_cast<int64_t>(c) % kExperts;
+    groups.push_back(
+        at::matmul(at::gelu(at::matmul(x_ref.narrow(0, start, counts[c]), fc1[e])), fc2[e]));
+    start += counts[c];
+  }
+  const at::Tensor expected = at::cat(groups);
+  (expected * expected).sum().backward();
+  EXPECT_TRUE(at::equal(out, expected));
+  EXPECT_TRUE(at::equal(x.grad(), x_ref.grad()));
+  for (int64_t e = 0; e < kExperts; ++e) {
+    // Expert 1's and 2's groups include empty ones.
+    EXPECT_TRUE(at::equal(params["fc1"].grad()[e], fc1[e].grad())) << "fc1 of expert " << e;
+    EXPECT_TRUE(at::equal(params["fc2"].grad()[e], fc2[e].grad())) << "fc2 of expert " << e;
+  }
+  EXPECT_THAT(
+      [&] {
+        whole.experts->forward(x, {3, 4});
+      },
+      ::testing::ThrowsMessage<c10::Error>(
+          ::testing::HasSubstr("the experts' groups of rows (7 in all) must cover the 15 tokens")));
 }
 
 TEST(MoeGeometryTest, BadSizesThrowNamingTheNumbers) {

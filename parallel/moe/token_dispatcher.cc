@@ -71,24 +71,6 @@ HostCounts ReadCounts(const at::Tensor& counts, const at::Tensor& received_count
   return {values(host[1]), values(host[0].sum(1)), values(host[1].sum(1))};
 }
 
-// The tokens received from every rank, [source rank][local expert] counts, through their
-// local experts, one source rank's tokens at a time: an expert's gradient is then the sum of
-// each rank's part, as where each rank's tokens are a micro-batch of one rank (float sums in the
-// same order), rather than one product over all of them.
-at::Tensor RunLocalExperts(const at::Tensor& received, const std::vector<int64_t>& counts,
-                           SequentialMlpImpl& experts) {
-  const int64_t local = experts.num_local_experts();
-  std::vector<at::Tensor> outputs;
-  int64_t start = 0;
-  for (size_t c = 0; c < counts.size(); ++c) {
-    // An expert without tokens still runs: its weights get zero gradients.
-    outputs.push_back(
-        experts.forward(static_cast<int64_t>(c) % local, received.narrow(0, start, counts[c])));
-    start += counts[c];
-  }
-  return at::cat(outputs);
-}
-
 }  // namespace
 
 SequentialMlpImpl::SequentialMlpImpl(int64_t num_experts, int64_t hidden_size,
@@ -108,8 +90,26 @@ SequentialMlpImpl::SequentialMlpImpl(int64_t num_experts, int64_t hidden_size,
   fc2_ = register_parameter("fc2", NewParameter({local, ffn, hidden_size}));
 }
 
-at::Tensor SequentialMlpImpl::forward(int64_t expert, const at::Tensor& tokens) {
-  return at::matmul(at::gelu(at::matmul(tokens, fc1_[expert])), fc2_[expert]);
+at::Tensor SequentialMlpImpl::forward(const at::Tensor& tokens,
+                                      const std::vector<int64_t>& counts) {
+  int64_t rows = 0;
+  for (const int64_t n : counts) rows += n;
+  TORCH_CHECK(rows == tokens.size(0), "the experts' groups of rows (", rows,
+              " in all) must cover the ", tokens.size(0), " tokens");
+  // Unbound once: indexing the stacked weights per group would make backward build a whole
+  // zero-filled [local, ...] gradient for every group and add them all up.
+  const std::vector<at::Tensor> fc1 = fc1_.unbind(0);
+  const std::vector<at::Tensor> fc2 = fc2_.unbind(0);
+  const int64_t local = num_local_experts();
+  std::vector<at::Tensor> outputs;
+  int64_t start = 0;
+  for (size_t c = 0; c < counts.size(); ++c) {
+    const int64_t e = static_cast<int64_t>(c) % local;
+    outputs.push_back(
+        at::matmul(at::gelu(at::matmul(tokens.narrow(0, start, counts[c]), fc1[e])), fc2[e]));
+    start += counts[c];
+  }
+  return at::cat(outputs);
 }
 
 std::map<std::string, TensorLayout> SequentialMlpImpl::LocalLayouts() const {
@@ -157,11 +157,14 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
   const HostCounts host = ReadCounts(counts, received_counts);
   at::Tensor received = permuted;
   if (ranks > 1) received = AllToAll::apply(permuted, host.send_rows, host.receive_rows, ep);
-  // Over expert_tp every rank holds the same tokens and its part of each expert: one sum of the
-  // parts (and of the parts of the tokens' gradients, backward) for all the experts.
+  // The tokens from every rank, grouped [source rank][local expert], one source rank's tokens
+  // at a time: an expert's gradient is then the sum of each rank's part, as where each rank's
+  // tokens are a micro-batch of one rank (float sums in the same order), rather than one
+  // product over all of them. Over expert_tp every rank holds the same tokens and its part of
+  // each expert: one sum of the parts (and of the parts of the tokens' gradients, backward) for
+  // all the experts.
   at::Tensor expert_out = ReduceFromTensorParallelRegion(
-      RunLocalExperts(CopyToTensorParallelRegion(received, experts.expert_tp()), host.received,
-                      experts),
+      experts.forward(CopyToTensorParallelRegion(received, experts.expert_tp()), host.received),
       experts.expert_tp());
   if (ranks > 1) expert_out = AllToAll::apply(expert_out, host.receive_rows, host.send_rows, ep);
   // Unpermute: each pair's output weighted by its probability, summed per token.

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "parallel/layout.h"
@@ -47,9 +48,13 @@ class SequentialMlpImpl : public torch::nn::Module, public LaidOut {
   SequentialMlpImpl(int64_t num_experts, int64_t hidden_size, int64_t ffn_hidden_size,
                     c10d::ProcessGroup* ep, c10d::ProcessGroup* expert_tp = nullptr);
 
-  // Local expert `expert`'s output for `tokens` ([n, hidden]): over expert_tp, this rank's
-  // part, which the ranks' parts add up to (DispatchToExperts sums them).
-  at::Tensor forward(int64_t expert, const at::Tensor& tokens);
+  // The outputs of `tokens` ([n, hidden]) in groups of `counts` rows (they sum to n), group c
+  // through local expert c % num_local_experts(), the groups one after another: [n, hidden].
+  // Over expert_tp, this rank's part, which the ranks' parts add up to (DispatchToExperts sums
+  // them). An expert whose groups are empty still runs: its weights get zero gradients. Each
+  // stacked weight is read once a call, so that backward builds its gradient once (a stack of
+  // the experts' gradients), not once per group. Throws c10::Error unless the counts sum to n.
+  at::Tensor forward(const at::Tensor& tokens, const std::vector<int64_t>& counts);
 
   int64_t num_experts() const { return num_experts_; }
   int64_t num_local_experts() const { return fc1_.size(0); }
