@@ -61,6 +61,11 @@ void VisitFields(O& o, V&& v) {
   v("keep_every_n_steps", o.keep_every_n_steps);
 }
 
+// What Checkpointer::Create refuses in `options`, before any checkpointer is made (a dry run):
+// an empty checkpoint_dir, a negative keep_last_k or keep_every_n_steps. Errors:
+// kInvalidArgument naming the field.
+[[nodiscard]] absl::Status CheckCheckpointerOptions(const CheckpointerOptions& options);
+
 struct CheckpointInfo {
   std::string path;
   int64_t step = 0;

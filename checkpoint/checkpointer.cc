@@ -489,12 +489,10 @@ class Checkpointer::Impl {
   std::optional<std::string> last_saved_;
 };
 
-absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
-    const CheckpointerOptions& options, c10d::ProcessGroup* group) {
+absl::Status CheckCheckpointerOptions(const CheckpointerOptions& options) {
   if (options.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint_dir must be set");
   }
-  KEEL_RETURN_IF_ERROR(base::CheckGroupCarries(group, at::kCPU, "the checkpointer's exchanges"));
   if (options.keep_last_k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("keep_last_k (", options.keep_last_k, ") must be >= 0 (0 keeps all)"));
@@ -503,6 +501,13 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "keep_every_n_steps (", options.keep_every_n_steps, ") must be >= 0 (0: none)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
+    const CheckpointerOptions& options, c10d::ProcessGroup* group) {
+  KEEL_RETURN_IF_ERROR(CheckCheckpointerOptions(options));
+  KEEL_RETURN_IF_ERROR(base::CheckGroupCarries(group, at::kCPU, "the checkpointer's exchanges"));
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::make_unique<Impl>(options, group)));
 }
 

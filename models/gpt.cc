@@ -171,16 +171,18 @@ StageParameters CountGptStageParameters(const ModelOptions& options,
   if (first || last) count.dense += PaddedVocabSize(options, tp) / tp * h;  // wte (and the head)
   if (first) count.dense += options.max_sequence_length * h;                // wpe
   if (last) count.dense += 2 * h;                                           // ln_f
-  for (int64_t i = layers.first; i < layers.first + layers.count; ++i) {
-    // ln_1, ln_2; qkv (column-parallel) and proj (row-parallel), with biases.
-    count.dense += 4 * h + (3 * h / tp) * (h + 1) + h * (h / tp) + h;
-    if (options.num_moe_experts > 0 && i % options.moe_layer_freq == 0) {
-      count.dense += options.num_moe_experts * h;  // the router
-      count.experts += options.num_moe_experts / ep * 2 * h * (ffn / expert_tp);
-    } else {
-      count.dense += (ffn / tp) * (h + 1) + h * (ffn / tp) + h;  // fc, mlp_proj
-    }
-  }
+  // Layer i is a mixture of experts when i % moe_layer_freq == 0: multiples of the frequency
+  // below the stage's end less those below its first layer.
+  const int64_t freq = options.moe_layer_freq;
+  const auto multiples_below = [freq](int64_t n) { return (n + freq - 1) / freq; };
+  const int64_t moe = options.num_moe_experts > 0 ? multiples_below(layers.first + layers.count) -
+                                                        multiples_below(layers.first)
+                                                  : 0;
+  // ln_1, ln_2; qkv (column-parallel) and proj (row-parallel), with biases.
+  count.dense += layers.count * (4 * h + (3 * h / tp) * (h + 1) + h * (h / tp) + h);
+  count.dense += moe * options.num_moe_experts * h;  // the routers
+  count.experts += moe * (options.num_moe_experts / ep * 2 * h * (ffn / expert_tp));
+  count.dense += (layers.count - moe) * ((ffn / tp) * (h + 1) + h * (ffn / tp) + h);  // fc, proj
   return count;
 }
 

@@ -25,6 +25,7 @@
 #include "scheduling/preemption.h"
 #include "scheduling/step_scheduler.h"
 #include "tools/recipe/data.h"
+#include "tools/recipe/lr_schedule.h"
 #include "tools/recipe/memory.h"
 #include "tools/recipe/plot.h"
 #include "torch/optim/adamw.h"
@@ -102,10 +103,13 @@ struct ScheduleWalk {
 // validation flag, then the checkpoint flag, after each step.
 absl::StatusOr<ScheduleWalk> WalkSchedule(const TrainOptions& options, int world_size,
                                           TrainData& data) {
-  KEEL_ASSIGN_OR_RETURN(
-      auto scheduler, scheduling::BuildStepScheduler(options.step_scheduler, *data.sampler,
-                                                     world_size, options.local_batch_size, nullptr,
-                                                     std::make_unique<NeverPreempted>()));
+  auto built = scheduling::BuildStepScheduler(options.step_scheduler, *data.sampler, world_size,
+                                              options.local_batch_size, nullptr,
+                                              std::make_unique<NeverPreempted>());
+  KEEL_RETURN_IF_ERROR(base::Annotate(built.status(), "step_scheduler"));
+  auto& scheduler = *built;
+  KEEL_RETURN_IF_ERROR(CheckStepsLeft(scheduler.step(), scheduler.epoch(), scheduler.max_steps(),
+                                      scheduler.num_epochs()));
   ScheduleWalk walk;
   walk.grad_acc_steps = scheduler.grad_acc_steps();
   // NeMo's epoch length, in steps: what num_epochs multiplies into the cap on max_steps.

@@ -6,7 +6,8 @@
 // (ReadLrScheduler: max_lr = optimizer.lr, Megatron's --lr; init_lr 0.1 x lr; min_lr
 // 0.01 x lr; start_wd and end_wd = optimizer.weight_decay; lr_decay_style cosine) or from the run's
 // length once its data is known (LrSchedule: lr_decay_steps and wd_incr_steps the run's steps,
-// lr_warmup_steps min(1000, steps / 10)).
+// lr_warmup_steps min(1000, steps / 10)). Beside it, the run's length it derives from
+// (TotalSteps, CheckStepsLeft).
 
 #include <cstdint>
 #include <optional>
@@ -37,6 +38,12 @@ struct DerivedLrSteps {
 // AutoModel's total steps of a run: max_steps, or num_epochs x epoch_len when that is fewer.
 [[nodiscard]] int64_t TotalSteps(int64_t max_steps, std::optional<int64_t> epoch_len,
                                  int64_t num_epochs);
+
+// Whether a run that starts at step `start_step` of epoch `start_epoch` (step_scheduler's
+// start_step and start_epoch) has a step to train before max_steps and num_epochs end it. Errors:
+// kInvalidArgument naming the start and the end it reaches.
+[[nodiscard]] absl::Status CheckStepsLeft(int64_t start_step, int64_t start_epoch,
+                                          int64_t max_steps, int64_t num_epochs);
 
 // The schedule of a run of `total_steps` optimizer steps (the fewer of max_steps and its epochs'
 // steps): `schedule` with the step counts marked in `derived` derived.

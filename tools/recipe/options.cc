@@ -1,6 +1,8 @@
 #include "tools/recipe/options.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -8,12 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_import.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -32,6 +36,61 @@ template <typename Number>
 absl::Status Require(bool ok, absl::string_view field, Number value, absl::string_view allowed) {
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") ", allowed));
+}
+
+// The largest size or count a configuration takes (int32's largest): products of a few of them
+// stay exact in 64 bits, and LibTorch's kernels index with int32.
+constexpr int64_t kMaxCount = 2147483647;
+
+// The most parameters a model may have (2^53, what a double counts exactly), far beyond any
+// that trains: Keel's 64-bit counts of parameters and of their bytes then cannot overflow.
+constexpr double kMaxParameters = 9007199254740992.0;
+
+std::string TooLarge() {
+  return absl::StrCat("is beyond ", kMaxCount,
+                      ", the largest size or count a configuration takes (Keel's products of a "
+                      "few of them stay exact in 64 bits)");
+}
+
+// Every integer set in `config`'s sections, seeds aside, at most kMaxCount. The fields' own
+// checks refuse what is too small.
+absl::Status CheckCounts(const TrainConfig& config) {
+  std::vector<const google::protobuf::FieldDescriptor*> sections;
+  config.GetReflection()->ListFields(config, &sections);
+  for (const google::protobuf::FieldDescriptor* section : sections) {
+    if (section->type() != google::protobuf::FieldDescriptor::TYPE_MESSAGE) continue;
+    const google::protobuf::Message& message = config.GetReflection()->GetMessage(config, section);
+    std::vector<const google::protobuf::FieldDescriptor*> set;
+    message.GetReflection()->ListFields(message, &set);
+    for (const google::protobuf::FieldDescriptor* field : set) {
+      if (field->is_repeated() || absl::StrContains(field->name(), "seed")) continue;
+      int64_t value = 0;
+      if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT64) {
+        value = message.GetReflection()->GetInt64(message, field);
+      } else if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32) {
+        value = message.GetReflection()->GetInt32(message, field);
+      }
+      KEEL_RETURN_IF_ERROR(Require(value <= kMaxCount,
+                                   absl::StrCat(section->name(), ".", field->name()), value,
+                                   TooLarge()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// At least as many parameters as the model of `m` holds, whatever its family and layout (every
+// attention projection as wide as the widest, three MLP matrices an expert), counted in double.
+double ParameterBound(const models::ModelOptions& m) {
+  const double h = static_cast<double>(m.hidden_size);
+  const double width = std::max(
+      h, static_cast<double>(m.num_attention_heads) * static_cast<double>(models::HeadDim(m)));
+  const double experts = static_cast<double>(std::max<int64_t>(1, m.num_moe_experts));
+  const double layer = 4 * h * width + 3 * h * static_cast<double>(m.ffn_hidden_size) * experts +
+                       experts * h + 8 * width + 4 * h;
+  const double rows = static_cast<double>(m.vocab_size) +
+                      static_cast<double>(m.make_vocab_size_divisible_by) +
+                      static_cast<double>(m.max_sequence_length);
+  return 2 * rows * h + static_cast<double>(m.num_layers) * layer + 2 * h;
 }
 
 // A Hugging Face directory's config.json gives the family and every size it holds: a field set
@@ -107,6 +166,24 @@ absl::Status CheckModelValues(const models::ModelOptions& m) {
         {"model.num_attention_heads", m.num_attention_heads},
         {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
     KEEL_RETURN_IF_ERROR(Require(value > 0, field, value, "must be > 0"));
+    KEEL_RETURN_IF_ERROR(Require(value <= kMaxCount, field, value, TooLarge()));
+  }
+  for (auto [field, value] : {std::pair{"model.num_query_groups", m.num_query_groups},
+                              {"model.kv_channels", m.kv_channels},
+                              {"model.window_size", m.window_size}}) {
+    KEEL_RETURN_IF_ERROR(Require(value >= 0, field, value, "must be >= 0 (0: the default)"));
+    KEEL_RETURN_IF_ERROR(Require(value <= kMaxCount, field, value, TooLarge()));
+  }
+  KEEL_RETURN_IF_ERROR(Require(m.num_moe_experts >= 0, "model.num_moe_experts", m.num_moe_experts,
+                               "must be >= 0 (0: dense MLPs)"));
+  KEEL_RETURN_IF_ERROR(Require(m.num_moe_experts <= kMaxCount, "model.num_moe_experts",
+                               m.num_moe_experts, TooLarge()));
+  if (const double bound = ParameterBound(m); bound > kMaxParameters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: hidden_size ", m.hidden_size, ", ffn_hidden_size ", m.ffn_hidden_size,
+                     ", num_layers ", m.num_layers, ", vocab_size ", m.vocab_size,
+                     ", num_moe_experts ", m.num_moe_experts, " give up to ", bound,
+                     " parameters; allowed: at most 2^53 (", kMaxParameters, ")"));
   }
   const std::string family = models::AbslUnparseFlag(m.family);
   if (m.family == models::ModelFamily::kGpt) {
@@ -118,11 +195,6 @@ absl::Status CheckModelValues(const models::ModelOptions& m) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.num_moe_experts (", m.num_moe_experts, ") with model.family \"", family,
                      "\": Keel's mixture of experts is the GPT's; allowed: 0"));
-  }
-  for (auto [field, value] : {std::pair{"model.num_query_groups", m.num_query_groups},
-                              {"model.kv_channels", m.kv_channels},
-                              {"model.window_size", m.window_size}}) {
-    KEEL_RETURN_IF_ERROR(Require(value >= 0, field, value, "must be >= 0 (0: the default)"));
   }
   KEEL_RETURN_IF_ERROR(Require(
       m.num_attention_heads % models::KvHeads(m) == 0, "model.num_query_groups", m.num_query_groups,
@@ -313,11 +385,12 @@ absl::Status ReadData(const DataConfig& config, DataOptions& options) {
                  "must be 0 (no validation) or >= 2");
 }
 
-// Sizes in [1, limit] for which `fits` holds, as "1, 2, 4" ("none" when there are none).
+// The first sizes in [1, limit] (at most 8, none past 2^20) for which `fits` holds, as
+// "1, 2, 4" ("none" when there are none).
 template <typename Fits>
 std::string Working(int64_t limit, Fits fits) {
   std::vector<int64_t> sizes;
-  for (int64_t n = 1; n <= limit && sizes.size() < 8; ++n) {
+  for (int64_t n = 1; n <= std::min<int64_t>(limit, 1 << 20) && sizes.size() < 8; ++n) {
     if (fits(n)) sizes.push_back(n);
   }
   return sizes.empty() ? "none" : absl::StrJoin(sizes, ", ");
@@ -351,8 +424,6 @@ absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
   const models::ModelOptions& m = options.model;
   const parallel::ModelParallelOptions& p = options.distributed.parallel;
   const int64_t ep = p.expert_model_parallel_size;
-  KEEL_RETURN_IF_ERROR(Require(m.num_moe_experts >= 0, "model.num_moe_experts", m.num_moe_experts,
-                               "must be >= 0 (0: dense MLPs)"));
   KEEL_RETURN_IF_ERROR(
       Require(ep > 0, "distributed.expert_model_parallel_size", ep, "must be > 0"));
   if (m.num_moe_experts == 0) {
@@ -361,10 +432,9 @@ absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
   }
   KEEL_RETURN_IF_ERROR(
       Require(m.moe_layer_freq > 0, "model.moe_layer_freq", m.moe_layer_freq, "must be > 0"));
-  if (!(m.moe_aux_loss_coeff >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.moe_aux_loss_coeff (", m.moe_aux_loss_coeff, ") must be >= 0"));
-  }
+  KEEL_RETURN_IF_ERROR(Require(m.moe_aux_loss_coeff >= 0 && std::isfinite(m.moe_aux_loss_coeff),
+                               "model.moe_aux_loss_coeff", m.moe_aux_loss_coeff,
+                               "must be a finite number >= 0"));
   if (m.moe_router_topk < 1 || m.moe_router_topk > m.num_moe_experts) {
     return absl::InvalidArgumentError(absl::StrCat("model.moe_router_topk (", m.moe_router_topk,
                                                    ") must be in [1, model.num_moe_experts (",
@@ -514,6 +584,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   options.run_dir = config.run_dir();
   if (options.run_dir.empty()) return absl::InvalidArgumentError("run_dir must be set");
   options.seed = config.has_seed() ? config.seed() : 0;
+  KEEL_RETURN_IF_ERROR(CheckCounts(config));
   KEEL_RETURN_IF_ERROR(CopyFields(config.step_scheduler(), options.step_scheduler));
   options.local_batch_size = config.step_scheduler().local_batch_size();
   KEEL_RETURN_IF_ERROR(Require(options.local_batch_size > 0, "step_scheduler.local_batch_size",
@@ -529,13 +600,20 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
   KEEL_RETURN_IF_ERROR(ReadLrScheduler(config.lr_scheduler(), options.optimizer.lr,
                                        options.optimizer.weight_decay, options.lr_scheduler,
                                        options.derived_lr_steps));
-  if (config.clip_grad().has_max_norm()) options.max_norm = config.clip_grad().max_norm();
+  if (config.clip_grad().has_max_norm()) {
+    options.max_norm = config.clip_grad().max_norm();
+    // 0 would zero every gradient and a negative threshold turn them around.
+    KEEL_RETURN_IF_ERROR(Require(options.max_norm > 0, "clip_grad.max_norm", options.max_norm,
+                                 "must be > 0 (unset: no clipping)"));
+  }
   options.check_norm_every_steps = config.clip_grad().check_norm_every_steps();
   KEEL_RETURN_IF_ERROR(Require(options.check_norm_every_steps >= 0,
                                "clip_grad.check_norm_every_steps", options.check_norm_every_steps,
                                "must be >= 0 (0: never)"));
   options.checkpoint.checkpoint_dir = base::JoinPath(options.run_dir, "checkpoints");
   KEEL_RETURN_IF_ERROR(CopyFields(config.checkpoint(), options.checkpoint));
+  KEEL_RETURN_IF_ERROR(
+      base::Annotate(checkpoint::CheckCheckpointerOptions(options.checkpoint), "checkpoint"));
   KEEL_RETURN_IF_ERROR(ReadDistributed(config.distributed(), options.distributed));
   options.tf32 = config.model().tf32();
   if (options.tf32 && options.distributed.backend != parallel::Backend::kNccl) {
@@ -579,6 +657,16 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
       KEEL_RETURN_IF_ERROR(ReadAdapterPath(config.peft(), options));
     }
     KEEL_RETURN_IF_ERROR(peft::CheckLoraOptions(lora));
+    // Each adapted linear layer (seven a layer at most, and the output layer) gains
+    // dim x (its inputs + outputs), which ParameterBound / hidden_size bounds.
+    const models::ModelOptions& m = options.model;
+    const double adapters = 7 * static_cast<double>(m.num_layers) * static_cast<double>(lora.dim) *
+                            2 * (ParameterBound(m) / static_cast<double>(m.hidden_size));
+    if (adapters > kMaxParameters) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peft.dim (", lora.dim, ") gives up to ", adapters,
+          " adapter parameters on this model; allowed: at most 2^53 (", kMaxParameters, ")"));
+    }
     if (options.model.num_moe_experts > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "peft with model.num_moe_experts (", options.model.num_moe_experts,
@@ -615,9 +703,9 @@ absl::StatusOr<parallel::MeshLayout> CheckGeometry(const TrainOptions& options, 
       ") must be a positive multiple of step_scheduler.local_batch_size (", local, ") x ", ranks,
       " = ", local * dp, "; ", dp == world_size ? "world" : "data-parallel",
       " sizes that work with this local_batch_size: ",
-      Working(global, [&](int64_t w) { return global > 0 && global % (local * w) == 0; }),
+      Working(global, [&](int64_t w) { return global % local == 0 && global / local % w == 0; }),
       "; local_batch_size values that work on ", dp, " data-parallel rank(s): ",
-      Working(global, [&](int64_t l) { return global > 0 && global % (l * dp) == 0; })));
+      Working(global, [&](int64_t l) { return global % dp == 0 && global / dp % l == 0; })));
 }
 
 }  // namespace keel::tools::recipe

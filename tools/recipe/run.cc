@@ -34,6 +34,8 @@ absl::StatusOr<std::unique_ptr<Run>> Run::Build(const TrainOptions& options, Tra
       scheduler.status(), absl::StrCat("step_scheduler over the ", s.data.splits.train_size(),
                                        " training windows of ", s.data.prefix)));
   s.scheduler = *std::move(scheduler);
+  KEEL_RETURN_IF_ERROR(CheckStepsLeft(s.scheduler->step(), s.scheduler->epoch(),
+                                      s.scheduler->max_steps(), s.scheduler->num_epochs()));
   s.initial_sampler_state = s.data.sampler->State();
   const int64_t total_steps =
       TotalSteps(s.scheduler->max_steps(), s.scheduler->epoch_len(), s.scheduler->num_epochs());

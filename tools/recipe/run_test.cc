@@ -224,6 +224,20 @@ TEST(RunTest, DataWithoutAGlobalBatchIsAnErrorNamingIt) {
                       HasSubstr("sequence lengths up to 11 work"))));
 }
 
+// A start that leaves nothing to train is refused before the model is built, rather than a
+// run that trains nothing and then fails to plot its empty metrics.
+TEST(RunTest, AStartPastTheEndIsAnErrorNamingIt) {
+  const std::string dir = keel::testing::NewTempDir("start_past_end");
+  TrainOptions options = SmallOptions(dir + "/run", 4);
+  options.step_scheduler.start_step = options.step_scheduler.max_steps.value();
+  std::ostringstream log;
+  EXPECT_THAT(Run::Build(options, Runtime(log)).status(),
+              keel::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr(absl::StrCat("step_scheduler.start_step (",
+                                                             options.step_scheduler.start_step,
+                                                             ") leaves no step to train"))));
+}
+
 // Raises its flag once the step scheduler has polled it `after` times.
 class PreemptAfterPolls : public scheduling::PreemptionFlag {
  public:
