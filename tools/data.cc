@@ -11,8 +11,10 @@
 // is the sample of that dataset's stream, tokens the window of sequence_length + 1 tokens
 // (-1 pads past the end of a split's documents). Exit status (tools/cli/exit_code.h): 0;
 // 1 when the data cannot be read; 2 for bad usage or a bad configuration.
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,13 +83,24 @@ absl::Status PrintSamples(const recipe::TrainOptions& options) {
   KEEL_ASSIGN_OR_RETURN(std::unique_ptr<recipe::MegatronData> data,
                         recipe::MegatronData::Open(options, runtime, /*plan_only=*/false));
   const int64_t size = validation ? data->val_size() : data->train_size();
+  // first + count, where it does not pass int64's end (--count "all the rest").
+  const int64_t end = count > std::numeric_limits<int64_t>::max() - first
+                          ? std::numeric_limits<int64_t>::max()
+                          : first + count;
   std::vector<int64_t> order;
   if (!validation) {
-    KEEL_ASSIGN_OR_RETURN(order, TrainingOrder(options, size, first + count));
+    KEEL_ASSIGN_OR_RETURN(order, TrainingOrder(options, size, end));
   }
   const int64_t available = validation ? size : static_cast<int64_t>(order.size());
+  if (count > 0 && first >= available) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--first=", first, " is past the end: the ",
+                     AbslUnparseFlag(absl::GetFlag(FLAGS_split)), " split gives ", available,
+                     " samples", validation ? "" : " in the order training consumes them",
+                     "; allowed: --first below ", available));
+  }
   std::vector<int64_t> tokens;
-  for (int64_t i = first; i < std::min(first + count, available); ++i) {
+  for (int64_t i = first; i < std::min(end, available); ++i) {
     const int64_t position = validation ? i : order[i];
     KEEL_ASSIGN_OR_RETURN(recipe::SampleSource source, data->Window(position, validation, tokens));
     std::cout << base::Json{{"index", i},

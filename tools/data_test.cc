@@ -127,6 +127,23 @@ TEST_F(DataToolTest, BadUsageAndDataExitWithTwo) {
   const ToolResult split = Run({"samples", "--split=test"}, Paths(1, 1));
   EXPECT_EQ(split.exit_code, 2);
   EXPECT_THAT(split.err, HasSubstr("--split=test"));
+  // 10 steps x 16 samples: 160 in training order.
+  const ToolResult past = Run({"samples", "--first=160"}, Paths(1, 1));
+  EXPECT_EQ(past.exit_code, 2);
+  EXPECT_THAT(past.err, HasSubstr("--first=160 is past the end: the train split gives 160 "
+                                  "samples in the order training consumes them; allowed: "
+                                  "--first below 160"));
+  EXPECT_TRUE(past.out.empty());
+}
+
+// --count to int64's end prints the rest of the order; the sum of --first and --count does
+// not wrap around.
+TEST_F(DataToolTest, ACountPastTheEndPrintsTheRest) {
+  const ToolResult rest =
+      Run({"samples", "--first=150", "--count=9223372036854775807"}, Paths(1, 1));
+  ASSERT_EQ(rest.exit_code, 0) << rest.err;
+  EXPECT_THAT(std::vector<std::string>(absl::StrSplit(rest.out, '\n', absl::SkipEmpty())),
+              SizeIs(10));
 }
 
 }  // namespace
