@@ -352,13 +352,15 @@ absl::Status Run() {
 
   KEEL_ASSIGN_OR_RETURN(const sampling::IndexedDataset data,
                         recipe::OpenNamedDataset("--data_prefix", prefix));
-  const int64_t needed = samples * length + 1;
-  if (data.num_tokens() < needed) {
+  // samples x length + 1 tokens, compared without a product that could overflow.
+  if ((data.num_tokens() - 1) / length < samples) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, " holds ", data.num_tokens(), " tokens; --samples=", samples,
-                     " windows of --sequence_length=", length, " need ", needed, " (at most ",
+                     " windows of --sequence_length=", length, " need ",
+                     static_cast<double>(samples) * static_cast<double>(length) + 1, " (at most ",
                      (data.num_tokens() - 1) / length, " windows of ", length, ")"));
   }
+  const int64_t needed = samples * length + 1;
   KEEL_ASSIGN_OR_RETURN(recipe::OneRankModel loaded, LoadModel(model_path));
 
   if (loaded.options.family == models::ModelFamily::kGpt &&
