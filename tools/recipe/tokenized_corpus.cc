@@ -45,6 +45,10 @@ struct Batch {
 
 std::string Where(const std::string& file, int64_t line) { return absl::StrCat(file, ":", line); }
 
+// The most encoding threads a run starts: far more than any machine's cores, fewer than a
+// process may start.
+constexpr int kMaxThreads = 1024;
+
 // Runs fn(i) for i in [0, n) on `threads` threads; the error of the smallest failing i.
 absl::Status ParallelFor(int threads, size_t n, const std::function<absl::Status(size_t)>& fn) {
   std::vector<std::pair<size_t, absl::Status>> failures(threads, {n, absl::OkStatus()});
@@ -264,6 +268,10 @@ absl::Status CheckArguments(const std::vector<std::string>& inputs,
   if (output_prefix.empty()) return absl::InvalidArgumentError("the output prefix is empty");
   for (const std::string& key : options.json_keys) {
     if (key.empty()) return absl::InvalidArgumentError("--json_keys holds an empty key");
+  }
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers (", options.threads, ") must be in [0, ", kMaxThreads, "] (0: one per core)"));
   }
   for (const std::string& input : inputs) {
     if (!base::PathExists(input)) {

@@ -31,7 +31,7 @@ struct TokenizeOptions {
   std::vector<std::string> json_keys;
   // --append_eod: the model's EOS id ends every non-empty document. Default: false.
   bool append_eod = false;
-  // Threads that encode; 0 for one per core. Default: 0.
+  // Threads that encode, at most 1024; 0 for one per core. Default: 0.
   int threads = 0;
 };
 
@@ -57,8 +57,9 @@ struct TokenizedCorpus {
 // dataset's .bin, .idx and .tokenizer.json (creating the prefix's directory) under temporary
 // names and renames them at the end;
 // on an error nothing is left under the output names.
-// Errors: kInvalidArgument for no inputs, an empty prefix or key, a model that cannot be
-// loaded (naming it) or has no EOS id with append_eod; kNotFound for a missing input;
+// Errors: kInvalidArgument for no inputs, an empty prefix or key, threads outside [0, 1024], a
+// model that cannot be loaded (naming it) or has no EOS id with append_eod; kNotFound for a
+// missing input;
 // kInvalidArgument naming "<file>:<line>" for invalid UTF-8, a JSONL line that is not a JSON
 // object, lacks a key, or whose key is neither a string nor a list of strings; write errors.
 [[nodiscard]] absl::StatusOr<TokenizedCorpus> BuildTokenizedCorpus(

@@ -296,6 +296,7 @@ TEST_F(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
     std::string message;
     StatusCode code = StatusCode::kInvalidArgument;
     bool append_eod = false;
+    int threads = 0;
   } cases[] = {
       {{"good.jsonl", "not_json.jsonl"}, {"text"}, Model(), "not_json.jsonl:2: not a JSON object"},
       {{"no_key.jsonl"}, {"text"}, Model(), "no_key.jsonl:3: no key \"text\""},
@@ -314,6 +315,20 @@ TEST_F(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
        "--append_eod: the SentencePiece model " + no_eos + " has no EOS piece (eos_id -1)",
        StatusCode::kInvalidArgument,
        /*append_eod=*/true},
+      {{"good.jsonl"},
+       {"text"},
+       Model(),
+       "--workers (-1) must be in [0, 1024] (0: one per core)",
+       StatusCode::kInvalidArgument,
+       false,
+       /*threads=*/-1},
+      {{"good.jsonl"},
+       {"text"},
+       Model(),
+       "--workers (100000) must be in [0, 1024]",
+       StatusCode::kInvalidArgument,
+       false,
+       /*threads=*/100000},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.message);
@@ -321,6 +336,7 @@ TEST_F(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
     options.tokenizer_model = c.model;
     options.json_keys = c.keys;
     options.append_eod = c.append_eod;
+    options.threads = c.threads;
     std::vector<std::string> inputs;
     for (const std::string& input : c.inputs) inputs.push_back(dir + "/" + input);
     std::filesystem::create_directories(dir + "/out");
