@@ -87,7 +87,7 @@ class Keys {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": \"", key, "\" ", problem));
   }
 
-  // The integer at `key` (>= 1), or `fallback` when absent or null.
+  // The integer at `key` (in [1, kMaxSize]), or `fallback` when absent or null.
   absl::StatusOr<int64_t> Size(const std::string& key, std::optional<int64_t> fallback) const {
     if (!Has(key)) {
       if (fallback) return *fallback;
@@ -97,6 +97,10 @@ class Keys {
     if (!value.is_number_integer()) return Mistyped(config_, key, "an integer");
     const int64_t size = value.get<int64_t>();
     if (size < 1) return Error(key, absl::StrCat("is ", size, "; it must be positive"));
+    if (size > kMaxSize) {
+      return Error(key, absl::StrCat("is ", size, "; it must be at most ", kMaxSize,
+                                     " (the largest size a model takes)"));
+    }
     return size;
   }
   absl::StatusOr<double> Number(const base::Json& object, const std::string& key,

@@ -117,6 +117,8 @@ TEST(HfConfigTest, RefusesWhatKeelDoesNotBuildByName) {
            {R"({"rope_theta": 20000.0})", "\"rope_theta\" is 20000 but rope_parameters' is 500000"},
            {R"({"num_key_value_heads": 3})", "\"num_key_value_heads\" is 3, which does not divide"},
            {R"({"hidden_size": 0})", "\"hidden_size\" is 0; it must be positive"},
+           {R"({"vocab_size": 4611686018427387904})",
+            "\"vocab_size\" is 4611686018427387904; it must be at most 2147483647"},
            {R"({"model_type": "qwen2", "use_sliding_window": true})",
             "\"use_sliding_window\" is true"},
            // More heads than hidden units and no head_dim: a head of width 0.

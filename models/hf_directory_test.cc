@@ -68,10 +68,14 @@ TEST(HfDirectoryTest, AnotherDepthOrOtherWidthsAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("\"num_hidden_layers\" is 3, but the safetensors files hold 2")));
   EXPECT_THAT(
+      ReadHfDirectory(Corrupt("llama_gqa_untied", all, R"({"intermediate_size": 1073741824})")),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("\"model.layers.0.mlp.down_proj.weight\" is [64, 1073741824] by "
+                         "config.json, [64, 96] in the files")));
+  EXPECT_THAT(
       ReadHfDirectory(Corrupt("llama_gqa_untied", all, R"({"intermediate_size": 1099511627776})")),
       StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("\"model.layers.0.mlp.down_proj.weight\" is [64, 1099511627776] by "
-                         "config.json, [64, 96] in the files")));
+               HasSubstr("\"intermediate_size\" is 1099511627776; it must be at most 2147483647")));
   EXPECT_THAT(ReadHfDirectory(Corrupt("llama_gqa_untied", all, R"({"vocab_size": 200})")),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("\"model.embed_tokens.weight\" is [200, 64] by config.json, "

@@ -101,6 +101,10 @@ void VisitFields(O& o, V&& v) {
   v("window_size", o.window_size);
 }
 
+// The largest size a model takes (int32's largest): products of a few sizes stay exact in 64
+// bits, and LibTorch's kernels index with int32.
+inline constexpr int64_t kMaxSize = 2147483647;
+
 // The width of a head and the key-value heads, their defaults resolved.
 int64_t HeadDim(const ModelOptions& options);
 int64_t KvHeads(const ModelOptions& options);

@@ -201,10 +201,14 @@ TEST(EvalToolTest, MalformedDirectoriesAreNamed) {
       {"ten million layers",
        CopyFixture("llama_tied", same, [](base::Json& c) { c["num_hidden_layers"] = 10000000; }),
        "\"num_hidden_layers\" is 10000000, but the safetensors files hold 2 layers"},
+      {"a 2^30 intermediate size",
+       CopyFixture("llama_tied", same,
+                   [](base::Json& c) { c["intermediate_size"] = int64_t{1} << 30; }),
+       "mlp.gate_proj.weight\" is [1073741824, 64] by config.json"},
       {"a 2^40 intermediate size",
        CopyFixture("llama_tied", same,
                    [](base::Json& c) { c["intermediate_size"] = int64_t{1} << 40; }),
-       "mlp.gate_proj.weight\" is [1099511627776, 64] by config.json"},
+       "\"intermediate_size\" is 1099511627776; it must be at most 2147483647"},
       {"2^40 heads of every kind",
        CopyFixture("llama_tied", same,
                    [](base::Json& c) {
@@ -350,6 +354,14 @@ TEST(EvalToolTest, BadInputIsNamed) {
                           with_tokenizer + "/" + file);
   }
   keel::testing::WriteFileOrFail(with_tokenizer + "/tokenizer_config.json", "{}");
+  // A config.json whose hidden_size no model could have.
+  const std::string huge = keel::testing::NewTempDir("huge");
+  std::filesystem::copy("testdata/hf_parity/llama_tied/model.safetensors",
+                        huge + "/model.safetensors");
+  base::Json config =
+      base::Json::parse(keel::testing::ReadFileOrFail("testdata/hf_parity/llama_tied/config.json"));
+  config["hidden_size"] = int64_t{4611686018427387904};
+  keel::testing::WriteFileOrFail(huge + "/config.json", config.dump());
   keel::testing::WriteFileOrFail(
       bytes + ".tokenizer.json",
       R"({"tokenizer_model": "bytes", "vocab_size": 256, "eos_id": 0, "append_eod": true,)"
@@ -381,6 +393,10 @@ TEST(EvalToolTest, BadInputIsNamed) {
        1,
        {"/nonexistent/model does not exist"}},
       {{"--data_prefix=" + prefix, "--sequence_length=4", "--samples=1"}, 2, {"--model"}},
+      {{"--model=" + huge, "--data_prefix=" + prefix, "--sequence_length=4", "--samples=1"},
+       2,
+       {huge + "/config.json: \"hidden_size\" is 4611686018427387904; it must be at most "
+               "2147483647 (the largest size a model takes)"}},
       {{model, "--data_prefix=" + prefix, "--sequence_length=0", "--samples=1"},
        2,
        {"--sequence_length (0)", "must be positive"}},

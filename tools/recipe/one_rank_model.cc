@@ -43,6 +43,9 @@ absl::StatusOr<std::shared_ptr<models::LanguageModel>> Build(const models::Model
 absl::StatusOr<OneRankModel> FromHuggingFace(const std::string& directory) {
   OneRankModel loaded;
   KEEL_ASSIGN_OR_RETURN(loaded.options, models::ReadHfDirectory(directory));
+  KEEL_RETURN_IF_ERROR(base::Annotate(
+      CheckModelValues(loaded.options),
+      absl::StrCat(models::HfConfigPath(directory), ", read as Keel's model fields")));
   KEEL_ASSIGN_OR_RETURN(loaded.model, Build(loaded.options, directory));
   KEEL_RETURN_IF_ERROR(checkpoint::LoadHfSafetensors(directory, *loaded.model, {}, {},
                                                      models::HfVocabRows(loaded.options))

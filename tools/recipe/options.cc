@@ -38,9 +38,9 @@ absl::Status Require(bool ok, absl::string_view field, Number value, absl::strin
   return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") ", allowed));
 }
 
-// The largest size or count a configuration takes (int32's largest): products of a few of them
-// stay exact in 64 bits, and LibTorch's kernels index with int32.
-constexpr int64_t kMaxCount = 2147483647;
+// The largest size or count a configuration takes: a model's largest size, which keeps
+// products of a few of them exact in 64 bits.
+constexpr int64_t kMaxCount = models::kMaxSize;
 
 // The most parameters a model may have (2^53, what a double counts exactly), far beyond any
 // that trains: Keel's 64-bit counts of parameters and of their bytes then cannot overflow.
