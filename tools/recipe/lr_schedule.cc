@@ -24,11 +24,9 @@ absl::Status ReadLrScheduler(const LrSchedulerConfig& config, double lr, double 
              .wd_incr_steps = !config.has_wd_incr_steps()};
   // Megatron's checks (optim::Validate) order the rates and decays; an infinite one passes them
   // and trains nothing.
-  for (const auto& [field, value] : {std::pair{"init_lr", schedule.init_lr},
-                                     {"max_lr", schedule.max_lr},
-                                     {"min_lr", schedule.min_lr},
-                                     {"start_wd", schedule.start_wd},
-                                     {"end_wd", schedule.end_wd}}) {
+  for (const auto& [field, value] :
+       {std::pair{"init_lr", schedule.init_lr}, {"max_lr", schedule.max_lr},
+        {"min_lr", schedule.min_lr}, {"start_wd", schedule.start_wd}, {"end_wd", schedule.end_wd}}) {
     if (!std::isinf(value)) continue;
     return absl::InvalidArgumentError(
         absl::StrCat("lr_scheduler.", field, " (", value, ") must be finite"));
@@ -42,18 +40,16 @@ int64_t TotalSteps(int64_t max_steps, std::optional<int64_t> epoch_len, int64_t 
 
 absl::Status CheckStepsLeft(int64_t start_step, int64_t start_epoch, int64_t max_steps,
                             int64_t num_epochs) {
+  const auto refuse = [](absl::string_view field, int64_t start, absl::string_view end) {
+    return absl::InvalidArgumentError(absl::StrCat("step_scheduler.", field, " (", start,
+                                                   ") leaves no step to train: the run ends ", end,
+                                                   "; allowed: a ", field, " below it"));
+  };
   if (start_step >= max_steps) {
-    return absl::InvalidArgumentError(absl::StrCat("step_scheduler.start_step (", start_step,
-                                                   ") leaves no step to train: the run "
-                                                   "ends at max_steps (",
-                                                   max_steps, "); allowed: a start_step below it"));
+    return refuse("start_step", start_step, absl::StrCat("at max_steps (", max_steps, ")"));
   }
   if (start_epoch >= num_epochs) {
-    return absl::InvalidArgumentError(absl::StrCat("step_scheduler.start_epoch (", start_epoch,
-                                                   ") leaves no step to train: the run ends "
-                                                   "after num_epochs (",
-                                                   num_epochs,
-                                                   "); allowed: a start_epoch below it"));
+    return refuse("start_epoch", start_epoch, absl::StrCat("after num_epochs (", num_epochs, ")"));
   }
   return absl::OkStatus();
 }
