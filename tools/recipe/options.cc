@@ -93,6 +93,18 @@ double ParameterBound(const models::ModelOptions& m) {
   return 2 * rows * h + static_cast<double>(m.num_layers) * layer + 2 * h;
 }
 
+// LoRA adapters of rank `dim` on the model of `m` count at most kMaxParameters: each adapted
+// linear layer (seven a layer at most, and the output layer) gains dim x (its inputs +
+// outputs), which ParameterBound / hidden_size bounds.
+absl::Status CheckAdapterCount(int64_t dim, const models::ModelOptions& m) {
+  const double adapters = 7 * static_cast<double>(m.num_layers) * static_cast<double>(dim) * 2 *
+                          (ParameterBound(m) / static_cast<double>(m.hidden_size));
+  if (adapters <= kMaxParameters) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "peft.dim (", dim, ") gives up to ", adapters,
+      " adapter parameters on this model; allowed: at most 2^53 (", kMaxParameters, ")"));
+}
+
 // A Hugging Face directory's config.json gives the family and every size it holds: a field set
 // in `config` that it contradicts is an error naming both; what it does not hold (the vocabulary
 // padding, the mixture of experts) stays as `config` sets it.
@@ -657,16 +669,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
       KEEL_RETURN_IF_ERROR(ReadAdapterPath(config.peft(), options));
     }
     KEEL_RETURN_IF_ERROR(peft::CheckLoraOptions(lora));
-    // Each adapted linear layer (seven a layer at most, and the output layer) gains
-    // dim x (its inputs + outputs), which ParameterBound / hidden_size bounds.
-    const models::ModelOptions& m = options.model;
-    const double adapters = 7 * static_cast<double>(m.num_layers) * static_cast<double>(lora.dim) *
-                            2 * (ParameterBound(m) / static_cast<double>(m.hidden_size));
-    if (adapters > kMaxParameters) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "peft.dim (", lora.dim, ") gives up to ", adapters,
-          " adapter parameters on this model; allowed: at most 2^53 (", kMaxParameters, ")"));
-    }
+    KEEL_RETURN_IF_ERROR(CheckAdapterCount(lora.dim, options.model));
     if (options.model.num_moe_experts > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "peft with model.num_moe_experts (", options.model.num_moe_experts,
