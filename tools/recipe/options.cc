@@ -12,45 +12,28 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/enum.h"
 #include "base/files.h"
 #include "base/status.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/hf_import.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
-#include "models/hf_config.h"
-#include "models/hf_directory.h"
 #include "peft/peft_format.h"
 #include "sampling/gpt_dataset_config.h"
 #include "sampling/numpy_random.h"
 #include "tools/recipe/config.h"
+#include "tools/recipe/internal/option_checks.h"
 
 namespace keel::tools::recipe {
-namespace {
-
-// `field` (`value`) `allowed`, unless ok. `value` an integer or a double.
-template <typename Number>
-absl::Status Require(bool ok, absl::string_view field, Number value, absl::string_view allowed) {
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") ", allowed));
-}
-
-// The largest size or count a configuration takes: a model's largest size, which keeps
-// products of a few of them exact in 64 bits.
-constexpr int64_t kMaxCount = models::kMaxSize;
-
-// The most parameters a model may have (2^53, what a double counts exactly), far beyond any
-// that trains: Keel's 64-bit counts of parameters and of their bytes then cannot overflow.
-constexpr double kMaxParameters = 9007199254740992.0;
 
 std::string TooLarge() {
   return absl::StrCat("is beyond ", kMaxCount,
                       ", the largest size or count a configuration takes (Keel's products of a "
                       "few of them stay exact in 64 bits)");
 }
+
+namespace {
 
 // Every integer set in `config`'s sections, seeds aside, at most kMaxCount. The fields' own
 // checks refuse what is too small.
@@ -76,178 +59,6 @@ absl::Status CheckCounts(const TrainConfig& config) {
     }
   }
   return absl::OkStatus();
-}
-
-// At least as many parameters as the model of `m` holds, whatever its family and layout (every
-// attention projection as wide as the widest, three MLP matrices an expert), counted in double.
-double ParameterBound(const models::ModelOptions& m) {
-  const double h = static_cast<double>(m.hidden_size);
-  const double width = std::max(
-      h, static_cast<double>(m.num_attention_heads) * static_cast<double>(models::HeadDim(m)));
-  const double experts = static_cast<double>(std::max<int64_t>(1, m.num_moe_experts));
-  const double layer = 4 * h * width + 3 * h * static_cast<double>(m.ffn_hidden_size) * experts +
-                       experts * h + 8 * width + 4 * h;
-  const double rows = static_cast<double>(m.vocab_size) +
-                      static_cast<double>(m.make_vocab_size_divisible_by) +
-                      static_cast<double>(m.max_sequence_length);
-  return 2 * rows * h + static_cast<double>(m.num_layers) * layer + 2 * h;
-}
-
-// LoRA adapters of rank `dim` on the model of `m` count at most kMaxParameters: each adapted
-// linear layer (seven a layer at most, and the output layer) gains dim x (its inputs +
-// outputs), which ParameterBound / hidden_size bounds.
-absl::Status CheckAdapterCount(int64_t dim, const models::ModelOptions& m) {
-  const double adapters = 7 * static_cast<double>(m.num_layers) * static_cast<double>(dim) * 2 *
-                          (ParameterBound(m) / static_cast<double>(m.hidden_size));
-  if (adapters <= kMaxParameters) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "peft.dim (", dim, ") gives up to ", adapters,
-      " adapter parameters on this model; allowed: at most 2^53 (", kMaxParameters, ")"));
-}
-
-// A Hugging Face directory's config.json gives the family and every size it holds: a field set
-// in `config` that it contradicts is an error naming both; what it does not hold (the vocabulary
-// padding, the mixture of experts) stays as `config` sets it.
-absl::Status ReadPretrainedConfig(const ModelConfig& config, models::ModelOptions& model) {
-  const std::string& directory = config.pretrained_path();
-  std::error_code error;
-  if (directory.empty()) return absl::OkStatus();
-  if (!std::filesystem::is_directory(directory, error)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.pretrained_path (", directory,
-                     ") is not a directory; allowed: a Hugging Face model's directory "
-                     "(config.json and safetensors files), or unset"));
-  }
-  if (!std::filesystem::exists(models::HfConfigPath(directory), error)) {
-    // The model is `config`'s: the files' headers at least, before any data is prepared.
-    return base::Annotate(checkpoint::ReadHfTensors(directory).status(), "model.pretrained_path");
-  }
-  KEEL_ASSIGN_OR_RETURN(const models::ModelOptions pretrained, models::ReadHfDirectory(directory));
-  const base::Json ours = base::WriteJsonFields(model);
-  base::Json merged = base::WriteJsonFields(pretrained);
-  std::vector<const google::protobuf::FieldDescriptor*> set;
-  config.GetReflection()->ListFields(config, &set);
-  for (const google::protobuf::FieldDescriptor* field : set) {
-    const std::string& name = field->name();
-    const std::string key = models::HfKeyOf(name);
-    if (key.empty() || ours.at(name) == merged.at(name)) continue;
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.", name, " (", ours.at(name).dump(), ") contradicts ", directory,
-                     "/config.json, whose ", key, " makes it ", merged.at(name).dump(),
-                     "; leave model.", name, " unset to take the pretrained model's"));
-  }
-  for (const auto& [name, value] : ours.items()) {
-    const bool padding_set =
-        name == "make_vocab_size_divisible_by" && config.has_make_vocab_size_divisible_by();
-    if (models::HfKeyOf(name).empty() && (name != "make_vocab_size_divisible_by" || padding_set)) {
-      merged[name] = value;
-    }
-  }
-  return base::ReadJsonFields(merged, model);
-}
-
-// The fields of one family that the other does not read are refused when set, so that no
-// setting is silently ignored; then the values, as CheckModelValues.
-absl::Status CheckFamilyFields(const ModelConfig& config, const models::ModelOptions& m) {
-  const bool gpt = m.family == models::ModelFamily::kGpt;
-  std::vector<const google::protobuf::FieldDescriptor*> set;
-  config.GetReflection()->ListFields(config, &set);
-  for (const google::protobuf::FieldDescriptor* field : set) {
-    const std::string& name = field->name();
-    const bool llama_only = field->number() >= ModelConfig::kNumQueryGroupsFieldNumber &&
-                            field->number() <= ModelConfig::kWindowSizeFieldNumber;
-    if (gpt && llama_only) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.", name,
-                       " applies to the Llama-style families; model.family is \"gpt\" "
-                       "(allowed: \"llama\", \"qwen2\", \"qwen3\", \"mistral\", or model.",
-                       name, " unset)"));
-    }
-  }
-  return CheckModelValues(m);
-}
-
-}  // namespace
-
-absl::Status CheckModelValues(const models::ModelOptions& m) {
-  for (auto [field, value] :
-       {std::pair{"model.vocab_size", m.vocab_size},
-        {"model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
-        {"model.hidden_size", m.hidden_size},
-        {"model.num_layers", m.num_layers},
-        {"model.num_attention_heads", m.num_attention_heads},
-        {"model.ffn_hidden_size", m.ffn_hidden_size}}) {
-    KEEL_RETURN_IF_ERROR(Require(value > 0, field, value, "must be > 0"));
-    KEEL_RETURN_IF_ERROR(Require(value <= kMaxCount, field, value, TooLarge()));
-  }
-  for (auto [field, value] : {std::pair{"model.num_query_groups", m.num_query_groups},
-                              {"model.kv_channels", m.kv_channels},
-                              {"model.window_size", m.window_size}}) {
-    KEEL_RETURN_IF_ERROR(Require(value >= 0, field, value, "must be >= 0 (0: the default)"));
-    KEEL_RETURN_IF_ERROR(Require(value <= kMaxCount, field, value, TooLarge()));
-  }
-  KEEL_RETURN_IF_ERROR(Require(m.num_moe_experts >= 0, "model.num_moe_experts", m.num_moe_experts,
-                               "must be >= 0 (0: dense MLPs)"));
-  KEEL_RETURN_IF_ERROR(Require(m.num_moe_experts <= kMaxCount, "model.num_moe_experts",
-                               m.num_moe_experts, TooLarge()));
-  if (const double bound = ParameterBound(m); bound > kMaxParameters) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model: hidden_size ", m.hidden_size, ", ffn_hidden_size ", m.ffn_hidden_size,
-                     ", num_layers ", m.num_layers, ", vocab_size ", m.vocab_size,
-                     ", num_moe_experts ", m.num_moe_experts, " give up to ", bound,
-                     " parameters; allowed: at most 2^53 (", kMaxParameters, ")"));
-  }
-  const std::string family = models::AbslUnparseFlag(m.family);
-  if (m.family == models::ModelFamily::kGpt) {
-    return Require(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
-                   absl::StrCat("must be divisible by model.num_attention_heads (",
-                                m.num_attention_heads, ")"));
-  }
-  if (m.num_moe_experts != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.num_moe_experts (", m.num_moe_experts, ") with model.family \"", family,
-                     "\": Keel's mixture of experts is the GPT's; allowed: 0"));
-  }
-  KEEL_RETURN_IF_ERROR(Require(
-      m.num_attention_heads % models::KvHeads(m) == 0, "model.num_query_groups", m.num_query_groups,
-      absl::StrCat("must divide model.num_attention_heads (", m.num_attention_heads, ")")));
-  if (m.kv_channels == 0) {
-    KEEL_RETURN_IF_ERROR(
-        Require(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
-                absl::StrCat("must be divisible by model.num_attention_heads (",
-                             m.num_attention_heads, ") without model.kv_channels")));
-  }
-  if (models::HeadDim(m) % 2 != 0) {
-    return Require(false, "model.kv_channels", models::HeadDim(m),
-                   "(the width of a head) must be even: RoPE rotates pairs of dimensions");
-  }
-  if (!(m.rotary_base > 0) || !(m.norm_epsilon > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("model.rotary_base (", m.rotary_base,
-                                                   ") and model.norm_epsilon (", m.norm_epsilon,
-                                                   ") must be > 0"));
-  }
-  if (m.rope_scaling_factor != 0 &&
-      (!(m.rope_scaling_factor > 0) || !(m.rope_high_freq_factor > m.rope_low_freq_factor) ||
-       m.rope_original_max_position_embeddings < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.rope_scaling_factor (", m.rope_scaling_factor, "), rope_low_freq_factor (",
-        m.rope_low_freq_factor, "), rope_high_freq_factor (", m.rope_high_freq_factor,
-        ") and rope_original_max_position_embeddings (", m.rope_original_max_position_embeddings,
-        "): Llama 3.1's rescaling needs factor > 0, high > low and original >= 1 (factor 0: "
-        "none)"));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-absl::Status ReadModel(const TrainConfig& config, TrainOptions& options) {
-  KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model));
-  KEEL_RETURN_IF_ERROR(CopyFields(config.model(), options.model.recompute));
-  options.pretrained_path = config.model().pretrained_path();
-  KEEL_RETURN_IF_ERROR(ReadPretrainedConfig(config.model(), options.model));
-  options.model.max_sequence_length = options.data.dataset.sequence_length;
-  return CheckFamilyFields(config.model(), options.model);
 }
 
 absl::Status ReadOptimizer(const OptimizerConfig& config, OptimizerOptions& options) {
@@ -397,96 +208,6 @@ absl::Status ReadData(const DataConfig& config, DataOptions& options) {
                  "must be 0 (no validation) or >= 2");
 }
 
-// The first sizes in [1, limit] (at most 8, none past 2^20) for which `fits` holds, as
-// "1, 2, 4" ("none" when there are none).
-template <typename Fits>
-std::string Working(int64_t limit, Fits fits) {
-  std::vector<int64_t> sizes;
-  for (int64_t n = 1; n <= std::min<int64_t>(limit, 1 << 20) && sizes.size() < 8; ++n) {
-    if (fits(n)) sizes.push_back(n);
-  }
-  return sizes.empty() ? "none" : absl::StrJoin(sizes, ", ");
-}
-
-// The pipeline stages split the layers evenly, each holding at least one; the distributed
-// optimizer's shards of the tied embedding would differ between the first and last stage.
-absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
-  const int64_t pp = options.distributed.parallel.pipeline_model_parallel_size;
-  const int64_t layers = options.model.num_layers;
-  KEEL_RETURN_IF_ERROR(
-      Require(pp > 0, "distributed.pipeline_model_parallel_size", pp, "must be > 0"));
-  if (layers % pp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "distributed.pipeline_model_parallel_size (", pp, ") must divide model.num_layers (",
-        layers, "): each stage holds an equal number of layers, at least one; sizes that do: ",
-        Working(layers, [layers](int64_t n) { return layers % n == 0; })));
-  }
-  if (pp > 1 && options.distributed.use_distributed_optimizer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "distributed.use_distributed_optimizer with pipeline_model_parallel_size ", pp,
-        ": not supported yet (the tied embedding's shards differ between the first and last "
-        "stage); allowed: use_distributed_optimizer false, or pipeline_model_parallel_size 1"));
-  }
-  return absl::OkStatus();
-}
-
-// Mixture of experts: experts split evenly over ep, k of them per token (each expert split over
-// tp as the MLPs are, which CheckModelParallelModel checks).
-absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
-  const models::ModelOptions& m = options.model;
-  const parallel::ModelParallelOptions& p = options.distributed.parallel;
-  const int64_t ep = p.expert_model_parallel_size;
-  KEEL_RETURN_IF_ERROR(
-      Require(ep > 0, "distributed.expert_model_parallel_size", ep, "must be > 0"));
-  if (m.num_moe_experts == 0) {
-    return Require(ep == 1, "distributed.expert_model_parallel_size", ep,
-                   "needs model.num_moe_experts > 0 (experts to split); allowed: 1");
-  }
-  KEEL_RETURN_IF_ERROR(
-      Require(m.moe_layer_freq > 0, "model.moe_layer_freq", m.moe_layer_freq, "must be > 0"));
-  KEEL_RETURN_IF_ERROR(Require(m.moe_aux_loss_coeff >= 0 && std::isfinite(m.moe_aux_loss_coeff),
-                               "model.moe_aux_loss_coeff", m.moe_aux_loss_coeff,
-                               "must be a finite number >= 0"));
-  if (m.moe_router_topk < 1 || m.moe_router_topk > m.num_moe_experts) {
-    return absl::InvalidArgumentError(absl::StrCat("model.moe_router_topk (", m.moe_router_topk,
-                                                   ") must be in [1, model.num_moe_experts (",
-                                                   m.num_moe_experts, ")]"));
-  }
-  if (m.num_moe_experts % ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "distributed.expert_model_parallel_size (", ep, ") must divide model.num_moe_experts (",
-        m.num_moe_experts, "): each expert-parallel rank holds an equal share; sizes that do: ",
-        Working(m.num_moe_experts, [&](int64_t n) { return m.num_moe_experts % n == 0; })));
-  }
-  return absl::OkStatus();
-}
-
-// The tensor-parallel size splits the attention heads and the MLP evenly (the vocabulary is
-// padded to fit); the pipeline size the layers.
-absl::Status CheckModelParallelModel(const TrainOptions& options) {
-  KEEL_RETURN_IF_ERROR(CheckPipelineParallelModel(options));
-  KEEL_RETURN_IF_ERROR(CheckMixtureOfExperts(options));
-  const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
-  const models::ModelOptions& m = options.model;
-  KEEL_RETURN_IF_ERROR(
-      Require(tp > 0, "distributed.tensor_model_parallel_size", tp, "must be > 0"));
-  std::vector<std::pair<const char*, int64_t>> split = {
-      {"model.num_attention_heads", m.num_attention_heads},
-      {"model.ffn_hidden_size", m.ffn_hidden_size}};
-  // Llama-style: each rank holds its key-value heads with the query heads that read them.
-  if (m.family != models::ModelFamily::kGpt) {
-    split.emplace_back("model.num_query_groups", models::KvHeads(m));
-  }
-  for (const auto& [field, value] : split) {
-    if (value % tp == 0) continue;
-    return absl::InvalidArgumentError(
-        absl::StrCat("distributed.tensor_model_parallel_size (", tp, ") must divide ", field, " (",
-                     value, "): each tensor-parallel rank holds an equal share; sizes that do: ",
-                     Working(value, [value](int64_t n) { return value % n == 0; })));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 bool AbslParseFlag(absl::string_view text, NonFinitePolicy* out, std::string* error) {
@@ -557,36 +278,6 @@ absl::Status ReadPackedSequence(const PackedSequenceConfig& config, TrainOptions
                      ") packs conversations; allowed with data.format \"sft\", else 0"));
   }
   return absl::OkStatus();
-}
-
-// Sequence parallelism splits each row's sequence over the tensor-parallel ranks between their
-// layers, whose mixture-of-experts blocks take the whole sequence.
-absl::Status CheckSequenceParallel(const TrainOptions& options) {
-  if (!options.distributed.sequence_parallel) return absl::OkStatus();
-  const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
-  if (tp == 1) {
-    return absl::InvalidArgumentError(
-        "distributed.sequence_parallel (true) splits the sequence over the tensor-parallel ranks, "
-        "and distributed.tensor_model_parallel_size is 1; allowed: sequence_parallel false, or "
-        "tensor_model_parallel_size > 1");
-  }
-  if (options.model.num_moe_experts > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "distributed.sequence_parallel (true) with model.num_moe_experts (",
-        options.model.num_moe_experts,
-        "): Keel's mixture-of-experts blocks take the whole sequence; allowed: sequence_parallel "
-        "false, or num_moe_experts 0"));
-  }
-  const int64_t packed = options.packed_sequence.packed_sequence_size;
-  const auto [field, length] =
-      packed > 0 ? std::pair{"packed_sequence.packed_sequence_size", packed}
-                 : std::pair{"data.sequence_length", options.data.dataset.sequence_length};
-  if (length % tp == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, " (", length, ") must be divisible by distributed.tensor_model_parallel_size (", tp,
-      ") with distributed.sequence_parallel: each tensor-parallel rank holds an equal share of "
-      "every sequence; allowed: a multiple of ",
-      tp, ", or sequence_parallel false"));
 }
 
 }  // namespace
@@ -678,37 +369,6 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
     }
   }
   return options;
-}
-
-absl::StatusOr<parallel::MeshLayout> CheckGeometry(const TrainOptions& options, int world_size) {
-  absl::StatusOr<parallel::MeshLayout> layout =
-      parallel::MeshLayout::Create(options.distributed.parallel, world_size);
-  KEEL_RETURN_IF_ERROR(base::Annotate(layout.status(), "distributed"));
-  const int dp = layout->data_parallel_size();
-  const int64_t global = options.step_scheduler.global_batch_size;
-  const int64_t local = options.local_batch_size;
-  if (global > 0 && global % (local * dp) == 0) {
-    const int64_t pp = options.distributed.parallel.pipeline_model_parallel_size;
-    const int64_t micro_batches = global / (local * dp);
-    if (micro_batches >= pp) return layout;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the 1F1B schedule of distributed.pipeline_model_parallel_size ", pp, " needs at least ",
-        pp, " micro-batches per step, got step_scheduler.global_batch_size (", global,
-        ") / (local_batch_size (", local, ") x data-parallel size (", dp, ")) = ", micro_batches,
-        "; global_batch_size values that work: multiples of ", local * dp, " from ",
-        local * dp * pp));
-  }
-  const std::string ranks = dp == world_size ? absl::StrCat("the world size (", world_size, ")")
-                                             : absl::StrCat("the data-parallel size (", dp, " of ",
-                                                            world_size, " ranks)");
-  return absl::InvalidArgumentError(absl::StrCat(
-      "step_scheduler.global_batch_size (", global,
-      ") must be a positive multiple of step_scheduler.local_batch_size (", local, ") x ", ranks,
-      " = ", local * dp, "; ", dp == world_size ? "world" : "data-parallel",
-      " sizes that work with this local_batch_size: ",
-      Working(global, [&](int64_t w) { return global % local == 0 && global / local % w == 0; }),
-      "; local_batch_size values that work on ", dp, " data-parallel rank(s): ",
-      Working(global, [&](int64_t l) { return global % dp == 0 && global / dp % l == 0; })));
 }
 
 }  // namespace keel::tools::recipe
