@@ -51,7 +51,7 @@ constexpr char kUsage[] = R"(Starts a distributed program on this node, as torch
 Usage: launch [FLAGS] [--] PROGRAM [ARGS...]
 
 Flags (also --name value, and - for _ as in --nproc-per-node):
-  --nproc_per_node=N     processes to start, ranks 0..N-1. Default: 1.
+  --nproc_per_node=N     processes to start, ranks 0..N-1 (at most 1024). Default: 1.
   --master_addr=ADDR     address of rank 0's rendezvous store. Default: 127.0.0.1.
   --master_port=PORT     its port, 0 to pick a free one on 127.0.0.1. Default: 29500.
   --grace_seconds=S      after a rank fails, how long the others get between SIGTERM and
@@ -80,12 +80,17 @@ struct LaunchOptions {
   bool help = false;
 };
 
+// The most ranks one launch starts: more than any node has cores or GPUs.
+constexpr int64_t kMaxProcesses = 1024;
+
 [[nodiscard]] absl::Status SetOption(const std::string& name, const std::string& value,
                                      LaunchOptions& options) {
   if (name == "nproc_per_node") {
-    if (!absl::SimpleAtoi(value, &options.nproc_per_node) || options.nproc_per_node < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--nproc_per_node=", value, " must be an integer >= 1"));
+    // A typed extra digit would start that many copies of the program.
+    if (!absl::SimpleAtoi(value, &options.nproc_per_node) || options.nproc_per_node < 1 ||
+        options.nproc_per_node > kMaxProcesses) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--nproc_per_node=", value, " must be an integer in [1, ", kMaxProcesses, "]"));
     }
   } else if (name == "master_addr") {
     if (value.empty()) return absl::InvalidArgumentError("--master_addr must not be empty");

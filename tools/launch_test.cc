@@ -268,7 +268,10 @@ TEST(LaunchTest, BadUsageExits2WithTheUsageText) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{}, "no PROGRAM"},
       {{"--nproc_per_node=2", "--"}, "no PROGRAM"},
-      {{"--nproc_per_node=0", "--", child}, "--nproc_per_node=0 must be an integer >= 1"},
+      {{"--nproc_per_node=0", "--", child}, "--nproc_per_node=0 must be an integer in [1, 1024]"},
+      // Not 100000 copies of the program.
+      {{"--nproc_per_node=100000", "--", child},
+       "--nproc_per_node=100000 must be an integer in [1, 1024]"},
       {{"--nproc_per_node=two", child}, "--nproc_per_node=two"},
       {{"--master_port=65536", child}, "--master_port=65536 must be an integer in [0, 65535]"},
       {{"--grace_seconds=-1", child}, "--grace_seconds=-1 must be a number of seconds >= 0"},
