@@ -19,6 +19,11 @@
 #include "tools/recipe/options.h"
 
 namespace keel::tools::recipe {
+namespace {
+
+// The most parameters a model may have (2^53, what a double counts exactly), far beyond any
+// that trains: Keel's 64-bit counts of parameters and of their bytes then cannot overflow.
+constexpr double kMaxParameters = 9007199254740992.0;
 
 // At least as many parameters as the model of `m` holds, whatever its family and layout (every
 // attention projection as wide as the widest, three MLP matrices an expert), counted in double.
@@ -34,6 +39,8 @@ double ParameterBound(const models::ModelOptions& m) {
                       static_cast<double>(m.max_sequence_length);
   return 2 * rows * h + static_cast<double>(m.num_layers) * layer + 2 * h;
 }
+
+}  // namespace
 
 // LoRA adapters of rank `dim` on the model of `m` count at most kMaxParameters: each adapted
 // linear layer (seven a layer at most, and the output layer) gains dim x (its inputs +

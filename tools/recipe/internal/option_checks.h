@@ -27,18 +27,11 @@ absl::Status Require(bool ok, absl::string_view field, Number value, absl::strin
 // products of a few of them exact in 64 bits.
 inline constexpr int64_t kMaxCount = models::kMaxSize;
 
-// The most parameters a model may have (2^53, what a double counts exactly), far beyond any
-// that trains: Keel's 64-bit counts of parameters and of their bytes then cannot overflow.
-inline constexpr double kMaxParameters = 9007199254740992.0;
-
 // "is beyond kMaxCount, ...": what Require says of a size or count above it.
 std::string TooLarge();
 
-// At least as many parameters as the model of `m` holds (options_model.cc).
-double ParameterBound(const models::ModelOptions& m);
-
-// LoRA adapters of rank `dim` on the model of `m` count at most kMaxParameters; an error
-// naming peft.dim otherwise.
+// LoRA adapters of rank `dim` on the model of `m` count at most 2^53; an error naming
+// peft.dim otherwise.
 absl::Status CheckAdapterCount(int64_t dim, const models::ModelOptions& m);
 
 // The model section (and a pretrained directory's config.json) into options.model, checked as
