@@ -9,10 +9,25 @@
 namespace keel::base {
 
 absl::StatusOr<Json> ParseJson(absl::string_view text) {
-  // nlohmann reports syntax errors only as exceptions; they stop here.
+  // Containers deeper than the limit are dropped as they open (so the parse stays linear and
+  // nothing deep is built), then the whole text is refused.
+  bool too_deep = false;
+  const auto keep = [&too_deep](int depth, Json::parse_event_t event, Json& /*value*/) {
+    const bool opens =
+        event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start;
+    if (opens && depth >= kMaxJsonDepth) too_deep = true;
+    return !too_deep;
+  };
+  // nlohmann reports syntax errors (parse_error) and numbers out of range (out_of_range) only
+  // as exceptions; they stop here.
   try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& error) {
+    Json json = Json::parse(text.begin(), text.end(), keep);
+    if (too_deep) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid JSON: arrays and objects nest deeper than ", kMaxJsonDepth, " levels"));
+    }
+    return json;
+  } catch (const Json::exception& error) {
     return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", error.what()));
   }
 }
@@ -58,6 +73,11 @@ absl::Status FromJson(const Json& json, absl::string_view what, double& out) {
 }
 
 absl::Status FromJson(const Json& json, absl::string_view what, int64_t& out) {
+  if (json.is_number_unsigned() &&
+      json.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is ", json.get<uint64_t>(), ", past the largest integer, 2^63 - 1"));
+  }
   if (json.is_number_integer()) {
     out = json.get<int64_t>();
     return absl::OkStatus();

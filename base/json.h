@@ -25,7 +25,12 @@ namespace keel::base {
 
 using Json = nlohmann::ordered_json;
 
-// Parses JSON text. Errors: kInvalidArgument naming the byte offset of the syntax error.
+// Arrays and objects nest at most this deep in what ParseJson accepts (Python's json stops near
+// its recursion limit, 1000, too); deeper text would overflow the stack of whatever walks it.
+inline constexpr int kMaxJsonDepth = 1000;
+
+// Parses JSON text. Errors: kInvalidArgument naming the byte offset of a syntax error, a number
+// beyond a double's range ("1e400"; Python would read inf) or nesting deeper than kMaxJsonDepth.
 [[nodiscard]] absl::StatusOr<Json> ParseJson(absl::string_view text);
 
 // Reads and parses a JSON file. Errors: base::ErrnoCode's (kNotFound for a missing file) if it
@@ -41,7 +46,7 @@ Json DoubleToJson(double value);
 
 // Typed reads of one JSON value; `what` names it in errors (kInvalidArgument), e.g.
 // "inputs.max_lr". Doubles accept any number and the non-finite strings; integers accept
-// integral numbers only.
+// integral numbers in int64_t's range only.
 [[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what, double& out);
 [[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what, int64_t& out);
 [[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what, bool& out);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -98,6 +99,56 @@ TEST(JsonTest, SyntaxErrorsAndMissingFilesAreStatuses) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid JSON")));
   EXPECT_THAT(ReadJsonFile("/nonexistent/keel.json"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/keel.json")));
+}
+
+TEST(JsonTest, NumbersBeyondADoubleAreErrorsNotExceptions) {
+  // nlohmann throws out_of_range, not parse_error, for these; both used to end the process.
+  for (const char* text : {R"({"rms_norm_eps": 1e400})", "[-1e400]", "1E+999"}) {
+    EXPECT_THAT(ParseJson(text),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("number overflow parsing")))
+        << text;
+  }
+  KEEL_ASSERT_OK_AND_ASSIGN(Json tiny, ParseJson("[1e-400, 1.7976931348623157e308]"));
+  EXPECT_EQ(tiny[0].get<double>(), 0.0);  // underflow is zero, as in Python
+  EXPECT_EQ(tiny[1].get<double>(), std::numeric_limits<double>::max());
+}
+
+TEST(JsonTest, NestingIsBoundedAtTheLimitAndDeeperTextIsRefused) {
+  const auto nested = [](int depth) {
+    return std::string(depth, '[') + "1" + std::string(depth, ']');
+  };
+  KEEL_ASSERT_OK_AND_ASSIGN(Json deepest, ParseJson(nested(kMaxJsonDepth)));
+  EXPECT_EQ(deepest.dump(), nested(kMaxJsonDepth));
+  KEEL_EXPECT_OK(ParseJson(R"({"a": )" + nested(kMaxJsonDepth - 1) + "}"));
+  for (const std::string& text :
+       {nested(kMaxJsonDepth + 1), R"({"a": )" + nested(kMaxJsonDepth) + "}",
+        std::string(kMaxJsonDepth + 1, '[') + std::string(kMaxJsonDepth + 1, ']'),
+        // A million levels parsed, destroyed or printed recursively overflow the stack.
+        nested(1'000'000)}) {
+    EXPECT_THAT(ParseJson(text),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("arrays and objects nest deeper than 1000 levels")));
+  }
+  // Unbalanced text deeper than the limit is refused either way, never walked.
+  EXPECT_THAT(ParseJson(std::string(1'000'000, '{')),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid JSON")));
+}
+
+TEST(JsonTest, IntegersPastInt64AreRefusedNotWrapped) {
+  int64_t out = 0;
+  KEEL_ASSERT_OK_AND_ASSIGN(Json json, ParseJson("[9223372036854775807, -9223372036854775808, "
+                                                 "9223372036854775808, 18446744073709551615]"));
+  KEEL_ASSERT_OK(FromJson(json[0], "a", out));
+  EXPECT_EQ(out, std::numeric_limits<int64_t>::max());
+  KEEL_ASSERT_OK(FromJson(json[1], "b", out));
+  EXPECT_EQ(out, std::numeric_limits<int64_t>::min());
+  EXPECT_THAT(FromJson(json[2], "c", out),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("c is 9223372036854775808, past the largest integer")));
+  EXPECT_THAT(FromJson(json[3], "d", out),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("d is 18446744073709551615, past the largest integer")));
+  EXPECT_EQ(out, std::numeric_limits<int64_t>::min());  // untouched by the refusals
 }
 
 }  // namespace

@@ -95,12 +95,14 @@ class Keys {
     }
     const base::Json& value = config_.at(key);
     if (!value.is_number_integer()) return Mistyped(config_, key, "an integer");
-    const int64_t size = value.get<int64_t>();
-    if (size < 1) return Error(key, absl::StrCat("is ", size, "; it must be positive"));
-    if (size > kMaxSize) {
-      return Error(key, absl::StrCat("is ", size, "; it must be at most ", kMaxSize,
+    // Compared as read: get<int64_t>() would wrap an unsigned past 2^63 - 1 to a negative.
+    if (value.is_number_unsigned() ? value.get<uint64_t>() > static_cast<uint64_t>(kMaxSize)
+                                   : value.get<int64_t>() > kMaxSize) {
+      return Error(key, absl::StrCat("is ", value.dump(), "; it must be at most ", kMaxSize,
                                      " (the largest size a model takes)"));
     }
+    const int64_t size = value.get<int64_t>();
+    if (size < 1) return Error(key, absl::StrCat("is ", size, "; it must be positive"));
     return size;
   }
   absl::StatusOr<double> Number(const base::Json& object, const std::string& key,

@@ -119,6 +119,9 @@ TEST(HfConfigTest, RefusesWhatKeelDoesNotBuildByName) {
            {R"({"hidden_size": 0})", "\"hidden_size\" is 0; it must be positive"},
            {R"({"vocab_size": 4611686018427387904})",
             "\"vocab_size\" is 4611686018427387904; it must be at most 2147483647"},
+           // Past int64_t: once read as -1 and refused as "-1; it must be positive".
+           {R"({"vocab_size": 18446744073709551615})",
+            "\"vocab_size\" is 18446744073709551615; it must be at most 2147483647"},
            {R"({"model_type": "qwen2", "use_sliding_window": true})",
             "\"use_sliding_window\" is true"},
            // More heads than hidden units and no head_dim: a head of width 0.

@@ -9,6 +9,8 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
+#include "base/files.h"
 #include "base/json.h"
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
@@ -80,6 +82,31 @@ TEST(HfDirectoryTest, AnotherDepthOrOtherWidthsAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("\"model.embed_tokens.weight\" is [200, 64] by config.json, "
                                  "[131, 64] in the files")));
+}
+
+// A config.json whose text nlohmann parses only by throwing, or that would overflow the stack of
+// whatever walked or printed it, is refused by path; each of these once ended the trainer
+// (abort, then SIGSEGV).
+TEST(HfDirectoryTest, AConfigJsonBeyondWhatJsonCarriesIsRefusedNotACrash) {
+  KEEL_ASSERT_OK_AND_ASSIGN(const std::string text,
+                            base::ReadFile("testdata/hf_parity/llama_tied/config.json"));
+  const std::string deep = std::string(200'000, '[') + std::string(200'000, ']');
+  struct Case {
+    std::string from, to, named;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 1e400",
+            "number overflow parsing '1e400'"},
+           {"\"hidden_size\": 64", "\"hidden_size\": " + deep, "nest deeper than 1000 levels"}}) {
+    SCOPED_TRACE(c.to.substr(0, 40));
+    const std::string dir = keel::testing::NewTempDir("llama_tied");
+    ASSERT_NE(text.find(c.from), std::string::npos);
+    KEEL_ASSERT_OK(
+        base::WriteFile(dir + "/config.json", absl::StrReplaceAll(text, {{c.from, c.to}})));
+    EXPECT_THAT(ReadHfDirectory(dir),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(HasSubstr(dir + "/config.json"), HasSubstr(c.named))));
+  }
 }
 
 }  // namespace

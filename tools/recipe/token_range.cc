@@ -46,10 +46,12 @@ std::optional<TokenRange> ReadRecord(const std::string& path, const base::Json& 
   for (const auto& [key, value] : identity.items()) {
     if (!record->contains(key) || (*record)[key] != value) return std::nullopt;
   }
-  const base::Json& min = (*record)["min_token"];
-  const base::Json& max = (*record)["max_token"];
-  if (!min.is_number_integer() || !max.is_number_integer()) return std::nullopt;
-  return TokenRange{min.get<int64_t>(), max.get<int64_t>()};
+  TokenRange range;
+  if (!base::FromJson((*record)["min_token"], "min_token", range.min).ok() ||
+      !base::FromJson((*record)["max_token"], "max_token", range.max).ok()) {
+    return std::nullopt;
+  }
+  return range;
 }
 
 // Reads every token: their range, or an error naming the first outside [0, vocab_size).

@@ -1,17 +1,19 @@
 // The token check reads every token once per dataset: a matching record answers later checks
 // (a token changed behind the record's back is not seen: the scan did not run), new files are
 // scanned again, a record that says a token is out of range gives the scan's precise error, and
-// a cache that cannot be written only costs a scan.
+// a cache that cannot be written only costs a scan, as does a record whose range is no int64_t.
 #include "tools/recipe/token_range.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "base/files.h"
+#include "base/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sampling/indexed_dataset_writer.h"
@@ -76,6 +78,29 @@ TEST(TokenRangeTest, OneScanPerDatasetThenTheRecordAnswers) {
   // New files (another modification time): scanned again.
   const std::string bin = prefix + ".bin";
   ASSERT_EQ(::utimes(bin.c_str(), nullptr), 0);
+  KEEL_ASSERT_OK_AND_ASSIGN(sampling::IndexedDataset dataset,
+                            sampling::IndexedDataset::Open(prefix));
+  EXPECT_THAT(CheckTokenRange(dataset, prefix, 300, cache),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token 999 of")));
+}
+
+// A record whose range is no int64_t (2^64 - 1 once read as -1, inside any vocabulary) is no
+// answer: the check scans again.
+TEST(TokenRangeTest, ARecordPastInt64IsScannedAgain) {
+  const std::string dir = keel::testing::NewTempDir("token_range_u64");
+  const std::string prefix = dir + "/tokens";
+  const std::string cache = dir + "/cache";
+  WriteDataset(prefix);
+  {
+    KEEL_ASSERT_OK_AND_ASSIGN(sampling::IndexedDataset dataset,
+                              sampling::IndexedDataset::Open(prefix));
+    KEEL_ASSERT_OK(CheckTokenRange(dataset, prefix, 300, cache));
+  }
+  const std::string record = TokenRangePath(prefix, cache);
+  KEEL_ASSERT_OK_AND_ASSIGN(base::Json json, base::ReadJsonFile(record));
+  json["max_token"] = UINT64_MAX;
+  KEEL_ASSERT_OK(base::WriteJsonFile(record, json));
+  OverwriteToken(prefix, 10, 999);
   KEEL_ASSERT_OK_AND_ASSIGN(sampling::IndexedDataset dataset,
                             sampling::IndexedDataset::Open(prefix));
   EXPECT_THAT(CheckTokenRange(dataset, prefix, 300, cache),
