@@ -105,14 +105,21 @@ class Keys {
     if (size < 1) return Error(key, absl::StrCat("is ", size, "; it must be positive"));
     return size;
   }
+  // The number at `key` of `object`, `fallback` when absent. null is refused, as transformers
+  // refuses it (None where its classes compute with a float).
   absl::StatusOr<double> Number(const base::Json& object, const std::string& key,
                                 double fallback) const {
-    if (!object.contains(key) || object.at(key).is_null()) return fallback;
+    if (!object.contains(key)) return fallback;
     if (!object.at(key).is_number()) return Mistyped(object, key, "a number");
     return object.at(key).get<double>();
   }
-  // The number at `key` of `object` (`fallback` when absent or null), which must be > 0 and
-  // finite.
+  // As Number, but null too is `fallback` (transformers' partial_rotary_factor).
+  absl::StatusOr<double> NumberOrNull(const base::Json& object, const std::string& key,
+                                      double fallback) const {
+    if (object.contains(key) && object.at(key).is_null()) return fallback;
+    return Number(object, key, fallback);
+  }
+  // The number at `key` of `object` (`fallback` when absent), which must be > 0 and finite.
   absl::StatusOr<double> Positive(const base::Json& object, const std::string& key,
                                   double fallback) const {
     KEEL_ASSIGN_OR_RETURN(const double value, Number(object, key, fallback));
@@ -156,6 +163,21 @@ absl::StatusOr<ModelFamily> FamilyOf(const Keys& keys) {
   return family;
 }
 
+// max_position_embeddings of each family's transformers class, for a file without the key.
+int64_t ClassMaxPositions(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kQwen2:
+    case ModelFamily::kQwen3:
+      return 32768;
+    case ModelFamily::kMistral:
+      return 131072;
+    case ModelFamily::kLlama:
+    case ModelFamily::kGpt:  // has no config.json; FamilyOf refuses it first
+      break;
+  }
+  return 2048;  // LlamaConfig's
+}
+
 // RoPE from transformers 5's "rope_parameters" or 4's "rope_theta" and "rope_scaling" (both may
 // be present: they must then agree).
 absl::Status ReadRope(const Keys& keys, ModelOptions& options) {
@@ -175,9 +197,9 @@ absl::Status ReadRope(const Keys& keys, ModelOptions& options) {
   // transformers 4 spelled the type "type" in older files.
   KEEL_ASSIGN_OR_RETURN(const std::string old_type, keys.Text(block, "type", kDefaultRope));
   KEEL_ASSIGN_OR_RETURN(const std::string rope_type, keys.Text(block, kRopeType, old_type));
-  KEEL_ASSIGN_OR_RETURN(const double partial, keys.Number(block, kPartialRotaryFactor, 1.0));
+  KEEL_ASSIGN_OR_RETURN(const double partial, keys.NumberOrNull(block, kPartialRotaryFactor, 1.0));
   KEEL_ASSIGN_OR_RETURN(const double partial_top,
-                        keys.Number(config, kPartialRotaryFactor, partial));
+                        keys.NumberOrNull(config, kPartialRotaryFactor, partial));
   if (partial_top != 1.0) {
     return keys.Error(kPartialRotaryFactor,
                       absl::StrCat("is ", partial_top, "; Keel rotates whole heads (1.0)"));
@@ -188,14 +210,24 @@ absl::Status ReadRope(const Keys& keys, ModelOptions& options) {
         absl::StrCat(block_key, ".", kRopeType),
         absl::StrCat("is \"", rope_type, "\"; Keel builds \"default\" and \"llama3\""));
   }
-  // transformers' llama3 checks (modeling_rope_utils.py): every factor positive, high > low.
-  KEEL_ASSIGN_OR_RETURN(options.rope_scaling_factor, keys.Number(block, kFactor, 0.0));
-  KEEL_ASSIGN_OR_RETURN(options.rope_low_freq_factor, keys.Number(block, kLowFreqFactor, 1.0));
-  KEEL_ASSIGN_OR_RETURN(options.rope_high_freq_factor, keys.Number(block, kHighFreqFactor, 4.0));
-  KEEL_ASSIGN_OR_RETURN(
-      const double original,
-      keys.Number(block, kOriginalMaxPositionEmbeddings,
-                  static_cast<double>(options.rope_original_max_position_embeddings)));
+  // transformers' llama3 checks (modeling_rope_utils.py): the three factors present (a file
+  // without one, or with null, does not load there), every factor positive, high > low; without
+  // original_max_position_embeddings, max_position_embeddings (the class's default if absent).
+  const auto required = [&](const char* key) -> absl::StatusOr<double> {
+    if (!block.contains(key)) {
+      return keys.Error(absl::StrCat(block_key, ".", key),
+                        "is missing; llama3 RoPE needs it (transformers refuses the file too)");
+    }
+    return keys.Number(block, key, 0.0);
+  };
+  KEEL_ASSIGN_OR_RETURN(options.rope_scaling_factor, required(kFactor));
+  KEEL_ASSIGN_OR_RETURN(options.rope_low_freq_factor, required(kLowFreqFactor));
+  KEEL_ASSIGN_OR_RETURN(options.rope_high_freq_factor, required(kHighFreqFactor));
+  KEEL_ASSIGN_OR_RETURN(const double max_positions,
+                        keys.Number(config, kMaxPositionEmbeddings,
+                                    static_cast<double>(ClassMaxPositions(options.family))));
+  KEEL_ASSIGN_OR_RETURN(const double original,
+                        keys.Number(block, kOriginalMaxPositionEmbeddings, max_positions));
   // Positions are int64 (a double past 2^53 is no longer a whole number of positions): the
   // range is checked before the conversion.
   constexpr double kMostPositions = 9007199254740992.0;  // 2^53

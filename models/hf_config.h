@@ -32,10 +32,12 @@ inline constexpr char kHfOutputWeight[] = "lm_head.weight";
 // does not determine keep ModelOptions' defaults, but make_vocab_size_divisible_by, which is 1
 // (the vocabulary padded only to the tensor-parallel size: HF's tensors are unpadded).
 // Errors: kNotFound for a missing file; kDataLoss for a file that is not a JSON object or a key
-// of the wrong type; kInvalidArgument naming the key for what Keel does not build (another
-// model_type, a hidden_act other than "silu", attention or MLP biases in Llama, a rope_type
-// other than "default" and "llama3", partial rotary dimensions, Qwen's use_sliding_window,
-// the two RoPE spellings disagreeing) or for sizes that are not positive.
+// of the wrong type (null where transformers needs a number is one); kInvalidArgument naming
+// the key for what Keel does not build (another model_type, a hidden_act other than "silu",
+// attention or MLP biases in Llama, a rope_type other than "default" and "llama3", partial
+// rotary dimensions, Qwen's use_sliding_window, the two RoPE spellings disagreeing), for what
+// transformers does not load either (llama3 RoPE without its factors), or for sizes that are
+// not positive.
 [[nodiscard]] absl::StatusOr<ModelOptions> ReadHfConfig(const std::string& directory);
 
 // "<directory>/config.json": the file that makes a directory a Hugging Face model's.

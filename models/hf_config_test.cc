@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
@@ -78,6 +79,25 @@ TEST(HfConfigTest, DefaultsOfTheKeysAFileLeavesOut) {
   EXPECT_EQ(options.rope_scaling_factor, 0.0);
 }
 
+// Without original_max_position_embeddings, llama3 RoPE takes max_position_embeddings, and
+// without that, the class's default (LlamaConfig's 2048, Qwen's 32768, Mistral's 131072), as
+// transformers 5 does; Keel's own default (8192) once stood in silently.
+TEST(HfConfigTest, Llama3WithoutItsOriginalLengthTakesTheMaximumPositions) {
+  base::Json config = Llama();
+  config["rope_parameters"].erase("original_max_position_embeddings");
+  config["max_position_embeddings"] = 64;
+  KEEL_ASSERT_OK_AND_ASSIGN(ModelOptions options, HfConfigToOptions(config, "c"));
+  EXPECT_EQ(options.rope_original_max_position_embeddings, 64);
+  for (const auto& [family, positions] : std::map<std::string, int64_t>{
+           {"llama", 2048}, {"qwen2", 32768}, {"qwen3", 32768}, {"mistral", 131072}}) {
+    SCOPED_TRACE(family);
+    config.erase("max_position_embeddings");
+    config["model_type"] = family;
+    KEEL_ASSERT_OK_AND_ASSIGN(options, HfConfigToOptions(config, "c"));
+    EXPECT_EQ(options.rope_original_max_position_embeddings, positions);
+  }
+}
+
 // Without head_dim or sliding_window, each family's transformers class default: Qwen3's
 // head_dim is 128, the others' hidden_size // num_attention_heads; Mistral's window is 4096
 // when the key is absent, none when it is null.
@@ -144,6 +164,34 @@ TEST(HfConfigTest, RefusesWhatKeelDoesNotBuildByName) {
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(c.named))));
   }
+  // llama3's factors are required (transformers refuses a file without one, or with null).
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor"}) {
+    SCOPED_TRACE(key);
+    base::Json config = Llama();
+    config["rope_parameters"].erase(key);
+    EXPECT_THAT(HfConfigToOptions(config, "c"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("\"rope_parameters.", key,
+                                                "\" is missing; llama3 RoPE needs it"))));
+    config["rope_parameters"][key] = nullptr;
+    EXPECT_THAT(HfConfigToOptions(config, "c"),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         HasSubstr(absl::StrCat("\"", key, "\" is null, not a number"))));
+  }
+  // null is no number where transformers computes with one (rms_norm_eps, rope_theta), but is
+  // 1.0 for partial_rotary_factor, as there.
+  base::Json null_eps = Llama();
+  null_eps["rms_norm_eps"] = nullptr;
+  EXPECT_THAT(HfConfigToOptions(null_eps, "c"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("\"rms_norm_eps\" is null")));
+  base::Json null_theta = Llama();
+  null_theta["rope_parameters"]["rope_theta"] = nullptr;
+  EXPECT_THAT(HfConfigToOptions(null_theta, "c"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("\"rope_theta\" is null")));
+  base::Json null_partial = Llama();
+  null_partial["partial_rotary_factor"] = nullptr;
+  null_partial["rope_parameters"]["partial_rotary_factor"] = nullptr;
+  KEEL_EXPECT_OK(HfConfigToOptions(null_partial, "c"));
   base::Json mistyped = Llama();
   mistyped["vocab_size"] = "131";
   EXPECT_THAT(HfConfigToOptions(mistyped, "c"),
