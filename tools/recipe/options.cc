@@ -15,7 +15,9 @@
 #include "absl/strings/str_split.h"
 #include "base/enum.h"
 #include "base/files.h"
+#include "base/quote.h"
 #include "base/status.h"
+#include "base/utf8.h"
 #include "checkpoint/checkpoint.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -57,6 +59,27 @@ absl::Status CheckCounts(const TrainConfig& config) {
                                    absl::StrCat(section->name(), ".", field->name()), value,
                                    TooLarge()));
     }
+  }
+  return absl::OkStatus();
+}
+
+// Every text in `fingerprint` (a path, a module pattern) is UTF-8: checkpoints record the
+// fingerprint as protobuf text, which must be, so other bytes would fail the first save.
+absl::Status CheckRecordedText(const base::Json& fingerprint, const std::string& where) {
+  if (fingerprint.is_string()) {
+    const std::string& text = fingerprint.get_ref<const std::string&>();
+    if (const std::optional<size_t> bad = base::FirstInvalidUtf8(text)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " ", base::Quote(text), " is not UTF-8 (byte ", *bad,
+                       " starts no character); checkpoints record it, as UTF-8 text only"));
+    }
+    return absl::OkStatus();
+  }
+  if (!fingerprint.is_structured()) return absl::OkStatus();
+  for (const auto& [key, value] : fingerprint.items()) {
+    KEEL_RETURN_IF_ERROR(CheckRecordedText(
+        value, fingerprint.is_array() ? absl::StrCat(where, "[", key, "]")
+                                      : (where.empty() ? key : absl::StrCat(where, ".", key))));
   }
   return absl::OkStatus();
 }
@@ -368,6 +391,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
           "model.num_moe_experts 0"));
     }
   }
+  KEEL_RETURN_IF_ERROR(CheckRecordedText(ConfigFingerprint(options), ""));
   return options;
 }
 

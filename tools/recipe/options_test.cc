@@ -1,5 +1,6 @@
 #include "tools/recipe/options.h"
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -269,7 +270,8 @@ TEST(ReadOptionsTest, SavedModelIsTheRunsModel) {
 }
 
 // model.bf16 (Megatron's bf16): off by default; distributed.grad_reduce_in_fp32 and
-// gradient_accumulation_fusion unset (true under bf16) or as set; on the CPU with model parallelism too (Gloo carries bf16).
+// gradient_accumulation_fusion unset (true under bf16) or as set; on the CPU with model parallelism
+// too (Gloo carries bf16).
 TEST(ReadOptionsTest, Bf16IsOptIn) {
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({}));
   EXPECT_FALSE(options.bf16);
@@ -363,11 +365,11 @@ TEST(ReadOptionsTest, APretrainedConfigGivesTheModel) {
 // directory without weights, or with a file that is not safetensors, is refused by name.
 TEST(ReadOptionsTest, APretrainedDirectoryWithoutConfigIsCheckedForItsWeights) {
   const std::string empty = keel::testing::NewTempDir("no_weights");
-  EXPECT_THAT(Read({"model.pretrained_path=" + empty}),
-              StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("model.pretrained_path: " + empty +
-                                 " holds neither model.safetensors nor "
-                                 "model.safetensors.index.json")));
+  EXPECT_THAT(
+      Read({"model.pretrained_path=" + empty}),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.pretrained_path: " + empty +
+                                                      " holds neither model.safetensors nor "
+                                                      "model.safetensors.index.json")));
   const std::string broken = keel::testing::NewTempDir("broken_weights");
   keel::testing::WriteFileOrFail(broken + "/model.safetensors", "not a safetensors file");
   EXPECT_THAT(Read({"model.pretrained_path=" + broken}),
@@ -378,6 +380,30 @@ TEST(ReadOptionsTest, APretrainedDirectoryWithoutConfigIsCheckedForItsWeights) {
       weights + "/model.safetensors",
       keel::testing::ReadFileOrFail("testdata/hf_parity/qwen3/model.safetensors"));
   KEEL_EXPECT_OK(Read({"model.pretrained_path=" + weights}).status());
+}
+
+// Text that checkpoints record (the fingerprint's paths and module patterns) must be UTF-8:
+// protobuf text holds nothing else, and such a run once trained up to its first save, then
+// failed there. The run directory is not recorded, so any bytes do.
+TEST(ReadOptionsTest, TextTheCheckpointsRecordMustBeUtf8) {
+  const std::string latin1 = keel::testing::NewTempDir("latin1") + "/mod\xe8le";
+  ASSERT_TRUE(std::filesystem::create_directory(latin1));
+  for (const char* file : {"/config.json", "/model.safetensors"}) {
+    keel::testing::WriteFileOrFail(
+        latin1 + file,
+        keel::testing::ReadFileOrFail(std::string("testdata/hf_parity/qwen3") + file));
+  }
+  const size_t byte = latin1.size() - 3;
+  EXPECT_THAT(
+      Read({"model.pretrained_path=" + latin1}),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          AllOf(HasSubstr("model.pretrained_path \""),
+                HasSubstr(absl::StrCat("is not UTF-8 (byte ", byte, " starts no character)")))));
+  EXPECT_THAT(Read({"peft.target_modules=*.q_proj,*.v_pr\xc3"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("peft.target_modules[1] \"*.v_pr\\ufffd\" is not UTF-8 (byte 6")));
+  KEEL_EXPECT_OK(Read({"run_dir=runs/r\xff"}).status());
 }
 
 TEST(ReadOptionsTest, ConfigFileErrorsNameTheFile) {
