@@ -31,6 +31,10 @@ absl::StatusOr<WorkerEnv> ReadWorkerEnv(const Getenv& getenv_or_null) {
   KEEL_ASSIGN_OR_RETURN(env.local_rank, EnvInt(getenv, "LOCAL_RANK", env.rank));
   KEEL_ASSIGN_OR_RETURN(env.local_world_size, EnvInt(getenv, "LOCAL_WORLD_SIZE", env.world_size));
   KEEL_ASSIGN_OR_RETURN(env.master_port, EnvInt(getenv, "MASTER_PORT", 29500));
+  if (env.master_port > 65535) {  // c10d's TCPStore takes a uint16_t: 99999 became 34463
+    return absl::InvalidArgumentError(absl::StrCat("environment MASTER_PORT=\"", env.master_port,
+                                                   "\" is not a TCP port (0 to 65535)"));
+  }
   if (const char* addr = getenv("MASTER_ADDR")) env.master_addr = addr;
   const char* agent_store = getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.agent_store = agent_store != nullptr && std::string(agent_store) == "True";

@@ -73,6 +73,12 @@ TEST(ReadWorkerEnvTest, BadValuesNameTheVariable) {
                        HasSubstr("WORLD_SIZE=\"two\" is not a non-negative integer")));
   EXPECT_THAT(ReadWorkerEnv(Environment({{"MASTER_PORT", "-1"}})),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MASTER_PORT")));
+  EXPECT_THAT(ReadWorkerEnv(Environment({{"MASTER_PORT", "99999"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MASTER_PORT=\"99999\" is not a TCP port (0 to 65535)")));
+  KEEL_ASSERT_OK_AND_ASSIGN(WorkerEnv highest,
+                            ReadWorkerEnv(Environment({{"MASTER_PORT", "65535"}})));
+  EXPECT_EQ(highest.master_port, 65535);
   EXPECT_THAT(
       ReadWorkerEnv(Environment({{"RANK", "2"}, {"WORLD_SIZE", "2"}})),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("RANK (2) must be < WORLD_SIZE (2)")));
