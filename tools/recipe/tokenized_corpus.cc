@@ -94,10 +94,11 @@ absl::StatusOr<std::vector<Sentences>> ParseRecord(const std::string& line,
                                                    const std::vector<std::string>& keys,
                                                    const std::string& where) {
   absl::StatusOr<base::Json> record = base::ParseJson(line);
-  if (!record.ok() || !record->is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": not a JSON object",
-                     record.ok() ? "" : absl::StrCat(" (", record.status().message(), ")")));
+  if (!record.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", record.status().message()));
+  }
+  if (!record->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
   }
   std::vector<Sentences> document;
   for (const std::string& key : keys) {

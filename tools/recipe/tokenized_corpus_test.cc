@@ -286,6 +286,9 @@ TEST_F(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
   WriteFileOrFail(dir + "/not_json.jsonl", "{\"text\": \"fine\"}\n{\"text\": oops}\n");
   WriteFileOrFail(dir + "/no_key.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"body\": 1}\n");
   WriteFileOrFail(dir + "/number.jsonl", "{\"text\": 7}\n");
+  WriteFileOrFail(dir + "/array.jsonl", "[\"text\"]\n");
+  // Python's json reads 1e400 as inf; nlohmann's exception for it once ended the process.
+  WriteFileOrFail(dir + "/overflow.jsonl", "{\"text\": \"a\", \"score\": 1e400}\n");
   WriteFileOrFail(dir + "/latin1.txt", "fine\ncaf\xe9\n");
   const std::string no_eos = TrainModel("fine words\nmore words\n",
                                         "--vocab_size=20 --hard_vocab_limit=false --eos_id=-1");
@@ -298,7 +301,13 @@ TEST_F(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
     bool append_eod = false;
     int threads = 0;
   } cases[] = {
-      {{"good.jsonl", "not_json.jsonl"}, {"text"}, Model(), "not_json.jsonl:2: not a JSON object"},
+      {{"good.jsonl", "not_json.jsonl"}, {"text"}, Model(), "not_json.jsonl:2: invalid JSON"},
+      {{"array.jsonl"}, {"text"}, Model(), "array.jsonl:1: not a JSON object"},
+      {{"overflow.jsonl"},
+       {"text"},
+       Model(),
+       "overflow.jsonl:1: invalid JSON: [json.exception.out_of_range.406] number overflow parsing "
+       "'1e400'"},
       {{"no_key.jsonl"}, {"text"}, Model(), "no_key.jsonl:3: no key \"text\""},
       {{"number.jsonl"},
        {"text"},
