@@ -261,6 +261,25 @@ TEST(EvalToolTest, APeftAdapterEvaluatesAsInPeft) {
   EXPECT_EQ(refused.exit_code, 1) << refused.err;  // as a missing --model
   EXPECT_THAT(refused.err, AllOf(HasSubstr("--adapter"), HasSubstr("adapter_config.json")));
 
+  // An r too large to allocate (2^40 x 64 floats: past any address space) is an error; the
+  // allocator's exception once ended the tool.
+  const std::string huge = keel::testing::NewTempDir("huge_r");
+  KEEL_ASSERT_OK_AND_ASSIGN(
+      base::Json config,
+      base::ReadJsonFile("testdata/hf_parity/llama_gqa_untied_lora/adapter_config.json"));
+  config["r"] = int64_t{1} << 40;
+  KEEL_ASSERT_OK(base::WriteJsonFile(huge + "/adapter_config.json", config));
+  keel::testing::WriteFileOrFail(
+      huge + "/adapter_model.safetensors",
+      keel::testing::ReadFileOrFail(
+          "testdata/hf_parity/llama_gqa_untied_lora/adapter_model.safetensors"));
+  std::vector<std::string> huge_adapter = args;
+  huge_adapter.push_back("--adapter=" + huge);
+  const ToolResult too_large = RunEval(huge_adapter);
+  EXPECT_EQ(too_large.exit_code, 1) << too_large.err;
+  EXPECT_THAT(too_large.err,
+              HasSubstr("--adapter: attaching the LoRA adapters of r 1099511627776: "));
+
   const std::string python = absl::GetFlag(FLAGS_python);
   if (auto why = keel::testing::WhyNotExecutable(python)) GTEST_SKIP() << *why;
   const std::string keel = keel::testing::NewTempDir("adapter_eval") + "/eval.jsonl";
