@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "base/files.h"
+#include "base/quote.h"
 #include "base/status.h"
 
 namespace keel::base {
@@ -69,7 +70,7 @@ absl::Status FromJson(const Json& json, absl::string_view what, double& out) {
           absl::StrCat(what, " must be a number, got \"", text, "\""));
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(what, " must be a number, got ", json.dump()));
+  return absl::InvalidArgumentError(absl::StrCat(what, " must be a number, got ", Excerpt(json)));
 }
 
 absl::Status FromJson(const Json& json, absl::string_view what, int64_t& out) {
@@ -82,7 +83,7 @@ absl::Status FromJson(const Json& json, absl::string_view what, int64_t& out) {
     out = json.get<int64_t>();
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(what, " must be an integer, got ", json.dump()));
+  return absl::InvalidArgumentError(absl::StrCat(what, " must be an integer, got ", Excerpt(json)));
 }
 
 absl::Status FromJson(const Json& json, absl::string_view what, bool& out) {
@@ -91,7 +92,7 @@ absl::Status FromJson(const Json& json, absl::string_view what, bool& out) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(what, " must be true or false, got ", json.dump()));
+      absl::StrCat(what, " must be true or false, got ", Excerpt(json)));
 }
 
 absl::Status FromJson(const Json& json, absl::string_view what, std::string& out) {
@@ -99,7 +100,7 @@ absl::Status FromJson(const Json& json, absl::string_view what, std::string& out
     out = json.get<std::string>();
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(what, " must be a string, got ", json.dump()));
+  return absl::InvalidArgumentError(absl::StrCat(what, " must be a string, got ", Excerpt(json)));
 }
 
 }  // namespace keel::base

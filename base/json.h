@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/quote.h"
 #include "nlohmann/json.hpp"
 
 namespace keel::base {
@@ -72,7 +73,7 @@ template <typename T>
 template <typename T>
 [[nodiscard]] absl::Status FromJson(const Json& json, absl::string_view what, std::vector<T>& out) {
   if (!json.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " must be an array, got ", json.dump()));
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be an array, got ", Excerpt(json)));
   }
   out.assign(json.size(), T{});
   for (size_t i = 0; i < json.size(); ++i) {

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/quote.h"
 #include "base/status.h"
 
 namespace keel::models {
@@ -141,8 +142,8 @@ class Keys {
   }
   absl::Status Mistyped(const base::Json& object, const std::string& key,
                         const std::string& wanted) const {
-    return absl::DataLossError(
-        absl::StrCat(source_, ": \"", key, "\" is ", object.at(key).dump(), ", not ", wanted));
+    return absl::DataLossError(absl::StrCat(source_, ": \"", key, "\" is ",
+                                            base::Excerpt(object.at(key)), ", not ", wanted));
   }
   const base::Json& config() const { return config_; }
 
