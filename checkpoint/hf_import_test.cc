@@ -377,6 +377,13 @@ TEST(HfImportTest, MissingFilesAndBadIndexesAreNamed) {
   keel::testing::WriteFileOrFail(dir + "/model.safetensors.index.json", R"({"metadata": {}})");
   EXPECT_THAT(LoadHfSafetensors(dir, model),
               StatusIs(StatusCode::kDataLoss, HasSubstr("no \"weight_map\" object")));
+  // A number past a double's range: nlohmann's exception for it once ended the process.
+  keel::testing::WriteFileOrFail(dir + "/model.safetensors.index.json",
+                                 R"({"metadata": {"total_size": 1e400}, "weight_map": {}})");
+  EXPECT_THAT(
+      LoadHfSafetensors(dir, model),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(dir + "/model.safetensors.index.json"),
+                                            HasSubstr("number overflow parsing '1e400'"))));
   KEEL_ASSERT_OK(WriteSafetensorsFile(dir + "/shard.safetensors", {{"wte", model.wte}}, {}));
   keel::testing::WriteFileOrFail(dir + "/model.safetensors.index.json",
                                  R"({"weight_map": {"proj_w": "shard.safetensors"}})");

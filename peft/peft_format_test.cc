@@ -273,6 +273,14 @@ TEST(PeftFormatTest, RefusesConfigsKeelCannotRepresent) {
   }
   EXPECT_THAT(ReadPeftConfig(keel::testing::NewTempDir("empty")),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(kPeftConfigName)));
+  // A number past a double's range: nlohmann's exception for it once ended the process.
+  const std::string overflow = keel::testing::NewTempDir("overflow");
+  keel::testing::WriteFileOrFail(overflow + "/" + kPeftConfigName,
+                                 R"({"peft_type": "LORA", "r": 4, "lora_alpha": 1e400})");
+  EXPECT_THAT(ReadPeftConfig(overflow),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(overflow + "/" + kPeftConfigName),
+                             HasSubstr("number overflow parsing '1e400'"))));
 }
 
 TEST(PeftFormatTest, RefusesAdaptersThatAreNotPairsOfOneRank) {
