@@ -80,7 +80,7 @@ absl::Status Main(int argc, char** argv) {
   }
   SetThreads(env);
   KEEL_ASSIGN_OR_RETURN(const recipe::ProcessGroups groups,
-                        recipe::ProcessGroups::Connect(env, options.distributed));
+                        recipe::ProcessGroups::Connect(env, options.distributed, &std::cout));
   recipe::TrainRuntime runtime;
   groups.Attach(runtime);
   runtime.log = &std::cout;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -159,10 +162,55 @@ ProcessGroups::ProcessGroups(ProcessGroups&&) noexcept = default;
 ProcessGroups& ProcessGroups::operator=(ProcessGroups&&) noexcept = default;
 ProcessGroups::~ProcessGroups() = default;
 
+namespace {
+
+// Writes `what`, then " (<seconds since its start> s<after>)", to `log` every `every` on a
+// thread of its own, until it is destroyed.
+class ProgressLine {
+ public:
+  ProgressLine(std::ostream& log, std::string what, std::string after,
+               std::chrono::milliseconds every)
+      : thread_([this, &log, what = std::move(what), after = std::move(after), every] {
+          const auto start = std::chrono::steady_clock::now();
+          std::unique_lock<std::mutex> lock(mutex_);
+          while (!done_.wait_for(lock, every, [this] { return stop_; })) {
+            const auto waited = std::chrono::duration_cast<std::chrono::seconds>(
+                std::chrono::steady_clock::now() - start);
+            log << what << " (" << waited.count() << " s" << after << ")" << std::endl;
+          }
+        }) {}
+  ~ProgressLine() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    done_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+}  // namespace
+
 absl::StatusOr<ProcessGroups> ProcessGroups::Connect(const parallel::WorkerEnv& env,
-                                                     const DistributedOptions& options) {
+                                                     const DistributedOptions& options,
+                                                     std::ostream* log,
+                                                     std::chrono::milliseconds progress_every) {
   const absl::StatusOr<at::Device> device = parallel::SelectDevice(options.backend, env.local_rank);
   KEEL_RETURN_IF_ERROR(base::Annotate(device.status(), "distributed"));
+  std::optional<ProgressLine> progress;
+  if (log != nullptr && env.world_size > 1 && env.local_rank == 0) {
+    progress.emplace(*log,
+                     absl::StrCat("rendezvous at ", env.master_addr, ":", env.master_port,
+                                  ": waiting for the ", env.world_size, " ranks"),
+                     absl::StrCat(" of distributed.timeout_seconds ", options.timeout_seconds),
+                     progress_every);
+  }
   KEEL_ASSIGN_OR_RETURN(
       parallel::DeviceMesh mesh,
       parallel::DeviceMesh::Connect(env, options.parallel, options.backend,

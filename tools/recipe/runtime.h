@@ -142,10 +142,16 @@ class ProcessGroups {
  public:
   // Rendezvous through the TCPStore `env` names (torchrun's agent store, or one rank 0 serves)
   // and builds the mesh; a single Gloo process builds no group. For NCCL, selects LOCAL_RANK's
-  // GPU first. Errors: kInvalidArgument for NCCL without a CUDA build; kFailedPrecondition for
-  // a LOCAL_RANK without a GPU; kUnavailable when the rendezvous fails or times out.
-  [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(const parallel::WorkerEnv& env,
-                                                             const DistributedOptions& options);
+  // GPU first. While the ranks gather (up to distributed.timeout_seconds), the first rank of
+  // each node (LOCAL_RANK 0) writes "rendezvous at <addr>:<port>: waiting for the <n> ranks
+  // (<s> s of distributed.timeout_seconds <t>)" to `log` every `progress_every`, so that a
+  // rank that never comes is no silent wait. Errors: kInvalidArgument for NCCL without a
+  // CUDA build; kFailedPrecondition for a LOCAL_RANK without a GPU; kUnavailable when the
+  // rendezvous fails or times out.
+  [[nodiscard]] static absl::StatusOr<ProcessGroups> Connect(
+      const parallel::WorkerEnv& env, const DistributedOptions& options,
+      std::ostream* log = nullptr,
+      std::chrono::milliseconds progress_every = std::chrono::minutes(1));
 
   // Fills rank, world size, coordinates, device and the mesh of `runtime` (AttachMesh).
   // Requires: these groups outlive `runtime`.

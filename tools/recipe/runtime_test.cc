@@ -1,7 +1,7 @@
 // What only rank 0 runs before training is waited for through the store, not a collective: a
 // phase longer than the groups' timeout passes, rank 1 says what it waits for, rank 0's error
-// reaches every rank; and a rank that cannot open the data rank 0 prepared fails every rank at
-// once with its own error.
+// reaches every rank; the rendezvous says what it waits for too; and a rank that cannot open
+// the data rank 0 prepared fails every rank at once with its own error.
 #include "tools/recipe/runtime.h"
 
 #include <chrono>
@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sampling/indexed_dataset_writer.h"
@@ -106,6 +107,42 @@ TEST(RunOnRankZeroTest, RankZerosErrorReachesEveryRank) {
 
 // A dataset rank 2 cannot see (a network file system that does not show it yet): every rank
 // fails at once with rank 2's error, not at its next collective's timeout.
+// A rank that comes late is waited for with a line on the first rank of each node, not in
+// silence; the lines stop once the mesh is built.
+TEST(ProcessGroupsTest, TheRendezvousSaysWhatItWaitsFor) {
+  const int port = keel::testing::FreeTcpPort();
+  ASSERT_GT(port, 0);
+  std::vector<std::ostringstream> logs(2);
+  std::vector<absl::Status> statuses(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+      parallel::WorkerEnv env;
+      env.rank = rank;
+      env.local_rank = rank;
+      env.world_size = 2;
+      env.local_world_size = 2;
+      env.master_port = port;
+      statuses[rank] = ProcessGroups::Connect(env, DistributedOptions{}, &logs[rank],
+                                              std::chrono::milliseconds(300))
+                           .status();
+    });
+  }
+  for (std::thread& thread : ranks) thread.join();
+  for (const absl::Status& status : statuses) KEEL_EXPECT_OK(status);
+  // A line at 300, 600 and 900 ms at least (0 s each, unless the machine stalls).
+  EXPECT_THAT(
+      logs[0].str(),
+      ::testing::ContainsRegex(absl::StrCat(
+          "^rendezvous at 127\\.0\\.0\\.1:", port,
+          ": waiting for the 2 ranks \\([0-9]+ s of distributed\\.timeout_seconds 600\\)\n")));
+  EXPECT_THAT(logs[1].str(), IsEmpty());  // LOCAL_RANK 1
+  const std::string written = logs[0].str();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(logs[0].str(), written);
+}
+
 TEST(OpenTrainDataTest, ARankThatCannotOpenTheDataFailsEveryRankAtOnce) {
   const std::string dir = keel::testing::NewTempDir("open_train_data");
   auto writer =
