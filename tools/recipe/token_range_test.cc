@@ -14,6 +14,7 @@
 
 #include "base/files.h"
 #include "base/json.h"
+#include "base/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sampling/indexed_dataset_writer.h"
@@ -50,6 +51,12 @@ void OverwriteToken(const std::string& prefix, int64_t at, uint16_t value) {
   ASSERT_EQ(::utimensat(AT_FDCWD, bin.c_str(), times, 0), 0);
 }
 
+// CheckTokenRange on the dataset at `prefix`, opened afresh.
+absl::Status CheckFiles(const std::string& prefix, int64_t vocab_size, const std::string& cache) {
+  KEEL_ASSIGN_OR_RETURN(sampling::IndexedDataset dataset, sampling::IndexedDataset::Open(prefix));
+  return CheckTokenRange(dataset, prefix, vocab_size, cache);
+}
+
 TEST(TokenRangeTest, OneScanPerDatasetThenTheRecordAnswers) {
   const std::string dir = keel::testing::NewTempDir("token_range");
   const std::string prefix = dir + "/tokens";
@@ -78,9 +85,7 @@ TEST(TokenRangeTest, OneScanPerDatasetThenTheRecordAnswers) {
   // New files (another modification time): scanned again.
   const std::string bin = prefix + ".bin";
   ASSERT_EQ(::utimes(bin.c_str(), nullptr), 0);
-  KEEL_ASSERT_OK_AND_ASSIGN(sampling::IndexedDataset dataset,
-                            sampling::IndexedDataset::Open(prefix));
-  EXPECT_THAT(CheckTokenRange(dataset, prefix, 300, cache),
+  EXPECT_THAT(CheckFiles(prefix, 300, cache),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token 999 of")));
 }
 
@@ -91,19 +96,13 @@ TEST(TokenRangeTest, ARecordPastInt64IsScannedAgain) {
   const std::string prefix = dir + "/tokens";
   const std::string cache = dir + "/cache";
   WriteDataset(prefix);
-  {
-    KEEL_ASSERT_OK_AND_ASSIGN(sampling::IndexedDataset dataset,
-                              sampling::IndexedDataset::Open(prefix));
-    KEEL_ASSERT_OK(CheckTokenRange(dataset, prefix, 300, cache));
-  }
+  KEEL_ASSERT_OK(CheckFiles(prefix, 300, cache));
   const std::string record = TokenRangePath(prefix, cache);
   KEEL_ASSERT_OK_AND_ASSIGN(base::Json json, base::ReadJsonFile(record));
   json["max_token"] = UINT64_MAX;
   KEEL_ASSERT_OK(base::WriteJsonFile(record, json));
   OverwriteToken(prefix, 10, 999);
-  KEEL_ASSERT_OK_AND_ASSIGN(sampling::IndexedDataset dataset,
-                            sampling::IndexedDataset::Open(prefix));
-  EXPECT_THAT(CheckTokenRange(dataset, prefix, 300, cache),
+  EXPECT_THAT(CheckFiles(prefix, 300, cache),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token 999 of")));
 }
 
