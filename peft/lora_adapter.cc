@@ -7,6 +7,8 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "base/collectives.h"
+#include "base/status.h"
+#include "base/torch_status.h"
 #include "parallel/parameters.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "torch/nn/init.h"
@@ -106,8 +108,11 @@ void LoraAdapterImpl::InitialiseA() {
   lora_A_.copy_(column_ ? whole : whole.narrow(1, base::GroupRank(tp_) * local, local));
 }
 
-absl::Status AttachLoraAdapters(torch::nn::Module& model, const std::vector<LinearModule>& modules,
-                                const LoraOptions& options) {
+namespace {
+
+// AttachLoraAdapters, but for LibTorch's exceptions (an adapter too large to allocate).
+absl::Status Attach(torch::nn::Module& model, const std::vector<LinearModule>& modules,
+                    const LoraOptions& options) {
   for (at::Tensor& parameter : model.parameters()) parameter.set_requires_grad(false);
   const auto named = model.named_modules("", /*include_self=*/false);
   for (const LinearModule& module : modules) {
@@ -135,6 +140,18 @@ absl::Status AttachLoraAdapters(torch::nn::Module& model, const std::vector<Line
     adapter->InitialiseA();
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AttachLoraAdapters(torch::nn::Module& model, const std::vector<LinearModule>& modules,
+                                const LoraOptions& options) {
+  absl::Status attached;
+  KEEL_RETURN_IF_ERROR(
+      base::CallTorch(absl::StatusCode::kResourceExhausted,
+                      absl::StrCat("attaching the LoRA adapters of r ", options.dim),
+                      [&] { attached = Attach(model, modules, options); }));
+  return attached;
 }
 
 }  // namespace keel::peft

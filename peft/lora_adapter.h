@@ -60,7 +60,7 @@ class LoraAdapterImpl : public parallel::LinearAdapter,
 // rank keeps its block; a module `model` does not hold (another pipeline stage's) has its A
 // drawn and dropped. So every layout starts from the weights of one rank. Errors:
 // kInvalidArgument naming a module that is not a linear layer of `model` or already has an
-// adapter.
+// adapter; kResourceExhausted, naming r, when the adapters cannot be allocated.
 [[nodiscard]] absl::Status AttachLoraAdapters(torch::nn::Module& model,
                                               const std::vector<LinearModule>& modules,
                                               const LoraOptions& options);

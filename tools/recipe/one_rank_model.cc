@@ -138,14 +138,7 @@ absl::Status AddPeftAdapter(const std::string& directory, OneRankModel& loaded) 
   const peft::LoraOptions lora = peft::LoraOptionsFromPeft(config);
   KEEL_ASSIGN_OR_RETURN(const std::vector<peft::LinearModule> modules,
                         peft::SelectLinearModules(*loaded.model, lora));
-  // The adapters are allocated before the files' shapes are compared: a file's r too large to
-  // hold is an error, as in the trainer.
-  absl::Status attached;
-  KEEL_RETURN_IF_ERROR(
-      base::CallTorch(absl::StatusCode::kResourceExhausted,
-                      absl::StrCat("attaching the LoRA adapters of r ", config.r),
-                      [&] { attached = peft::AttachLoraAdapters(*loaded.model, modules, lora); }));
-  KEEL_RETURN_IF_ERROR(attached);
+  KEEL_RETURN_IF_ERROR(peft::AttachLoraAdapters(*loaded.model, modules, lora));
   KEEL_RETURN_IF_ERROR(peft::LoadPeftAdapter(directory, *loaded.model, lora).status());
   absl::StrAppend(&loaded.source, " with the peft LoRA adapter ", directory, " (r ", config.r,
                   ", lora_alpha ", config.lora_alpha, ", ", modules.size(), " layers)");
