@@ -312,5 +312,17 @@ TEST(LoraAdapterTest, WhatCannotBeAdaptedIsNamed) {
                        HasSubstr("mlp.up_proj already has an adapter")));
 }
 
+// An r too large to allocate (2^44 rows of 8 floats: past any address space) is an error
+// naming r; the allocator's exception once ended the process.
+TEST(LoraAdapterTest, AdaptersTooLargeToAllocateAreNamedByR) {
+  torch::nn::Module outer;
+  outer.register_module("mlp", OneRank());
+  LoraOptions options;
+  options.dim = int64_t{1} << 44;
+  EXPECT_THAT(AttachLoraAdapters(outer, {{"mlp.up_proj", 8, 12}}, options),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("attaching the LoRA adapters of r 17592186044416")));
+}
+
 }  // namespace
 }  // namespace keel::peft

@@ -130,6 +130,29 @@ std::string Escaped(absl::string_view name) {
   return escaped;
 }
 
+// When `directory` holds adapter_model.safetensors, that its header's LoRA tensors are of rank
+// `r`, as `config_path` says: A [r, in] and B [out, r]. Only the header is read, so that a
+// disagreement is named before adapters of rank r are allocated for the tensors.
+absl::Status CheckRankOfWeights(const std::string& directory, const std::string& config_path,
+                                int64_t r) {
+  const std::string weights_path = base::JoinPath(directory, kPeftWeightsName);
+  if (!base::PathExists(weights_path)) return absl::OkStatus();
+  KEEL_ASSIGN_OR_RETURN(const checkpoint::SafetensorsHeader header,
+                        checkpoint::ReadSafetensorsHeader(weights_path));
+  for (const checkpoint::SafetensorsEntry& entry : header.entries) {
+    const auto split = Split(entry.name, kPeftSuffix);
+    if (!split.has_value()) continue;
+    const int which = split->second;
+    if (entry.shape.size() == 2 && entry.shape[which == 0 ? 0 : 1] == r) continue;
+    return absl::FailedPreconditionError(
+        absl::StrCat(weights_path, " holds ", Quote(entry.name), " of shape ",
+                     ShapeString(entry.shape), ", where the r ", r, " of ", config_path, " needs ",
+                     which == 0 ? absl::StrCat("[", r, ", in]") : absl::StrCat("[out, ", r, "]"),
+                     ": the config is not the adapter's"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> PeftKey(absl::string_view parameter) {
@@ -226,6 +249,7 @@ absl::StatusOr<PeftLoraConfig> ReadPeftConfig(const std::string& directory) {
   if (base_model != config.end() && base_model->is_string()) {
     read.base_model_name_or_path = base_model->get<std::string>();
   }
+  KEEL_RETURN_IF_ERROR(CheckRankOfWeights(directory, path, read.r));
   return read;
 }
 

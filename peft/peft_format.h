@@ -72,7 +72,9 @@ base::Json PeftConfigToJson(const PeftLoraConfig& config);
 // string included), bias other than "none", use_rslora, use_dora, fan_in_fan_out or lora_bias
 // true, modules_to_save, exclude_modules, rank_pattern, alpha_pattern, layers_to_transform,
 // layers_pattern, target_parameters, trainable_token_indices or layer_replication set; as
-// base::ReadJsonFile for a file that is not JSON.
+// base::ReadJsonFile for a file that is not JSON. When adapter_model.safetensors lies beside it,
+// its header is read too: kFailedPrecondition naming a LoRA tensor that is not [r, in] (A) or
+// [out, r] (B) of the config's r, and as ReadSafetensorsHeader.
 [[nodiscard]] absl::StatusOr<PeftLoraConfig> ReadPeftConfig(const std::string& directory);
 
 // LoRA's options that build the adapters `config` describes: dim r, alpha lora_alpha, dropout

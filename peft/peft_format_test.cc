@@ -283,6 +283,37 @@ TEST(PeftFormatTest, RefusesConfigsKeelCannotRepresent) {
                              HasSubstr("number overflow parsing '1e400'"))));
 }
 
+// An r that the tensors do not have is named from the file's header, before any adapter of that
+// r is allocated: with r = 2^40 the allocation itself once failed first, naming only r.
+TEST(PeftFormatTest, RefusesAConfigWhoseRIsNotTheTensors) {
+  const std::string down_a = "base_model.model.model.layers.1.mlp.down_proj.lora_A.weight";
+  const std::string down_b = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight";
+  for (const int64_t r : {int64_t{2}, int64_t{1} << 40}) {
+    SCOPED_TRACE(r);
+    const std::string dir = AdapterWithConfig(absl::StrCat("other_r_", r),
+                                              [&](base::Json& config) { config["r"] = r; });
+    // The fixture's r is 4; its tensors come in header order, the first an A or a B.
+    EXPECT_THAT(
+        ReadPeftConfig(dir),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr(dir + "/" + kPeftWeightsName),
+                       HasSubstr(absl::StrCat("the r ", r, " of ", dir, "/", kPeftConfigName)),
+                       AnyOf(HasSubstr("[4, "), HasSubstr(", 4]")),
+                       HasSubstr("the config is not the adapter's"))));
+  }
+  // One tensor off: B of rank 3, A of rank 4, the config's 4.
+  const std::string b_off = AdapterWithTensors(
+      "b_of_rank_3", [&](auto& t) { t[down_b] = t[down_b].narrow(1, 0, 3).contiguous(); });
+  EXPECT_THAT(ReadPeftConfig(b_off), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                              AllOf(HasSubstr(down_b), HasSubstr("[64, 3]"),
+                                                    HasSubstr("needs [out, 4]"))));
+  const std::string flat =
+      AdapterWithTensors("flat_a", [&](auto& t) { t[down_a] = t[down_a].flatten().contiguous(); });
+  EXPECT_THAT(ReadPeftConfig(flat),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(down_a), HasSubstr("[384]"), HasSubstr("needs [4, in]"))));
+}
+
 TEST(PeftFormatTest, RefusesAdaptersThatAreNotPairsOfOneRank) {
   const std::string dir = keel::testing::NewTempDir("refused_write");
   const std::string a = "base_model.model.lm_head.lora_A.weight";
