@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/quote.h"
 
 namespace keel::base {
 
@@ -24,7 +25,8 @@ struct EnumSpelling {
 };
 
 // Sets `*out` to the value spelled exactly `text`. Otherwise returns false with `*error`
-// quoting `text` and listing every accepted spelling.
+// quoting `text` (base::Quote: escaped, cut after 200 characters) and listing every accepted
+// spelling.
 template <typename E, size_t N>
 bool ParseEnum(const EnumSpelling<E> (&table)[N], absl::string_view text, E* out,
                std::string* error) {
@@ -38,7 +40,7 @@ bool ParseEnum(const EnumSpelling<E> (&table)[N], absl::string_view text, E* out
   for (const EnumSpelling<E>& entry : table) {
     absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", "\"", entry.name, "\"");
   }
-  *error = absl::StrCat("\"", text, "\" is not one of ", allowed);
+  *error = absl::StrCat(Quote(text), " is not one of ", allowed);
   return false;
 }
 

@@ -176,6 +176,10 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
        "clip_grad.check_norm_every_steps (-1) must be >= 0 (0: never)"},
       {{"numerics.on_nonfinite=ignore"},
        "numerics.on_nonfinite: \"ignore\" is not one of \"stop\", \"skip\""},
+      // Quoted as a value from a file is: escaped and cut, not echoed whole.
+      {{"numerics.on_nonfinite=" + std::string(5000, 'x')},
+       "numerics.on_nonfinite: \"" + std::string(199, 'x') +
+           "... is not one of \"stop\", \"skip\""},
       {{"numerics.max_consecutive_skipped_steps=0"},
        "numerics.max_consecutive_skipped_steps (0) must be > 0"},
       {{"run_dir="}, "run_dir must be set"},
