@@ -1,5 +1,7 @@
 #include "base/tensor_memory.h"
 
+#include <sys/sysinfo.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -84,6 +86,13 @@ int64_t TensorMemory(const c10::Device& device) {
 int64_t TakePeakTensorMemory(const c10::Device& device) {
   if (device.is_cuda()) return TakeCudaPeakMemoryAllocated(device.index());
   return device.is_cpu() && cpu_tracked ? CountingCpuAllocator::Get().TakePeak() : 0;
+}
+
+int64_t DeviceMemoryCapacity(const c10::Device& device) {
+  if (device.is_cuda()) return CudaTotalMemory(device.index());
+  struct sysinfo info {};
+  if (!device.is_cpu() || sysinfo(&info) != 0) return 0;
+  return static_cast<int64_t>(info.totalram + info.totalswap) * info.mem_unit;
 }
 
 }  // namespace keel::base

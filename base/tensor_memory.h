@@ -7,6 +7,7 @@
 //   keel::base::TrackTensorMemory(device);   // before the model and its state are built
 //   ... training steps ...
 //   int64_t peak = keel::base::TakePeakTensorMemory(device);  // since the last take
+//   int64_t most = keel::base::DeviceMemoryCapacity(device);   // what the device has
 #ifndef KEEL_BASE_TENSOR_MEMORY_H_
 #define KEEL_BASE_TENSOR_MEMORY_H_
 
@@ -29,6 +30,11 @@ int64_t TensorMemory(const c10::Device& device);
 // began (torch.cuda.max_memory_allocated), then starts the next interval from what is held now
 // (reset_peak_memory_stats). 0 where TensorMemory is.
 int64_t TakePeakTensorMemory(const c10::Device& device);
+
+// The most bytes `device` can hold: a CUDA device's memory (CudaTotalMemory), or for the CPU
+// the machine's RAM and swap (sysinfo(2); a container's own limit may be lower); 0 where
+// unknown (other device types, a LibTorch built without CUDA).
+int64_t DeviceMemoryCapacity(const c10::Device& device);
 
 }  // namespace keel::base
 

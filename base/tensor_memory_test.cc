@@ -1,6 +1,8 @@
 #include "base/tensor_memory.h"
 
 #include <cstdint>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "ATen/ATen.h"
@@ -85,6 +87,21 @@ TEST(TensorMemoryTest, OtherDeviceTypesCountNothing) {
   EXPECT_EQ(TakePeakTensorMemory(meta), 0);
 }
 
+// The kernel's own account of the machine, /proc/meminfo, read apart from sysinfo(2).
+TEST(TensorMemoryTest, TheCpuHoldsTheMachinesRamAndSwap) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  int64_t total = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemTotal:" || key == "SwapTotal:") total += kib * 1024;
+  }
+  ASSERT_GT(total, 0) << "/proc/meminfo has no MemTotal";
+  EXPECT_EQ(DeviceMemoryCapacity(kCpu), total);
+  EXPECT_EQ(DeviceMemoryCapacity(c10::Device(c10::DeviceType::Meta)), 0);
+}
+
 TEST(TensorMemoryTest, ReadsTheCudaCachingAllocator) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU: the CUDA count is not checked here";
   const c10::Device cuda(c10::DeviceType::CUDA, 0);
@@ -98,6 +115,9 @@ TEST(TensorMemoryTest, ReadsTheCudaCachingAllocator) {
   EXPECT_EQ(TensorMemory(cuda), held);
   EXPECT_EQ(TakePeakTensorMemory(cuda), held + kMiB);
   EXPECT_EQ(TakePeakTensorMemory(cuda), held);
+  // Every GPU Keel trains on has gigabytes; what is held fits in them.
+  EXPECT_GT(DeviceMemoryCapacity(cuda), int64_t{1} << 30);
+  EXPECT_GT(DeviceMemoryCapacity(cuda), held);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #endif
 
 #ifdef KEEL_LIBTORCH_HAS_CUDA
+#include "ATen/cuda/CUDAContextLight.h"
 #include "ATen/cuda/CUDAEvent.h"
 #include "c10/cuda/CUDACachingAllocator.h"
 #include "c10/cuda/CUDAFunctions.h"
@@ -153,6 +154,14 @@ c10::CachingAllocator::Stat AllocatedBytes(c10::DeviceIndex index) {
 int64_t CudaMemoryAllocated(c10::DeviceIndex index) {
 #ifdef KEEL_LIBTORCH_HAS_CUDA
   return AllocatedBytes(index).current;
+#else
+  return 0;
+#endif
+}
+
+int64_t CudaTotalMemory(c10::DeviceIndex index) {
+#ifdef KEEL_LIBTORCH_HAS_CUDA
+  return static_cast<int64_t>(at::cuda::getDeviceProperties(Concrete(index))->totalGlobalMem);
 #else
   return 0;
 #endif

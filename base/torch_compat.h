@@ -85,6 +85,10 @@ int64_t CudaMemoryAllocated(c10::DeviceIndex index);
 // LibTorch built without CUDA.
 int64_t TakeCudaPeakMemoryAllocated(c10::DeviceIndex index);
 
+// The memory of CUDA device `index` (-1: the current device) in bytes
+// (torch.cuda.get_device_properties().total_memory); 0 with a LibTorch built without CUDA.
+int64_t CudaTotalMemory(c10::DeviceIndex index);
+
 }  // namespace keel::base
 
 #endif  // KEEL_BASE_TORCH_COMPAT_H_

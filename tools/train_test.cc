@@ -640,6 +640,13 @@ TEST(TrainTest, ExitCodesNameTheProblem) {
        "distributed.tensor_model_parallel_size (2) must divide model.ffn_hidden_size (255)"},
       {{"--set", "distributed.order=tp-dp-dp"}, 2, "distributed"},
       {{"--set", "numerics.on_nonfinite=ignore"}, 2, "numerics.on_nonfinite"},
+      // 2^31 - 1 layers of 49984 parameters (h 64, MLP 256), 16 bytes each in float32 with
+      // AdamW: about 1.5 PiB, refused at once; they were built layer by layer until the
+      // machine ran out.
+      {{"--set", "model.num_layers=2147483647"},
+       1,
+       "one rank's weights, gradients and optimizer state take 1599488.0 GiB (107339822632256 "
+       "parameters"},
       {{"--set", "peft.target_modules=attn"},
        2,
        "peft.target_modules pattern \"attn\" matches none of the model's"},

@@ -14,6 +14,10 @@ namespace {
 constexpr int64_t kFloat32 = 4;
 constexpr int64_t kBf16 = 2;
 
+std::string Gib(int64_t bytes) {
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
 }  // namespace
 
 std::string Mib(int64_t bytes) {
@@ -127,6 +131,34 @@ void PrintActivations(const TrainOptions& options, const parallel::MeshLayout& l
 }
 
 }  // namespace
+
+absl::Status CheckModelStateFits(const TrainOptions& options, const parallel::MeshLayout& layout,
+                                 const at::Device& device, int64_t device_capacity,
+                                 int64_t host_capacity) {
+  const RankMemory m = EstimateRankMemory(options, layout);
+  const int64_t built_on_host = kFloat32 * (m.parameters.dense + m.parameters.experts);
+  const auto refuse = [&](const std::string& needs, int64_t bytes, const std::string& where,
+                          int64_t capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "one rank's ", needs, " take ", Gib(bytes), " (", m.parameters.dense + m.parameters.experts,
+        " parameters; --dry_run shows the figures), but ", where, " holds ", Gib(capacity),
+        "; allowed: a model state within it: fewer or narrower layers (model.num_layers, "
+        "hidden_size, ffn_hidden_size, vocab_size), or each rank's share made smaller "
+        "(distributed.tensor_model_parallel_size, pipeline_model_parallel_size, "
+        "use_distributed_optimizer, peft)"));
+  };
+  const std::string state =
+      options.peft.has_value() ? "frozen weights" : "weights, gradients and optimizer state";
+  if (device_capacity > 0 && m.total_bytes() > device_capacity) {
+    return refuse(state, m.total_bytes(),
+                  device.is_cpu() ? "this machine (RAM and swap)" : device.str(), device_capacity);
+  }
+  if (host_capacity > 0 && built_on_host > host_capacity) {
+    return refuse("weights, built in float32 on the CPU before they go to the device,",
+                  built_on_host, "this machine (RAM and swap)", host_capacity);
+  }
+  return absl::OkStatus();
+}
 
 void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLayout& layout,
                              std::ostream& out) {

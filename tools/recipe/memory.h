@@ -6,12 +6,17 @@
 // recomputation and the loss the configuration chooses.
 //
 //   PrintPrecisionAndMemory(options, layout, std::cout);
+//   KEEL_RETURN_IF_ERROR(CheckModelStateFits(options, layout, device,
+//                                            base::DeviceMemoryCapacity(device),
+//                                            base::DeviceMemoryCapacity(at::kCPU)));
 #ifndef KEEL_TOOLS_RECIPE_MEMORY_H_
 #define KEEL_TOOLS_RECIPE_MEMORY_H_
 
 #include <cstdint>
 #include <ostream>
 
+#include "absl/status/status.h"
+#include "c10/core/Device.h"
 #include "models/activation_memory.h"
 #include "models/registry.h"
 #include "parallel/mesh_layout.h"
@@ -59,6 +64,17 @@ struct RankActivations {
 };
 RankActivations EstimateRankActivations(const TrainOptions& options,
                                         const parallel::MeshLayout& layout);
+
+// Refuses a run whose model state cannot fit, before anything is built (a typo of 2^31 layers
+// otherwise allocated until the machine ran out): EstimateRankMemory's total against
+// `device_capacity` bytes of `device`, and the float32 weights the trainer first builds on the
+// CPU against `host_capacity` bytes (base::DeviceMemoryCapacity's; 0: unknown, not checked).
+// Activations are not counted, so a refused run would have failed for certain. Errors:
+// kResourceExhausted naming what is needed, what is there, and what shrinks a rank's share.
+[[nodiscard]] absl::Status CheckModelStateFits(const TrainOptions& options,
+                                               const parallel::MeshLayout& layout,
+                                               const at::Device& device, int64_t device_capacity,
+                                               int64_t host_capacity);
 
 // "precision: ...", "memory per rank: ..." and "activations per rank: ..." lines.
 void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLayout& layout,

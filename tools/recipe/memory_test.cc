@@ -10,15 +10,19 @@
 #include <cstdint>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/registry.h"
 #include "parallel/mesh_layout.h"
+#include "testing/status_matchers.h"
 #include "tools/recipe/options.h"
 
 namespace keel::tools::recipe {
 namespace {
 
+using ::keel::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TrainOptions Options(bool bf16, bool sharded) {
@@ -102,6 +106,41 @@ TEST(MemoryTest, LoraCountsOnlyTheFrozenWeights) {
   std::ostringstream out;
   PrintPrecisionAndMemory(options, layout, out);
   EXPECT_THAT(out.str(), HasSubstr("(no gradients, no optimizer state), plus the LoRA adapters'"));
+}
+
+// Refused where the state cannot fit, by Megatron's 16 bytes a float32 parameter (above) on the
+// device, and by the 4 of the float32 weights built on the CPU whatever the run's dtype.
+TEST(MemoryTest, AModelStateThatCannotFitIsRefusedBeforeItIsBuilt) {
+  const parallel::MeshLayout layout = *parallel::MeshLayout::Create({}, 1);
+  const TrainOptions fp32 = Options(false, false);
+  const int64_t n = models::CountStageParameters(fp32.model, {}, 0).dense;
+  const at::Device cpu(at::kCPU), gpu(at::kCUDA, 1);
+  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, cpu, 16 * n, 16 * n));
+  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, cpu, 0, 0));  // unknown: not checked
+  EXPECT_THAT(CheckModelStateFits(fp32, layout, cpu, 16 * n - 1, 0),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("one rank's weights, gradients and optimizer state take"),
+                             HasSubstr(absl::StrCat("(", n, " parameters;")),
+                             HasSubstr("but this machine (RAM and swap) holds 0.0 GiB"),
+                             HasSubstr("distributed.tensor_model_parallel_size"))));
+  EXPECT_THAT(CheckModelStateFits(fp32, layout, gpu, 16 * n - 1, 16 * n),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("but cuda:1 holds")));
+
+  const TrainOptions bf16 = Options(true, false);  // 18 bytes a parameter on the device
+  KEEL_EXPECT_OK(CheckModelStateFits(bf16, layout, gpu, 18 * n, 4 * n));
+  EXPECT_THAT(CheckModelStateFits(bf16, layout, gpu, 18 * n, 4 * n - 1),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("weights, built in float32 on the CPU before they go to the "
+                                 "device, take")));
+  EXPECT_THAT(CheckModelStateFits(bf16, layout, gpu, 18 * n - 1, 0),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("cuda:1")));
+
+  TrainOptions lora = bf16;  // the frozen bf16 weights only
+  lora.peft.emplace();
+  KEEL_EXPECT_OK(CheckModelStateFits(lora, layout, gpu, 2 * n, 4 * n));
+  EXPECT_THAT(
+      CheckModelStateFits(lora, layout, gpu, 2 * n - 1, 4 * n),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("one rank's frozen weights take")));
 }
 
 // Llama 3.2 1B in bf16 at AutoModel's published shape (8 x 2048 tokens a micro-batch): full

@@ -9,6 +9,7 @@
 #include "base/status.h"
 #include "base/tensor_memory.h"
 #include "tools/recipe/internal/run_state.h"
+#include "tools/recipe/memory.h"
 #include "tools/recipe/run_dir_lock.h"
 #include "tools/recipe/runtime.h"
 
@@ -130,6 +131,14 @@ absl::Status Run::Loop() {
 }
 
 absl::StatusOr<TrainResult> Train(const TrainOptions& options, TrainRuntime runtime) {
+  // A model state that cannot fit is refused before anything is read, written or built.
+  KEEL_ASSIGN_OR_RETURN(const parallel::MeshLayout layout,
+                        CheckGeometry(options, runtime.world_size));
+  KEEL_RETURN_IF_ERROR(
+      AgreeOverRanks(CheckModelStateFits(options, layout, runtime.device,
+                                         base::DeviceMemoryCapacity(runtime.device),
+                                         base::DeviceMemoryCapacity(at::Device(at::kCPU))),
+                     runtime, "checking that the model state fits"));
   // One run per run directory: rank 0 locks it before anything reads or writes there.
   std::optional<RunDirLock> lock;
   absl::Status locked;
