@@ -24,7 +24,6 @@
 
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,6 +46,7 @@
 #include "peft/lora_options.h"
 #include "peft/peft_format.h"
 #include "tools/cli/exit_code.h"
+#include "tools/cli/flags.h"
 #include "tools/cli/user_path.h"
 #include "tools/recipe/options.h"
 
@@ -619,6 +619,6 @@ absl::StatusOr<int> Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(keel::tools::kUsage);
-  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> args = keel::tools::cli::ParseFlags(argc, argv);
   return keel::tools::cli::Exit("ckpt", keel::tools::Run({args.begin() + 1, args.end()}));
 }

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +29,7 @@
 #include "sampling/gpt_dataset_config.h"
 #include "sampling/megatron_sampler.h"
 #include "tools/cli/exit_code.h"
+#include "tools/cli/flags.h"
 #include "tools/recipe/config.pb.h"
 #include "tools/recipe/megatron_data.h"
 #include "tools/recipe/options.h"
@@ -116,7 +116,7 @@ absl::Status PrintSamples(const recipe::TrainOptions& options) {
 absl::Status Main(int argc, char** argv) {
   std::vector<std::string> overrides = recipe::TakeOverrides(argc, argv);
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = cli::ParseFlags(argc, argv);
   const std::string command = args.size() == 2 ? args[1] : "";
   if (command != "summary" && command != "samples") {
     return absl::InvalidArgumentError(absl::StrCat("expected one command\n\n", kUsage));

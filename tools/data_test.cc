@@ -118,6 +118,13 @@ TEST_F(DataToolTest, SamplesComeInTrainingOrderFromEachDatasetsStream) {
 
 TEST_F(DataToolTest, BadUsageAndDataExitWithTwo) {
   EXPECT_EQ(Run({"frobnicate"}, Paths(1, 1)).exit_code, 2);
+  // Flags Abseil cannot parse: it exits with 1 itself, cli::ParseFlags makes them bad usage.
+  const ToolResult unknown = Run({"samples", "--frist=3"}, Paths(1, 1));
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("Unknown command line flag 'frist'"));
+  const ToolResult illegal = Run({"samples", "--first=three"}, Paths(1, 1));
+  EXPECT_EQ(illegal.exit_code, 2);
+  EXPECT_THAT(illegal.err, HasSubstr("Illegal value 'three' specified for flag 'first'"));
   const ToolResult weight = Run({"summary"}, Paths(0, 1));
   EXPECT_EQ(weight.exit_code, 2);
   EXPECT_THAT(weight.err, HasSubstr("must be a positive number"));

@@ -24,7 +24,6 @@
 
 #include "ATen/ATen.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +37,7 @@
 #include "sampling/indexed_dataset.h"
 #include "sampling/sequence_packing.h"
 #include "tools/cli/exit_code.h"
+#include "tools/cli/flags.h"
 #include "tools/cli/user_path.h"
 #include "tools/recipe/named_dataset.h"
 #include "tools/recipe/one_rank_model.h"
@@ -412,6 +412,6 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(keel::tools::kUsage);
-  absl::ParseCommandLine(argc, argv);
+  keel::tools::cli::ParseFlags(argc, argv);
   return keel::tools::cli::Exit("eval", keel::tools::Run());
 }

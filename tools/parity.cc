@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +35,7 @@
 #include "sampling/samplers_cases.h"
 #include "scheduling/step_scheduler_cases.h"
 #include "tools/cli/exit_code.h"
+#include "tools/cli/flags.h"
 #include "tools/cli/user_path.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
@@ -169,6 +169,6 @@ int main(int argc, char** argv) {
   keel::tools::RunOnRecordingKernels(argv);
   absl::SetProgramUsageMessage(
       "Runs Keel on golden-format cases and writes them back with `actual` beside `expected`.");
-  absl::ParseCommandLine(argc, argv);
+  keel::tools::cli::ParseFlags(argc, argv);
   return keel::tools::cli::Exit("parity", keel::tools::Main(argv[0]));
 }

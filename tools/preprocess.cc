@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +24,7 @@
 #include "base/status.h"
 #include "sampling/indexed_dataset_writer.h"
 #include "tools/cli/exit_code.h"
+#include "tools/cli/flags.h"
 #include "tools/cli/user_path.h"
 #include "tools/recipe/corpus.h"
 #include "tools/recipe/tokenized_corpus.h"
@@ -119,7 +119,7 @@ absl::Status Run(const std::vector<std::string>& operands) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(keel::tools::kUsage);
-  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> args = keel::tools::cli::ParseFlags(argc, argv);
   if (absl::GetFlag(FLAGS_output_prefix).empty()) {
     std::cerr << "preprocess: --output_prefix is required\n\n" << keel::tools::kUsage << "\n";
     return keel::tools::cli::kExitUsage;

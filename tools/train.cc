@@ -20,13 +20,13 @@
 
 #include "ATen/Parallel.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/status.h"
 #include "parallel/torchrun_env.h"
 #include "tools/cli/exit_code.h"
+#include "tools/cli/flags.h"
 #include "tools/recipe/config.pb.h"
 #include "tools/recipe/dry_run.h"
 #include "tools/recipe/options.h"
@@ -69,7 +69,7 @@ absl::Status Main(int argc, char** argv) {
       "trains a GPT on the default corpus, a Megatron indexed dataset or Megatron's GPT "
       "datasets of data.paths.\n"
       "  train [--config=FILE] [--set section.field=value]... [--dry_run]");
-  absl::ParseCommandLine(argc, argv);
+  cli::ParseFlags(argc, argv);
   KEEL_ASSIGN_OR_RETURN(const parallel::WorkerEnv env, parallel::ReadWorkerEnv());
   KEEL_ASSIGN_OR_RETURN(const recipe::TrainOptions options,
                         ReadTrainOptions(argv[0], overrides, env));

@@ -1,9 +1,9 @@
-// How every Keel command-line tool ends (train, launch, preprocess, parity, ckpt):
+// How every Keel command-line tool ends (train, launch, preprocess, parity, ckpt, data, eval):
 //   0  success (verify: nothing wrong; diff: identical)
 //   1  failure: the work failed (I/O, a peer, corrupt data), or a check found problems or
 //      differences
-//   2  bad usage: an unknown flag, a bad value or configuration (kInvalidArgument); nothing
-//      was done
+//   2  bad usage: an unknown flag, a bad value or configuration (kInvalidArgument, and
+//      flags.h's for the flags Abseil parses); nothing was done
 //   3  train: the hang watchdog ended the rank (recipe::kHangExitCode)
 // launch also passes on the code of the first rank that failed (128 + N for signal N), and
 // returns 127 when a rank cannot be started.
