@@ -42,6 +42,7 @@
 #include "tools/recipe/named_dataset.h"
 #include "tools/recipe/one_rank_model.h"
 #include "tools/recipe/sft_data.h"
+#include "torch/cuda.h"
 
 ABSL_FLAG(std::string, model, "",
           "A Hugging Face directory, a tools:train checkpoint, or a run's checkpoint_dir.");
@@ -334,9 +335,19 @@ absl::Status Run() {
   c10::Device device(c10::kCPU);
   KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument, "--device",
                                        [&] { device = c10::Device(absl::GetFlag(FLAGS_device)); }));
+  if (!device.is_cpu() && !device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": allowed: cpu, cuda or cuda:N"));
+  }
   if (device.is_cuda() && !at::hasCUDA()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": this machine has no GPU"));
+  }
+  if (device.is_cuda() && device.index() >= static_cast<int>(torch::cuda::device_count())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=", absl::GetFlag(FLAGS_device), ": this machine has ",
+        torch::cuda::device_count(),
+        " GPU(s), cuda:0 to cuda:", static_cast<int>(torch::cuda::device_count()) - 1));
   }
   KEEL_ASSIGN_OR_RETURN(const at::ScalarType dtype, DtypeOf(absl::GetFlag(FLAGS_dtype)));
   const int64_t packed_size = absl::GetFlag(FLAGS_packed_sequence_size);

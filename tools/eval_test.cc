@@ -422,6 +422,14 @@ TEST(EvalToolTest, BadInputIsNamed) {
       {{model, "--data_prefix=" + prefix, "--sequence_length=4", "--samples=1", "--dtype=int8"},
        2,
        {"--dtype=int8", "allowed: float32, bfloat16"}},
+      // Devices LibTorch names but eval does not run on; the meta device once failed with
+      // "incompatible tensor type" after the model was read.
+      {{model, "--data_prefix=" + prefix, "--sequence_length=4", "--samples=1", "--device=meta"},
+       2,
+       {"--device=meta: allowed: cpu, cuda or cuda:N"}},
+      {{model, "--data_prefix=" + prefix, "--sequence_length=4", "--samples=1", "--device=mps"},
+       2,
+       {"--device=mps: allowed: cpu, cuda or cuda:N"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrJoin(c.args, " "));
