@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/json.h"
+#include "base/quote.h"
 #include "base/status.h"
 #include "base/utf8.h"
 #include "tools/recipe/internal/spm_tokenizer.h"
@@ -267,8 +268,15 @@ absl::Status CheckArguments(const std::vector<std::string>& inputs,
                             const std::string& output_prefix, const TokenizeOptions& options) {
   if (inputs.empty()) return absl::InvalidArgumentError("no input file given");
   if (output_prefix.empty()) return absl::InvalidArgumentError("the output prefix is empty");
-  for (const std::string& key : options.json_keys) {
+  for (size_t i = 0; i < options.json_keys.size(); ++i) {
+    const std::string& key = options.json_keys[i];
     if (key.empty()) return absl::InvalidArgumentError("--json_keys holds an empty key");
+    // Each key writes a dataset of its own name: a second would write the first's files.
+    if (std::find(options.json_keys.begin(), options.json_keys.begin() + i, key) !=
+        options.json_keys.begin() + i) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--json_keys lists ", base::Quote(key), " twice; allowed: each key once"));
+    }
   }
   if (options.threads < 0 || options.threads > kMaxThreads) {
     return absl::InvalidArgumentError(absl::StrCat(

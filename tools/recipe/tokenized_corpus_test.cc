@@ -318,6 +318,11 @@ TEST_F(TokenizedCorpusTest, BadInputIsNamedAndLeavesNothingBehind) {
       {{"absent.txt"}, {}, Model(), "absent.txt: no such input file", StatusCode::kNotFound},
       {{}, {}, Model(), "no input file given"},
       {{"good.jsonl"}, {"text", ""}, Model(), "--json_keys holds an empty key"},
+      // The second "text" once failed renaming files the first had renamed already.
+      {{"good.jsonl"},
+       {"text", "title", "text"},
+       Model(),
+       "--json_keys lists \"text\" twice; allowed: each key once"},
       {{"good.jsonl"},
        {"text"},
        no_eos,
