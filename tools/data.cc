@@ -92,10 +92,15 @@ absl::Status PrintSamples(const recipe::TrainOptions& options) {
     KEEL_ASSIGN_OR_RETURN(order, TrainingOrder(options, size, end));
   }
   const int64_t available = validation ? size : static_cast<int64_t>(order.size());
+  const std::string split = AbslUnparseFlag(absl::GetFlag(FLAGS_split));
+  if (count > 0 && available == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--split=", split, " is empty: data.split \"",
+                                                   options.data.megatron.split,
+                                                   "\" gives it no samples"));
+  }
   if (count > 0 && first >= available) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--first=", first, " is past the end: the ",
-                     AbslUnparseFlag(absl::GetFlag(FLAGS_split)), " split gives ", available,
+        absl::StrCat("--first=", first, " is past the end: the ", split, " split gives ", available,
                      " samples", validation ? "" : " in the order training consumes them",
                      "; allowed: --first below ", available));
   }

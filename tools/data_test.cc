@@ -134,6 +134,11 @@ TEST_F(DataToolTest, BadUsageAndDataExitWithTwo) {
   const ToolResult split = Run({"samples", "--split=test"}, Paths(1, 1));
   EXPECT_EQ(split.exit_code, 2);
   EXPECT_THAT(split.err, HasSubstr("--split=test"));
+  const ToolResult empty =
+      Run({"samples", "--split=valid", "--set", "data.split=100,0,0"}, Paths(1, 1));
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_THAT(empty.err, HasSubstr("--split=valid is empty: data.split \"100,0,0\" gives it no "
+                                   "samples"));
   // 10 steps x 16 samples: 160 in training order.
   const ToolResult past = Run({"samples", "--first=160"}, Paths(1, 1));
   EXPECT_EQ(past.exit_code, 2);
