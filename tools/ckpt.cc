@@ -412,6 +412,14 @@ constexpr const char* kHfCompanionFiles[] = {"generation_config.json",
                                              "tokenizer_config.json",
                                              "vocab.json"};
 
+// --config_from where the export writes no config.json (`why`): refused, not ignored.
+absl::Status CheckNoConfigFrom(absl::string_view why) {
+  const std::string from = absl::GetFlag(FLAGS_config_from);
+  if (from.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--config_from=", from, ": this export writes no config.json (", why, "); allowed: unset"));
+}
+
 // What the export of a trainer's Llama-style model adds to its tensors: config.json (over
 // --config_from's, or the run's pretrained directory's) and the unpadded vocabulary. Prints
 // where config.json's other keys came from, and returns that directory (empty: none); leaves
@@ -420,6 +428,8 @@ absl::StatusOr<std::string> AddHfModel(const Json& trainer_config,
                                        checkpoint::HfExportOptions& options) {
   KEEL_ASSIGN_OR_RETURN(const recipe::SavedModel saved, recipe::ReadSavedModel(trainer_config));
   if (saved.options.family == models::ModelFamily::kGpt) {
+    KEEL_RETURN_IF_ERROR(
+        CheckNoConfigFrom("model.family gpt, whose layout no Hugging Face class has"));
     std::cout << "model.family gpt: Keel's tensor names, no config.json (no Hugging Face class "
                  "has the GPT's layout)\n";
     return std::string();
@@ -527,6 +537,7 @@ absl::StatusOr<int> ExportLora(const std::string& dir, const std::string& out,
                 options.dtype, out);
     return cli::kExitSuccess;
   }
+  KEEL_RETURN_IF_ERROR(CheckNoConfigFrom("a peft adapter directory; with --merge, the model's"));
   peft::PeftWriteOptions options;
   options.lora_alpha = lora.alpha;
   options.lora_dropout = lora.dropout;
@@ -584,6 +595,11 @@ absl::StatusOr<int> ExportSafetensors(std::string dir, const std::string& out) {
           "Hugging Face's names from checkpoints of model_save_format \"keel\" (the default)");
     }
     KEEL_ASSIGN_OR_RETURN(base_dir, AddHfModel(*trainer_config, options));
+  } else {
+    KEEL_RETURN_IF_ERROR(CheckNoConfigFrom(
+        trainer_config.has_value()
+            ? absl::StrCat("object \"", options.object, "\" is not the model")
+            : "the checkpoint holds no trainer configuration to describe its model"));
   }
   KEEL_ASSIGN_OR_RETURN(checkpoint::HfExportResult result,
                         checkpoint::ExportHfSafetensors(dir, out, options));

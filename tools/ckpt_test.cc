@@ -299,6 +299,14 @@ TEST(CkptToolTest, ExportSafetensorsWritesTheDtypeAsked) {
   EXPECT_THAT(refused.output,
               HasSubstr("--dtype=fp8: allowed: bfloat16, float32, or empty (the model's)"));
   EXPECT_FALSE(std::filesystem::exists(bad));
+  // --config_from shapes a config.json; an export that writes none refuses it, once ignored.
+  const ToolResult no_config = RunCkpt(absl::StrCat("export-safetensors ", path, " ", bad,
+                                                    " --config_from=testdata/hf_parity/qwen3"));
+  EXPECT_EQ(no_config.exit_code, 2);
+  EXPECT_THAT(no_config.output,
+              HasSubstr("--config_from=testdata/hf_parity/qwen3: this export writes no "
+                        "config.json (the checkpoint holds no trainer configuration"));
+  EXPECT_FALSE(std::filesystem::exists(bad));
 }
 
 TEST(CkptToolTest, RelativePathsAreResolvedFromTheBazelRunDirectory) {

@@ -32,6 +32,7 @@ namespace {
 
 using ::keel::testing::NewTempDir;
 using ::keel::testing::ReadFileOrFail;
+using ::keel::testing::WriteFileOrFail;
 using ::keel::tools::cli::Subprocess;
 using ::keel::tools::cli::With;
 
@@ -161,6 +162,28 @@ TEST(TrainLlamaTest, ExportsATrainedModelAsHuggingFaceHoldsIt) {
   EXPECT_EQ(config["num_key_value_heads"], 2);
   EXPECT_EQ(config["tie_word_embeddings"], false);
   EXPECT_EQ(config["max_position_embeddings"], 16);
+
+  // --config_from: another directory's token ids and tokenizer files go with the export; the
+  // keys the model determines are the run's whatever that directory says.
+  const std::string from = NewTempDir("config_from");
+  WriteFileOrFail(from + "/config.json",
+                  R"({"bos_token_id": 7, "eos_token_id": 8, "hidden_size": 4096,)"
+                  R"( "model_type": "llama", "max_position_embeddings": 4096})");
+  WriteFileOrFail(from + "/tokenizer_config.json", "{\"model_max_length\": 4096}\n");
+  WriteFileOrFail(from + "/generation_config.json", "{\"do_sample\": true}\n");
+  const std::string with = run_dir + "/hf_with";
+  ExportedTensors(absl::GetFlag(FLAGS_ckpt), LatestCheckpoint(run_dir), with,
+                  {"--config_from=" + from});
+  KEEL_ASSERT_OK_AND_ASSIGN(const base::Json kept, base::ReadJsonFile(with + "/config.json"));
+  EXPECT_EQ(kept["bos_token_id"], 7);
+  EXPECT_EQ(kept["eos_token_id"], 8);
+  EXPECT_EQ(kept["max_position_embeddings"], 4096);  // not the model's: kept
+  EXPECT_EQ(kept["hidden_size"], 64);
+  EXPECT_EQ(kept["model_type"], "qwen3");
+  EXPECT_EQ(kept["architectures"], base::Json::array({"Qwen3ForCausalLM"}));
+  for (const char* file : {"tokenizer_config.json", "generation_config.json"}) {
+    EXPECT_EQ(ReadFileOrFail(with + "/" + file), ReadFileOrFail(from + "/" + file)) << file;
+  }
 }
 
 TEST(TrainLlamaTest, WhatCannotBeBuiltIsNamed) {

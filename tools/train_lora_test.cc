@@ -235,6 +235,13 @@ TEST(TrainLoraTest, ExportsToPeftAndStartsFromAPeftAdapter) {
       RunTool(absl::GetFlag(FLAGS_ckpt), {"export-safetensors", checkpoint, merged, "--merge"},
               run_dir + "/merge");
   ASSERT_EQ(code, 0) << out;
+  // The adapter directory has no config.json for --config_from to shape (the merge has).
+  std::tie(code, out) = RunTool(absl::GetFlag(FLAGS_ckpt),
+                                {"export-safetensors", checkpoint, run_dir + "/adapter2",
+                                 "--config_from=" + run_dir + "/merged"},
+                                run_dir + "/export2");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_THAT(out, HasSubstr("this export writes no config.json (a peft adapter directory"));
 
   const double from_checkpoint = EvalMeanLoss({"--model=" + checkpoint}, run_dir + "/eval1");
   const std::string base = PretrainedRun("llama_gqa_untied")[0].substr(22);
