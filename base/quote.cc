@@ -19,6 +19,19 @@ std::string Excerpt(const nlohmann::json& value) {
 
 std::string Quote(absl::string_view text) { return Excerpt(nlohmann::json(std::string(text))); }
 
+std::string Printable(absl::string_view bytes) {
+  std::string out;
+  for (const char c : bytes) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b < 0x7f && c != '\\') {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(b, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }

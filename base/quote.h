@@ -19,6 +19,10 @@ std::string Excerpt(const nlohmann::json& value);
 // `text` as a JSON string, as Excerpt: "model.embed_tokens.weight" with its quotes.
 std::string Quote(absl::string_view text);
 
+// `bytes` as printable ASCII, every other byte and the backslash as \xNN: for text a message
+// embeds as it is (a parser's message about a file's bytes, a magic number).
+std::string Printable(absl::string_view bytes);
+
 // A tensor's shape as messages print it: "[2, 3]".
 std::string ShapeString(const std::vector<int64_t>& shape);
 

@@ -1,28 +1,15 @@
 #include "sampling/internal/index_format.h"
 
-#include <cctype>
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/quote.h"
 
 namespace keel::sampling::internal {
 namespace {
 
 absl::Status Corrupt(const std::string& message) { return absl::DataLossError(message); }
-
-// The magic as printable text, bytes outside ASCII escaped.
-std::string Printable(absl::Span<const uint8_t> bytes) {
-  std::string out;
-  for (const uint8_t b : bytes) {
-    if (std::isprint(b) && b != '\\') {
-      out.push_back(static_cast<char>(b));
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(b, absl::kZeroPad2));
-    }
-  }
-  return out;
-}
 
 template <typename T>
 void Append(std::string& out, T value) {
@@ -59,8 +46,9 @@ absl::StatusOr<IndexLayout> ParseIndex(absl::Span<const uint8_t> index, uint64_t
   }
   const uint8_t* p = index.data();
   if (std::memcmp(p, kIndexMagic, sizeof(kIndexMagic)) != 0) {
-    return Corrupt(absl::StrCat("bad magic \"", Printable(index.subspan(0, 9)),
-                                "\": expected \"MMIDIDX\\x00\\x00\""));
+    return Corrupt(absl::StrCat(
+        "bad magic \"", base::Printable(absl::string_view(reinterpret_cast<const char*>(p), 9)),
+        "\": expected \"MMIDIDX\\x00\\x00\""));
   }
   const uint64_t version = Load<uint64_t>(p + 9);
   if (version != 1) {

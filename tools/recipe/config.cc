@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/files.h"
+#include "base/quote.h"
 #include "base/status.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -21,7 +22,9 @@ class Errors : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    lines_.push_back(absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message));
+    // The message may quote the file's bytes (a token the parser did not expect).
+    lines_.push_back(
+        absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", base::Printable(message)));
   }
   std::string ToString() const { return absl::StrJoin(lines_, "; "); }
 

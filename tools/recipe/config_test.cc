@@ -24,8 +24,10 @@ namespace {
 
 using ::keel::testing::IsOk;
 using ::keel::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string WriteConfig(const std::string& name, const std::string& text) {
   const std::string path = absl::StrCat(keel::testing::NewTempDir("config"), "/", name);
@@ -181,6 +183,12 @@ TEST(TrainConfigTest, LoadErrorsNameFileLineAndField) {
   const std::string syntax = WriteConfig("syntax.textproto", "seed: 3\nmodel {\n");
   EXPECT_THAT(LoadTrainConfig(syntax, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 3")));
+  // Bytes that are no text (a binary file given as the config) are named escaped.
+  const std::string binary = WriteConfig("binary.textproto", "\xc3\x1b[2J\x01");
+  EXPECT_THAT(
+      LoadTrainConfig(binary, {}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("line 1, column 1: "), HasSubstr("\\xc3"), Not(HasSubstr("\x1b")))));
   const std::string good = WriteConfig("good.textproto", "seed: 3\n");
   EXPECT_THAT(LoadTrainConfig(good, {"seed=x"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("seed=x")));
