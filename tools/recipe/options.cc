@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "google/protobuf/text_format.h"
 #include "peft/peft_format.h"
 #include "sampling/gpt_dataset_config.h"
 #include "sampling/numpy_random.h"
@@ -303,6 +304,85 @@ absl::Status ReadPackedSequence(const PackedSequenceConfig& config, TrainOptions
   return absl::OkStatus();
 }
 
+// Settings that the rest of the configuration leaves unread: `fields` of `section` apply only
+// when `applies`, whose absence `missing` names.
+struct Applicability {
+  absl::string_view section_name;
+  const google::protobuf::Message& section;
+  std::vector<absl::string_view> fields;
+  bool applies;
+  absl::string_view missing;
+};
+
+// Each setting applies to the run, or is refused rather than silently ignored (a WSD length
+// with a cosine decay, an expert count's companions without experts).
+absl::Status CheckSettingsApply(const TrainConfig& config, const TrainOptions& options) {
+  using google::protobuf::FieldDescriptor;
+  const models::ModelOptions& m = options.model;
+  const std::optional<parallel::RecomputeGranularity> granularity =
+      m.recompute.recompute_granularity;
+  const Applicability rules[] = {
+      {"data",
+       config.data(),
+       {"split", "seed", "index_mapping_dir"},
+       !options.data.megatron.paths.empty(),
+       "Megatron's GPT datasets, and data.paths is empty"},
+      {"data",
+       config.data(),
+       {"overlong"},
+       options.data.sft.format == DataFormat::kSft,
+       "conversations, and data.format is not \"sft\""},
+      {"model",
+       config.model(),
+       {"moe_router_topk", "moe_aux_loss_coeff", "moe_layer_freq", "moe_router_pre_softmax"},
+       m.num_moe_experts > 0,
+       "mixture-of-experts models, and model.num_moe_experts is 0"},
+      {"model",
+       config.model(),
+       {"recompute_method", "recompute_num_layers"},
+       granularity.has_value(),
+       "recomputation, and model.recompute_granularity is unset"},
+      {"model",
+       config.model(),
+       {"recompute_modules"},
+       granularity == parallel::RecomputeGranularity::kSelective,
+       "selective recomputation, and model.recompute_granularity is not \"selective\""},
+      {"lr_scheduler",
+       config.lr_scheduler(),
+       {"wsd_decay_steps", "lr_wsd_decay_style"},
+       options.lr_scheduler.lr_decay_style == optim::LrDecayStyle::kWsd,
+       "the WSD schedule, and lr_scheduler.lr_decay_style is not \"WSD\""},
+      {"logging",
+       config.logging(),
+       {"profile_after_step"},
+       options.logging.profile_steps > 0,
+       "profiles, and logging.profile_steps is 0"},
+      {"numerics",
+       config.numerics(),
+       {"max_consecutive_skipped_steps"},
+       options.numerics.on_nonfinite == NonFinitePolicy::kSkip,
+       "skipped steps, and numerics.on_nonfinite is not \"skip\""},
+  };
+  for (const Applicability& rule : rules) {
+    if (rule.applies) continue;
+    const google::protobuf::Reflection& reflection = *rule.section.GetReflection();
+    for (const absl::string_view name : rule.fields) {
+      const FieldDescriptor* field =
+          rule.section.GetDescriptor()->FindFieldByName(std::string(name));
+      const bool set = field->is_repeated() ? reflection.FieldSize(rule.section, field) > 0
+                                            : reflection.HasField(rule.section, field);
+      if (!set) continue;
+      std::string value;
+      google::protobuf::TextFormat::PrintFieldValueToString(rule.section, field,
+                                                            field->is_repeated() ? 0 : -1, &value);
+      return absl::InvalidArgumentError(absl::StrCat(rule.section_name, ".", name, " (",
+                                                     base::Printable(value), ") applies to ",
+                                                     rule.missing, "; allowed: unset"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
@@ -391,6 +471,7 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
           "model.num_moe_experts 0"));
     }
   }
+  KEEL_RETURN_IF_ERROR(CheckSettingsApply(config, options));
   KEEL_RETURN_IF_ERROR(CheckRecordedText(ConfigFingerprint(options), ""));
   return options;
 }

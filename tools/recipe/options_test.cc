@@ -340,6 +340,80 @@ TEST(ReadOptionsTest, MegatronDataIsCheckedBeforeAnythingIsBuilt) {
 // model.pretrained_path with a config.json: the family and every size come from it, what it
 // does not hold (the padding multiple, the sequence length) from the configuration, and a field
 // set to another value than the file's is an error naming both.
+// A setting that the rest of the configuration leaves unread is refused, each named with its
+// value and what it applies to; with what it applies to, it is read.
+TEST(ReadOptionsTest, SettingsThatApplyToNothingAreRefused) {
+  struct Case {
+    std::string setting;
+    std::string message;
+    std::vector<std::string> applying;  // the settings under which it is read
+  };
+  const std::vector<Case> cases = {
+      {"data.split=100,0,0",
+       "data.split (\"100,0,0\") applies to Megatron's GPT datasets, and data.paths is empty; "
+       "allowed: unset",
+       {"data.paths=/x/a"}},
+      {"data.seed=7", "data.seed (7) applies to Megatron's GPT datasets", {"data.paths=/x/a"}},
+      {"data.index_mapping_dir=/x/cache",
+       "data.index_mapping_dir (\"/x/cache\") applies to Megatron's GPT datasets",
+       {"data.paths=/x/a"}},
+      {"data.overlong=truncate",
+       "data.overlong (\"truncate\") applies to conversations, and data.format is not \"sft\"",
+       {"data.format=sft", "data.prefix=chat"}},
+      {"model.moe_router_topk=2",
+       "model.moe_router_topk (2) applies to mixture-of-experts models, and "
+       "model.num_moe_experts is 0",
+       {"model.num_moe_experts=4"}},
+      {"model.moe_aux_loss_coeff=0.01",
+       "model.moe_aux_loss_coeff (0.01) applies to mixture",
+       {"model.num_moe_experts=4"}},
+      {"model.moe_layer_freq=2",
+       "model.moe_layer_freq (2) applies to mixture",
+       {"model.num_moe_experts=4"}},
+      {"model.moe_router_pre_softmax=true",
+       "model.moe_router_pre_softmax (true) applies to",
+       {"model.num_moe_experts=4"}},
+      {"model.recompute_method=uniform",
+       "model.recompute_method (\"uniform\") applies to recomputation, and "
+       "model.recompute_granularity is unset",
+       {"model.recompute_granularity=full", "model.recompute_num_layers=1"}},
+      {"model.recompute_num_layers=1",
+       "model.recompute_num_layers (1) applies to recomputation",
+       {"model.recompute_granularity=full", "model.recompute_method=block"}},
+      {"model.recompute_modules=mlp",
+       "model.recompute_modules (\"mlp\") applies to selective recomputation, and "
+       "model.recompute_granularity is not \"selective\"",
+       {"model.recompute_granularity=selective"}},
+      {"lr_scheduler.wsd_decay_steps=5",
+       "lr_scheduler.wsd_decay_steps (5) applies to the WSD schedule, and "
+       "lr_scheduler.lr_decay_style is not \"WSD\"",
+       {"lr_scheduler.lr_decay_style=WSD", "lr_scheduler.lr_wsd_decay_style=linear"}},
+      {"lr_scheduler.lr_wsd_decay_style=linear",
+       "lr_scheduler.lr_wsd_decay_style (\"linear\") applies to the WSD schedule",
+       {"lr_scheduler.lr_decay_style=WSD", "lr_scheduler.wsd_decay_steps=5"}},
+      {"logging.profile_after_step=3",
+       "logging.profile_after_step (3) applies to profiles, and logging.profile_steps is 0",
+       {"logging.profile_steps=2"}},
+      {"numerics.max_consecutive_skipped_steps=3",
+       "numerics.max_consecutive_skipped_steps (3) applies to skipped steps, and "
+       "numerics.on_nonfinite is not \"skip\"",
+       {"numerics.on_nonfinite=skip"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.setting);
+    EXPECT_THAT(Read({c.setting}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+    std::vector<std::string> applying = c.applying;
+    applying.push_back(c.setting);
+    KEEL_EXPECT_OK(Read(applying).status());
+  }
+  // Full recomputation reads no modules.
+  EXPECT_THAT(Read({"model.recompute_granularity=full", "model.recompute_method=uniform",
+                    "model.recompute_num_layers=1", "model.recompute_modules=mlp"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.recompute_modules (\"mlp\") applies to selective")));
+}
+
 TEST(ReadOptionsTest, APretrainedConfigGivesTheModel) {
   const std::string hf = "model.pretrained_path=testdata/hf_parity/qwen3";
   KEEL_ASSERT_OK_AND_ASSIGN(TrainOptions options, Read({hf}));
