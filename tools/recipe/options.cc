@@ -332,6 +332,13 @@ absl::Status CheckSettingsApply(const TrainConfig& config, const TrainOptions& o
        {"overlong"},
        options.data.sft.format == DataFormat::kSft,
        "conversations, and data.format is not \"sft\""},
+      {"sampler",
+       config.sampler(),
+       {"pad_samples_to_global_batch_size"},
+       options.sampler.dataloader_type == sampling::DataloaderType::kSingle &&
+           !options.sampler.drop_last,
+       "the last batch of the sequential sampler, and sampler.dataloader_type is not "
+       "\"single\" with drop_last false"},
       {"model",
        config.model(),
        {"moe_router_topk", "moe_aux_loss_coeff", "moe_layer_freq", "moe_router_pre_softmax"},

@@ -360,6 +360,10 @@ TEST(ReadOptionsTest, SettingsThatApplyToNothingAreRefused) {
       {"data.overlong=truncate",
        "data.overlong (\"truncate\") applies to conversations, and data.format is not \"sft\"",
        {"data.format=sft", "data.prefix=chat"}},
+      {"sampler.pad_samples_to_global_batch_size=true",
+       "sampler.pad_samples_to_global_batch_size (true) applies to the last batch of the "
+       "sequential sampler, and sampler.dataloader_type is not \"single\" with drop_last false",
+       {"sampler.dataloader_type=single", "sampler.drop_last=false"}},
       {"model.moe_router_topk=2",
        "model.moe_router_topk (2) applies to mixture-of-experts models, and "
        "model.num_moe_experts is 0",
