@@ -51,7 +51,7 @@ ABSL_FLAG(std::string, adapter, "",
           "adapter_model.safetensors) evaluated over --model, its base.");
 ABSL_FLAG(std::string, data_format, "pretraining",
           "pretraining (windows of the tokens end to end) or sft (conversations with their loss "
-          "mask, as tools/scripts/hf_sft_tokenize.py writes them; --sequence_length unused).");
+          "mask, as tools/scripts/hf_sft_tokenize.py writes them; no --sequence_length).");
 ABSL_FLAG(std::string, data_prefix, "",
           "The indexed dataset: PREFIX.bin and PREFIX.idx (tools:preprocess writes them).");
 ABSL_FLAG(int64_t, sequence_length, 0, "L: the tokens each window predicts.");
@@ -330,6 +330,12 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrCat("--data_format: ", error));
   }
   const bool sft = format == recipe::DataFormat::kSft;
+  if (sft && length != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--sequence_length (", length,
+        ") sizes windows; --data_format=sft evaluates each conversation whole; allowed with "
+        "sft: unset"));
+  }
   KEEL_RETURN_IF_ERROR(CheckFlags(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_data_prefix),
                                   sft ? 1 : length, samples, batch_size));
   c10::Device device(c10::kCPU);

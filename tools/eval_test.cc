@@ -359,6 +359,11 @@ TEST(EvalToolTest, PackedConversationsGiveTheSameFigures) {
   EXPECT_EQ(windows.exit_code, 2);
   EXPECT_THAT(windows.err, HasSubstr("--packed_sequence_size (32) packs conversations: allowed 0, "
                                      "or a positive size with --data_format=sft"));
+  // Conversations are evaluated whole: a window length would be silently unused.
+  const ToolResult length = RunEval(With(common, {"--samples=4", "--sequence_length=8"}));
+  EXPECT_EQ(length.exit_code, 2);
+  EXPECT_THAT(length.err, HasSubstr("--sequence_length (8) sizes windows; --data_format=sft "
+                                    "evaluates each conversation whole; allowed with sft: unset"));
 }
 
 TEST(EvalToolTest, BadInputIsNamed) {
