@@ -109,18 +109,50 @@ absl::Status CheckVocabulary(const at::Tensor& tokens, int64_t vocab_size, int64
       " (allowed: 0 to ", vocab_size - 1, "); ", outside.size(0), " such tokens in all"));
 }
 
-absl::Status CheckFlags(const std::string& model, const std::string& prefix, int64_t length,
-                        int64_t samples, int64_t batch_size) {
+// The flags' values, alone and together: what each data format reads.
+absl::Status CheckFlags(const std::string& model, const std::string& prefix, bool sft,
+                        int64_t length, int64_t samples, int64_t batch_size, int64_t packed_size) {
   if (model.empty() || prefix.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--model and --data_prefix are required\n\n", kUsage));
   }
-  if (length < 1 || samples < 1 || batch_size < 1) {
+  if (sft && length != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--sequence_length (", length,
+        ") sizes windows; --data_format=sft evaluates each conversation whole; allowed with "
+        "sft: unset"));
+  }
+  if ((!sft && length < 1) || samples < 1 || batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--sequence_length (", length, "), --samples (",
                                                    samples, ") and --batch_size (", batch_size,
                                                    ") must be positive"));
   }
+  if (packed_size < 0 || (packed_size > 0 && !sft)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--packed_sequence_size (", packed_size,
+        ") packs conversations: allowed 0, or a positive size with --data_format=sft"));
+  }
   return absl::OkStatus();
+}
+
+// --device's value: the CPU, or a GPU this machine has.
+absl::StatusOr<c10::Device> DeviceOf(const std::string& name) {
+  c10::Device device(c10::kCPU);
+  KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument, "--device",
+                                       [&] { device = c10::Device(name); }));
+  if (!device.is_cpu() && !device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", name, ": allowed: cpu, cuda or cuda:N"));
+  }
+  if (device.is_cuda() && !at::hasCUDA()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device=", name, ": this machine has no GPU"));
+  }
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (device.is_cuda() && device.index() >= gpus) {
+    return absl::InvalidArgumentError(absl::StrCat("--device=", name, ": this machine has ", gpus,
+                                                   " GPU(s), cuda:0 to cuda:", gpus - 1));
+  }
+  return device;
 }
 
 // --dtype's value as a LibTorch dtype.
@@ -330,38 +362,11 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrCat("--data_format: ", error));
   }
   const bool sft = format == recipe::DataFormat::kSft;
-  if (sft && length != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--sequence_length (", length,
-        ") sizes windows; --data_format=sft evaluates each conversation whole; allowed with "
-        "sft: unset"));
-  }
-  KEEL_RETURN_IF_ERROR(CheckFlags(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_data_prefix),
-                                  sft ? 1 : length, samples, batch_size));
-  c10::Device device(c10::kCPU);
-  KEEL_RETURN_IF_ERROR(base::CallTorch(absl::StatusCode::kInvalidArgument, "--device",
-                                       [&] { device = c10::Device(absl::GetFlag(FLAGS_device)); }));
-  if (!device.is_cpu() && !device.is_cuda()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": allowed: cpu, cuda or cuda:N"));
-  }
-  if (device.is_cuda() && !at::hasCUDA()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device=", absl::GetFlag(FLAGS_device), ": this machine has no GPU"));
-  }
-  if (device.is_cuda() && device.index() >= static_cast<int>(torch::cuda::device_count())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device=", absl::GetFlag(FLAGS_device), ": this machine has ",
-        torch::cuda::device_count(),
-        " GPU(s), cuda:0 to cuda:", static_cast<int>(torch::cuda::device_count()) - 1));
-  }
-  KEEL_ASSIGN_OR_RETURN(const at::ScalarType dtype, DtypeOf(absl::GetFlag(FLAGS_dtype)));
   const int64_t packed_size = absl::GetFlag(FLAGS_packed_sequence_size);
-  if (packed_size < 0 || (packed_size > 0 && !sft)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--packed_sequence_size (", packed_size,
-        ") packs conversations: allowed 0, or a positive size with --data_format=sft"));
-  }
+  KEEL_RETURN_IF_ERROR(CheckFlags(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_data_prefix), sft,
+                                  length, samples, batch_size, packed_size));
+  KEEL_ASSIGN_OR_RETURN(const c10::Device device, DeviceOf(absl::GetFlag(FLAGS_device)));
+  KEEL_ASSIGN_OR_RETURN(const at::ScalarType dtype, DtypeOf(absl::GetFlag(FLAGS_dtype)));
   if (sft) {
     return EvaluateConversations(model_path, prefix, samples, packed_size, batch_size, device,
                                  dtype);
