@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <string>
 
 #include "absl/flags/parse.h"
 #include "absl/strings/string_view.h"

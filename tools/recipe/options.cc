@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/enum.h"
 #include "base/files.h"
@@ -379,12 +380,15 @@ absl::Status CheckSettingsApply(const TrainConfig& config, const TrainOptions& o
       const bool set = field->is_repeated() ? reflection.FieldSize(rule.section, field) > 0
                                             : reflection.HasField(rule.section, field);
       if (!set) continue;
-      std::string value;
-      google::protobuf::TextFormat::PrintFieldValueToString(rule.section, field,
-                                                            field->is_repeated() ? 0 : -1, &value);
-      return absl::InvalidArgumentError(absl::StrCat(rule.section_name, ".", name, " (",
-                                                     base::Printable(value), ") applies to ",
-                                                     rule.missing, "; allowed: unset"));
+      std::vector<std::string> values(
+          field->is_repeated() ? reflection.FieldSize(rule.section, field) : 1);
+      for (size_t i = 0; i < values.size(); ++i) {
+        google::protobuf::TextFormat::PrintFieldValueToString(
+            rule.section, field, field->is_repeated() ? static_cast<int>(i) : -1, &values[i]);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          rule.section_name, ".", name, " (", base::Printable(absl::StrJoin(values, ", ")),
+          ") applies to ", rule.missing, "; allowed: unset"));
     }
   }
   return absl::OkStatus();

@@ -411,11 +411,12 @@ TEST(ReadOptionsTest, SettingsThatApplyToNothingAreRefused) {
     applying.push_back(c.setting);
     KEEL_EXPECT_OK(Read(applying).status());
   }
-  // Full recomputation reads no modules.
+  // Full recomputation reads no modules; a list is named whole.
   EXPECT_THAT(Read({"model.recompute_granularity=full", "model.recompute_method=uniform",
-                    "model.recompute_num_layers=1", "model.recompute_modules=mlp"}),
+                    "model.recompute_num_layers=1", "model.recompute_modules=mlp,layernorm"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("model.recompute_modules (\"mlp\") applies to selective")));
+                       HasSubstr("model.recompute_modules (\"mlp\", \"layernorm\") applies to "
+                                 "selective")));
 }
 
 TEST(ReadOptionsTest, APretrainedConfigGivesTheModel) {
