@@ -142,8 +142,8 @@ absl::Status CheckRankOfWeights(const std::string& directory, const std::string&
   for (const checkpoint::SafetensorsEntry& entry : header.entries) {
     const auto split = Split(entry.name, kPeftSuffix);
     if (!split.has_value()) continue;
-    const int which = split->second;
-    if (entry.shape.size() == 2 && entry.shape[which == 0 ? 0 : 1] == r) continue;
+    const int which = split->second;  // A [r, in] or B [out, r]: r is dimension `which`
+    if (entry.shape.size() == 2 && entry.shape[which] == r) continue;
     return absl::FailedPreconditionError(
         absl::StrCat(weights_path, " holds ", Quote(entry.name), " of shape ",
                      ShapeString(entry.shape), ", where the r ", r, " of ", config_path, " needs ",
