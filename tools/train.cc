@@ -84,6 +84,7 @@ absl::Status Main(int argc, char** argv) {
   recipe::TrainRuntime runtime;
   groups.Attach(runtime);
   runtime.log = &std::cout;
+  runtime.local_world_size = env.local_world_size;
   runtime.restart_count = env.restart_count;
   runtime.restart_cause = env.restart_cause;
   return recipe::Train(options, std::move(runtime)).status();

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/tensor_memory.h"
 #include "checkpoint/manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -45,6 +46,7 @@ using ::keel::tools::cli::Subprocess;
 using ::keel::tools::cli::SubprocessOptions;
 using ::keel::tools::recipe::DefaultCorpusFiles;
 using ::keel::tools::recipe::StepMetrics;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
@@ -400,6 +402,34 @@ TEST(TrainTest, HungOrDeadPeerFailsTheOtherRankWithinTheTimeout) {
     EXPECT_EQ(*code, 1);
     EXPECT_THAT(ranks[0].Stderr(), HasSubstr("train: "));
   }
+}
+
+// The ranks of one machine share its memory: a model state that one rank alone would fit (20
+// bytes a parameter, float32 with AdamW and the data-parallel buckets, for three quarters of
+// the machine) is refused by both of two ranks at once, before either builds anything.
+TEST(TrainTest, TheRanksOfOneMachineShareItsMemory) {
+  const int64_t capacity = base::DeviceMemoryCapacity(at::Device(at::kCPU));
+  ASSERT_GT(capacity, 0);
+  const int64_t layers = capacity / 4 * 3 / (20 * 49984);  // h 64, MLP 256: 49984 a layer
+  const std::string run_dir = NewTempDir("shared_memory");
+  std::vector<std::string> args = SmallRun(run_dir, 4);
+  args.insert(args.end(), {"--set", absl::StrCat("model.num_layers=", layers)});
+  const std::string port = absl::StrCat("MASTER_PORT=", keel::testing::FreeTcpPort());
+  std::vector<Subprocess> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(
+        StartTrain(args, absl::StrCat(run_dir, "/stderr.", rank),
+                   {absl::StrCat("RANK=", rank), absl::StrCat("LOCAL_RANK=", rank), "WORLD_SIZE=2",
+                    "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", port}));
+  }
+  for (Subprocess& rank : ranks) {
+    const std::optional<int> code = rank.WaitFor(60);
+    ASSERT_TRUE(code.has_value()) << "still running 60 s after the start";
+    EXPECT_EQ(*code, 1) << rank.Stderr();
+  }
+  EXPECT_THAT(ranks[0].Stderr(),
+              AllOf(HasSubstr("one rank's weights, gradients and optimizer state"),
+                    HasSubstr("for each of its 2 ranks")));
 }
 
 // tools:preprocess turns text into an indexed dataset (making its folder, as a fresh checkout's

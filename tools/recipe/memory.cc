@@ -133,29 +133,40 @@ void PrintActivations(const TrainOptions& options, const parallel::MeshLayout& l
 }  // namespace
 
 absl::Status CheckModelStateFits(const TrainOptions& options, const parallel::MeshLayout& layout,
-                                 const at::Device& device, int64_t device_capacity,
-                                 int64_t host_capacity) {
+                                 const MemoryCapacity& capacity) {
   const RankMemory m = EstimateRankMemory(options, layout);
   const int64_t built_on_host = kFloat32 * (m.parameters.dense + m.parameters.experts);
-  const auto refuse = [&](const std::string& needs, int64_t bytes, const std::string& where,
-                          int64_t capacity) {
+  const int ranks = std::max(1, capacity.ranks_on_host);
+  // "this machine (RAM and swap) holds 23.5 GiB, 5.9 GiB for each of its 4 ranks"
+  const auto host = [&](int64_t bytes) {
+    std::string held = absl::StrCat("this machine (RAM and swap) holds ", Gib(bytes));
+    if (ranks > 1)
+      absl::StrAppend(&held, ", ", Gib(bytes / ranks), " for each of its ", ranks, " ranks");
+    return held;
+  };
+  const auto refuse = [&](const std::string& needs, int64_t bytes, const std::string& held) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "one rank's ", needs, " take ", Gib(bytes), " (", m.parameters.dense + m.parameters.experts,
-        " parameters; --dry_run shows the figures), but ", where, " holds ", Gib(capacity),
+        " parameters; --dry_run shows the figures), but ", held,
         "; allowed: a model state within it: fewer or narrower layers (model.num_layers, "
         "hidden_size, ffn_hidden_size, vocab_size), or each rank's share made smaller "
         "(distributed.tensor_model_parallel_size, pipeline_model_parallel_size, "
-        "use_distributed_optimizer, peft)"));
+        "use_distributed_optimizer, peft)",
+        ranks > 1 ? ", or fewer ranks on this machine" : ""));
   };
   const std::string state =
       options.peft.has_value() ? "frozen weights" : "weights, gradients and optimizer state";
-  if (device_capacity > 0 && m.total_bytes() > device_capacity) {
+  if (capacity.device.is_cpu()) {
+    if (capacity.device_bytes > 0 && m.total_bytes() > capacity.device_bytes / ranks) {
+      return refuse(state, m.total_bytes(), host(capacity.device_bytes));
+    }
+  } else if (capacity.device_bytes > 0 && m.total_bytes() > capacity.device_bytes) {
     return refuse(state, m.total_bytes(),
-                  device.is_cpu() ? "this machine (RAM and swap)" : device.str(), device_capacity);
+                  absl::StrCat(capacity.device.str(), " holds ", Gib(capacity.device_bytes)));
   }
-  if (host_capacity > 0 && built_on_host > host_capacity) {
+  if (capacity.host_bytes > 0 && built_on_host > capacity.host_bytes / ranks) {
     return refuse("weights, built in float32 on the CPU before they go to the device,",
-                  built_on_host, "this machine (RAM and swap)", host_capacity);
+                  built_on_host, host(capacity.host_bytes));
   }
   return absl::OkStatus();
 }

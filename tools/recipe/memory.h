@@ -6,9 +6,9 @@
 // recomputation and the loss the configuration chooses.
 //
 //   PrintPrecisionAndMemory(options, layout, std::cout);
-//   KEEL_RETURN_IF_ERROR(CheckModelStateFits(options, layout, device,
-//                                            base::DeviceMemoryCapacity(device),
-//                                            base::DeviceMemoryCapacity(at::kCPU)));
+//   KEEL_RETURN_IF_ERROR(CheckModelStateFits(
+//       options, layout, {device, base::DeviceMemoryCapacity(device),
+//                         base::DeviceMemoryCapacity(at::kCPU), env.local_world_size}));
 #ifndef KEEL_TOOLS_RECIPE_MEMORY_H_
 #define KEEL_TOOLS_RECIPE_MEMORY_H_
 
@@ -65,16 +65,25 @@ struct RankActivations {
 RankActivations EstimateRankActivations(const TrainOptions& options,
                                         const parallel::MeshLayout& layout);
 
+// The memory one rank may take: its device's bytes and the host's (base::DeviceMemoryCapacity's;
+// 0: unknown, not checked), the host shared evenly by the ranks that run on it (torchrun's
+// LOCAL_WORLD_SIZE), and so is the device where it is the CPU.
+struct MemoryCapacity {
+  at::Device device = at::kCPU;
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;
+  int ranks_on_host = 1;
+};
+
 // Refuses a run whose model state cannot fit, before anything is built (a typo of 2^31 layers
-// otherwise allocated until the machine ran out): EstimateRankMemory's total against
-// `device_capacity` bytes of `device`, and the float32 weights the trainer first builds on the
-// CPU against `host_capacity` bytes (base::DeviceMemoryCapacity's; 0: unknown, not checked).
-// Activations are not counted, so a refused run would have failed for certain. Errors:
-// kResourceExhausted naming what is needed, what is there, and what shrinks a rank's share.
+// otherwise allocated until the machine ran out): EstimateRankMemory's total against the
+// rank's share of its device, and the float32 weights the trainer first builds on the CPU
+// against its share of the host. Activations are not counted, so a refused run would have
+// failed for certain. Errors: kResourceExhausted naming what is needed, what is there, and what
+// shrinks a rank's share.
 [[nodiscard]] absl::Status CheckModelStateFits(const TrainOptions& options,
                                                const parallel::MeshLayout& layout,
-                                               const at::Device& device, int64_t device_capacity,
-                                               int64_t host_capacity);
+                                               const MemoryCapacity& capacity);
 
 // "precision: ...", "memory per rank: ..." and "activations per rank: ..." lines.
 void PrintPrecisionAndMemory(const TrainOptions& options, const parallel::MeshLayout& layout,

@@ -115,32 +115,52 @@ TEST(MemoryTest, AModelStateThatCannotFitIsRefusedBeforeItIsBuilt) {
   const TrainOptions fp32 = Options(false, false);
   const int64_t n = models::CountStageParameters(fp32.model, {}, 0).dense;
   const at::Device cpu(at::kCPU), gpu(at::kCUDA, 1);
-  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, cpu, 16 * n, 16 * n));
-  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, cpu, 0, 0));  // unknown: not checked
-  EXPECT_THAT(CheckModelStateFits(fp32, layout, cpu, 16 * n - 1, 0),
+  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, {cpu, 16 * n, 16 * n}));
+  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, {cpu, 0, 0}));  // unknown: not checked
+  EXPECT_THAT(CheckModelStateFits(fp32, layout, {cpu, 16 * n - 1, 0}),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        AllOf(HasSubstr("one rank's weights, gradients and optimizer state take"),
                              HasSubstr(absl::StrCat("(", n, " parameters;")),
                              HasSubstr("but this machine (RAM and swap) holds 0.0 GiB"),
                              HasSubstr("distributed.tensor_model_parallel_size"))));
-  EXPECT_THAT(CheckModelStateFits(fp32, layout, gpu, 16 * n - 1, 16 * n),
+  EXPECT_THAT(CheckModelStateFits(fp32, layout, {gpu, 16 * n - 1, 16 * n}),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("but cuda:1 holds")));
 
   const TrainOptions bf16 = Options(true, false);  // 18 bytes a parameter on the device
-  KEEL_EXPECT_OK(CheckModelStateFits(bf16, layout, gpu, 18 * n, 4 * n));
-  EXPECT_THAT(CheckModelStateFits(bf16, layout, gpu, 18 * n, 4 * n - 1),
+  KEEL_EXPECT_OK(CheckModelStateFits(bf16, layout, {gpu, 18 * n, 4 * n}));
+  EXPECT_THAT(CheckModelStateFits(bf16, layout, {gpu, 18 * n, 4 * n - 1}),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("weights, built in float32 on the CPU before they go to the "
                                  "device, take")));
-  EXPECT_THAT(CheckModelStateFits(bf16, layout, gpu, 18 * n - 1, 0),
+  EXPECT_THAT(CheckModelStateFits(bf16, layout, {gpu, 18 * n - 1, 0}),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("cuda:1")));
 
   TrainOptions lora = bf16;  // the frozen bf16 weights only
   lora.peft.emplace();
-  KEEL_EXPECT_OK(CheckModelStateFits(lora, layout, gpu, 2 * n, 4 * n));
+  KEEL_EXPECT_OK(CheckModelStateFits(lora, layout, {gpu, 2 * n, 4 * n}));
   EXPECT_THAT(
-      CheckModelStateFits(lora, layout, gpu, 2 * n - 1, 4 * n),
+      CheckModelStateFits(lora, layout, {gpu, 2 * n - 1, 4 * n}),
       StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("one rank's frozen weights take")));
+}
+
+// The ranks of one machine share its memory, and its CPU as their device; each GPU is its rank's.
+TEST(MemoryTest, TheRanksOfAMachineShareIt) {
+  const parallel::MeshLayout layout = *parallel::MeshLayout::Create({}, 4);
+  const TrainOptions fp32 = Options(false, false);
+  const int64_t n = models::CountStageParameters(fp32.model, {}, 0).dense;
+  const int64_t t = EstimateRankMemory(fp32, layout).total_bytes();  // 20 n: with buckets
+  const at::Device cpu(at::kCPU), gpu(at::kCUDA, 1);
+  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, {cpu, 4 * t, 0, 4}));
+  EXPECT_THAT(CheckModelStateFits(fp32, layout, {cpu, 4 * t - 4, 0, 4}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("for each of its 4 ranks"),
+                             HasSubstr("or fewer ranks on this machine"))));
+  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, {gpu, t, 4 * 4 * n, 4}));
+  EXPECT_THAT(CheckModelStateFits(fp32, layout, {gpu, t, 4 * 4 * n - 4, 4}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("built in float32 on the CPU before they go to the device")));
+  // The same figures for one rank alone pass.
+  KEEL_EXPECT_OK(CheckModelStateFits(fp32, layout, {cpu, 4 * t - 4, 0, 1}));
 }
 
 // Llama 3.2 1B in bf16 at AutoModel's published shape (8 x 2048 tokens a micro-batch): full

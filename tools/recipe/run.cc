@@ -134,11 +134,12 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, TrainRuntime runt
   // A model state that cannot fit is refused before anything is read, written or built.
   KEEL_ASSIGN_OR_RETURN(const parallel::MeshLayout layout,
                         CheckGeometry(options, runtime.world_size));
-  KEEL_RETURN_IF_ERROR(
-      AgreeOverRanks(CheckModelStateFits(options, layout, runtime.device,
-                                         base::DeviceMemoryCapacity(runtime.device),
-                                         base::DeviceMemoryCapacity(at::Device(at::kCPU))),
-                     runtime, "checking that the model state fits"));
+  KEEL_RETURN_IF_ERROR(AgreeOverRanks(
+      CheckModelStateFits(
+          options, layout,
+          {runtime.device, base::DeviceMemoryCapacity(runtime.device),
+           base::DeviceMemoryCapacity(at::Device(at::kCPU)), runtime.local_world_size}),
+      runtime, "checking that the model state fits"));
   // One run per run directory: rank 0 locks it before anything reads or writes there.
   std::optional<RunDirLock> lock;
   absl::Status locked;

@@ -46,6 +46,9 @@ struct TrainRuntime {
   const parallel::DeviceMesh* mesh = nullptr;
   // Where the model trains: the CPU, or this rank's GPU with the NCCL backend.
   at::Device device = at::kCPU;
+  // The ranks on this machine, this one among them (torchrun's LOCAL_WORLD_SIZE): they share
+  // its memory.
+  int local_world_size = 1;
   // Progress lines and notices (rank 0 writes them).
   std::ostream* log = nullptr;
   // How many times the launcher restarted the workers before this start
