@@ -30,6 +30,11 @@ struct NamedParameter {
   // gradient but leaves it out of the norm, which counts the parameter once, on the other
   // stage. Default: false.
   bool shared = false;
+  // One of the two copies of a word embedding tied to an output layer on another pipeline stage,
+  // the first stage's or the last's (Megatron's `shared_embedding`): sharded over a group
+  // (ShardedGradSync), it gets a bucket of its own, so that both stages cut it into the same
+  // rows per rank and the embedding group can sum their shards' gradients. Default: false.
+  bool shared_embedding = false;
 };
 
 // Whether `p`'s layout has a mesh dimension named `dim_name` (an expert parameter's "ep", say);

@@ -189,8 +189,9 @@ std::vector<NamedParameter> ShardedGradSync::ShardParameters() const {
   std::vector<NamedParameter> parameters;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ParamShard& shard = shards_[i];
+    const NamedParameter& whole = buckets_->parameters()[i];
     parameters.push_back(
-        {shard.name, shard.tensor, shard.layout, buckets_->parameters()[i].shared});
+        {shard.name, shard.tensor, shard.layout, whole.shared, whole.shared_embedding});
   }
   return parameters;
 }

@@ -140,6 +140,50 @@ TEST(ShardedGradSyncTest, ShardsAreRowBlocksThatTileEachParameterOnce) {
   }
 }
 
+// A word embedding tied across pipeline stages (shared_embedding) is alone in its bucket, so
+// that a first stage ([embed, w]) and a last one ([w2, norm, embed]) cut it into the same rows
+// per rank (Megatron's _does_param_require_new_bucket); among other parameters its cut follows
+// theirs, here rows [0, 2) of rank 0 on the first stage and [0, 7) on the last.
+TEST(ShardedGradSyncTest, ASharedEmbeddingIsCutAlikeWhateverItsNeighbours) {
+  for (const bool marked : {true, false}) {
+    SCOPED_TRACE(marked ? "marked" : "not marked");
+    std::vector<std::vector<ShardInfo>> embed_shards(2);  // [rank]: first stage's, last's
+    KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+      const auto parameter = [&](const std::string& name, at::IntArrayRef shape, double phase) {
+        NamedParameter p{name, Wave(shape, phase).requires_grad_(true)};
+        p.shared_embedding = marked && name == "embed";
+        return p;
+      };
+      const std::vector<std::vector<NamedParameter>> stages = {
+          {parameter("embed", {10, 4}, 0), parameter("w", {6, 4}, 1)},
+          {parameter("w2", {3, 4}, 2), parameter("norm", {4}, 3), parameter("embed", {10, 4}, 0)}};
+      for (const std::vector<NamedParameter>& stage : stages) {
+        KEEL_ASSIGN_OR_RETURN(auto sync, ShardedGradSync::Create(stage, *r.group));
+        for (const ParamShard& shard : sync->shards()) {
+          if (shard.name == "embed") {
+            embed_shards[r.rank].push_back({shard.row_begin, shard.tensor.size(0)});
+          }
+        }
+      }
+      return absl::OkStatus();
+    }));
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_EQ(embed_shards[rank].size(), 2u);
+      const ShardInfo& first = embed_shards[rank][0];
+      const ShardInfo& last = embed_shards[rank][1];
+      if (marked) {
+        EXPECT_EQ(first.row_begin, 5 * rank);
+        EXPECT_EQ(first.rows, 5);
+        EXPECT_EQ(last.row_begin, first.row_begin);
+        EXPECT_EQ(last.rows, first.rows);
+      } else {
+        EXPECT_EQ(first.rows, rank == 0 ? 2 : 8);
+        EXPECT_EQ(last.rows, rank == 0 ? 7 : 3);
+      }
+    }
+  }
+}
+
 // With `micro_batches` per step, each rank's loss is divided by global batch / world, as
 // DataParallelGradSync's tests do; micro-batch k of rank r holds samples starting there.
 int64_t First(int step, int k, int rank, int world, int micro_batches) {

@@ -136,7 +136,7 @@ absl::StatusOr<std::unique_ptr<GradBuckets>> GradBuckets::Create(
   }
   std::unique_ptr<GradBuckets> buckets(
       new GradBuckets(group, std::move(parameters), std::move(launch), options));
-  KEEL_RETURN_IF_ERROR(buckets->AssignBuckets(options.bucket_cap_mb));
+  KEEL_RETURN_IF_ERROR(buckets->AssignBuckets(options.bucket_cap_mb, options.portions));
   KEEL_RETURN_IF_ERROR(
       base::CallTorch(absl::StatusCode::kInternal, "allocating gradient buckets", [&] {
         for (Bucket& bucket : buckets->buckets_) {
@@ -190,8 +190,9 @@ at::Tensor GradBuckets::local_gradient_sum() const {
 
 // As DDP's compute_bucket_assignment_by_size over the reversed parameters: gradients arrive
 // roughly in reverse order of registration, so bucket 0 holds the last parameters. Parameters
-// of one dtype and device share buckets; each such group starts with a 1 MiB bucket.
-absl::Status GradBuckets::AssignBuckets(double bucket_cap_mb) {
+// of one dtype and device share buckets; each such group starts with a 1 MiB bucket. Cut into
+// parts, a shared embedding is alone in its bucket (Megatron's _does_param_require_new_bucket).
+absl::Status GradBuckets::AssignBuckets(double bucket_cap_mb, int64_t portions) {
   const auto cap_bytes = static_cast<int64_t>(std::max(1.0, bucket_cap_mb * kBytesPerMb));
   struct Group {
     std::optional<size_t> open_bucket;
@@ -204,6 +205,8 @@ absl::Status GradBuckets::AssignBuckets(double bucket_cap_mb) {
         static_cast<int>(param.scalar_type()), static_cast<int>(param.device().type()),
         static_cast<int>(param.device().index())));
     Group& group = it->second;
+    const bool alone = portions > 1 && parameters_[i].shared_embedding;
+    if (alone) group.open_bucket.reset();
     if (!group.open_bucket.has_value()) {
       group.open_bucket = buckets_.size();
       group.limit = first ? std::min(kFirstBucketBytes, cap_bytes) : cap_bytes;
@@ -215,7 +218,7 @@ absl::Status GradBuckets::AssignBuckets(double bucket_cap_mb) {
     buckets_[b].params.push_back(i);
     buckets_[b].bytes += bytes;
     total_bytes_ += bytes;
-    if (buckets_[b].bytes >= group.limit) group.open_bucket.reset();
+    if (alone || buckets_[b].bytes >= group.limit) group.open_bucket.reset();
   }
   return absl::OkStatus();
 }

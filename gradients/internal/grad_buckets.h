@@ -127,7 +127,7 @@ class GradBuckets {
  private:
   GradBuckets(c10d::ProcessGroup* group, std::vector<NamedParameter> parameters, Launch launch,
               const GradBucketsOptions& options);
-  [[nodiscard]] absl::Status AssignBuckets(double bucket_cap_mb);
+  [[nodiscard]] absl::Status AssignBuckets(double bucket_cap_mb, int64_t portions);
   void LayOut(Bucket& bucket, int64_t portions, at::ScalarType dtype);
   [[nodiscard]] absl::Status CheckRanksAgree();
   [[nodiscard]] absl::Status BroadcastFromRank0();

@@ -26,8 +26,7 @@ std::string Working(int64_t limit, Fits fits) {
   return sizes.empty() ? "none" : absl::StrJoin(sizes, ", ");
 }
 
-// The pipeline stages split the layers evenly, each holding at least one; the distributed
-// optimizer's shards of the tied embedding would differ between the first and last stage.
+// The pipeline stages split the layers evenly, each holding at least one.
 absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
   const int64_t pp = options.distributed.parallel.pipeline_model_parallel_size;
   const int64_t layers = options.model.num_layers;
@@ -38,12 +37,6 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
         "distributed.pipeline_model_parallel_size (", pp, ") must divide model.num_layers (",
         layers, "): each stage holds an equal number of layers, at least one; sizes that do: ",
         Working(layers, [layers](int64_t n) { return layers % n == 0; })));
-  }
-  if (pp > 1 && options.distributed.use_distributed_optimizer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "distributed.use_distributed_optimizer with pipeline_model_parallel_size ", pp,
-        ": not supported yet (the tied embedding's shards differ between the first and last "
-        "stage); allowed: use_distributed_optimizer false, or pipeline_model_parallel_size 1"));
   }
   return absl::OkStatus();
 }

@@ -156,9 +156,6 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
        "distributed.pipeline_model_parallel_size (8) must divide model.num_layers (4)"},
       {{"distributed.pipeline_model_parallel_size=0"},
        "distributed.pipeline_model_parallel_size (0) must be > 0"},
-      {{"distributed.pipeline_model_parallel_size=2", "distributed.use_distributed_optimizer=true"},
-       "distributed.use_distributed_optimizer with pipeline_model_parallel_size 2: not supported "
-       "yet"},
       {{"distributed.tensor_model_parallel_size=3"},
        "distributed.tensor_model_parallel_size (3) must divide model.num_attention_heads (4): "
        "each tensor-parallel rank holds an equal share; sizes that do: 1, 2, 4"},

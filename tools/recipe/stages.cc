@@ -34,7 +34,8 @@ void MarkSharedEmbedding(const models::LanguageModel& model,
                          std::vector<gradients::NamedParameter>& parameters) {
   const std::optional<std::string> shared = model.SharedEmbedding();
   for (gradients::NamedParameter& p : parameters) {
-    p.shared = shared && p.name == *shared && !model.first_stage();
+    p.shared_embedding = shared && p.name == *shared;
+    p.shared = p.shared_embedding && !model.first_stage();
   }
 }
 

@@ -28,8 +28,10 @@
 
 namespace keel::tools::recipe {
 
-// Marks the last stage's copy of the model's shared embedding `shared` (the first stage's counts
-// in the clipping norm); nothing on the first stage, on one stage or without a tie.
+// Marks the copies of the model's shared embedding, the first and the last stage's, as
+// shared_embedding (the distributed optimizer shards them alike), and the last stage's as
+// shared (the first stage's counts in the clipping norm); nothing on one stage or without a
+// tie.
 void MarkSharedEmbedding(const models::LanguageModel& model,
                          std::vector<gradients::NamedParameter>& parameters);
 
