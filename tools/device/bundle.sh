@@ -33,6 +33,7 @@ TARGETS=(
   //parallel/tensor_parallel:cross_entropy_benchmark
   //models:rms_norm_test
   //models:llama_blocks_benchmark
+  //models:cuda_graph_benchmark
   //parallel:main_grad_test
   //gradients:main_grad_fusion_benchmark
 )

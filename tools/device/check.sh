@@ -12,7 +12,8 @@
 # lease is for, in order: gpu_tests; train (the default run on the GPU over NCCL beside the same
 # run on the CPU); benchmarks (clipping, the fused AdamW and the cross-entropy beside
 # LibTorch's own, gradient accumulation fusion beside the unfused main gradients, the Llama's
-# RMSNorm, RoPE and grouped attention beside HF's forms);
+# RMSNorm, RoPE and grouped attention beside HF's forms, a micro-batch's pass captured in a CUDA
+# graph beside the same launched op by op);
 # trainer_benchmarks (the bf16 trainer beside the Python autocast loop on issue 32's table GPT)
 # and gpt2_benchmarks (the same on GPT-2 124M). The optional phases, for a second call when
 # time is left: profile (LibTorch's profiler over the bf16 step), families (the Llama-style
@@ -236,6 +237,7 @@ benchmarks() {
   "$BIN/gradients/main_grad_fusion_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/models/llama_blocks_benchmark" --benchmark_filter=cuda || status=1
   "$BIN/base/attention_benchmark" --benchmark_filter='Grouped.*cuda' || status=1
+  "$BIN/models/cuda_graph_benchmark" --benchmark_filter=cuda || status=1
   return $status
 }
 
