@@ -59,7 +59,8 @@ RankMemory EstimateRankMemory(const TrainOptions& options, const parallel::MeshL
   } else {
     memory.weight_bytes = kFloat32 * all;
     memory.gradient_bytes = kFloat32 * all;
-    memory.buffer_bytes = kFloat32 * reduced;
+    // Sharded: the buckets are the gradients (backward adds into them; no .grad beside them).
+    if (!sharded) memory.buffer_bytes = kFloat32 * reduced;
   }
   return memory;
 }

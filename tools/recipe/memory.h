@@ -31,9 +31,9 @@ struct RankMemory {
   // Bytes: the parameters in their dtype; their gradients (float32 .grad, or a bf16 run's main
   // gradients in distributed.grad_reduce_in_fp32's dtype); a bf16 run's float32 main
   // parameters (this rank's shard with the distributed optimizer); AdamW's exp_avg and
-  // exp_avg_sq in float32 (sharded alike); the copies for communication (a float32 run's
-  // all-reduce buckets with more than one data-parallel rank, a sharded bf16 run's parameter
-  // all-gather buffer).
+  // exp_avg_sq in float32 (sharded alike); the copies for communication (an unsharded float32
+  // run's all-reduce buckets with more than one data-parallel rank, a sharded bf16 run's
+  // parameter all-gather buffer).
   int64_t weight_bytes = 0;
   int64_t gradient_bytes = 0;
   int64_t main_param_bytes = 0;

@@ -1,10 +1,11 @@
 // The bytes per parameter against Megatron-Core's table for its distributed optimizer
 // (docs/source/api-guide/dist_optimizer.md: float32 16 bytes, 8 + 8/d sharded over d ranks;
 // bf16 with float32 main gradients 18, 6 + 12/d; with bf16 main gradients 16, 4 + 12/d), and
-// where Keel holds more: its data-parallel buckets are a copy of float32 gradients (4 bytes
-// more with more than one rank), and a sharded bf16 run with float32 main gradients all-gathers
-// the parameters into a buffer of their own (2 more); Megatron's parameters and gradients are
-// views of those buffers.
+// where Keel holds more: unsharded, its data-parallel buckets are a copy of the float32 .grad
+// (4 bytes more with more than one rank; sharded, backward adds into the buckets and no .grad
+// exists), and a sharded bf16 run with float32 main gradients all-gathers the parameters into
+// a buffer of their own (2 more); Megatron's parameters and gradients are views of those
+// buffers.
 #include "tools/recipe/memory.h"
 
 #include <cstdint>
@@ -62,7 +63,7 @@ TEST(MemoryTest, BytesPerParameterAreMegatronsWhereTheBuffersAgree) {
 
 TEST(MemoryTest, KeelsOwnBuffersCostWhatTheyHold) {
   EXPECT_DOUBLE_EQ(BytesPerParameter(Options(false, false), 4), 16 + 4);
-  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(false, true), 4), 8 + 8.0 / 4 + 4);
+  EXPECT_DOUBLE_EQ(BytesPerParameter(Options(false, true), 4), 8 + 8.0 / 4);  // Megatron's
   EXPECT_DOUBLE_EQ(BytesPerParameter(Options(true, true), 4), 6 + 12.0 / 4 + 2);
 }
 
