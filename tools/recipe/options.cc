@@ -124,14 +124,6 @@ absl::Status RefuseModelParallelism(const parallel::ModelParallelOptions& p) {
         "): the trainer's model runs data-, tensor-, pipeline- and expert-parallel only for now; "
         "allowed: 1"));
   }
-  const int64_t tp = p.tensor_model_parallel_size;
-  if (p.expert_tensor_parallel_size.value_or(tp) != tp) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("distributed.expert_tensor_parallel_size (", *p.expert_tensor_parallel_size,
-                     "): the trainer's experts split as its MLPs do; allowed: unset or "
-                     "tensor_model_parallel_size (",
-                     tp, ")"));
-  }
   return absl::OkStatus();
 }
 

@@ -41,17 +41,32 @@ absl::Status CheckPipelineParallelModel(const TrainOptions& options) {
   return absl::OkStatus();
 }
 
-// Mixture of experts: experts split evenly over ep, k of them per token (each expert split over
-// tp as the MLPs are, which CheckModelParallelModel checks).
+// Mixture of experts: experts split evenly over ep, k of them per token, each expert split over
+// expert tp (by default tp, as the MLPs are, which CheckModelParallelModel checks). Expert tp
+// divides tp: an expert's ranks hold the same tokens, tp / expert tp copies of each reaching
+// the experts (ScaleStep divides their gradients by that).
 absl::Status CheckMixtureOfExperts(const TrainOptions& options) {
   const models::ModelOptions& m = options.model;
   const parallel::ModelParallelOptions& p = options.distributed.parallel;
   const int64_t ep = p.expert_model_parallel_size;
+  const int64_t tp = p.tensor_model_parallel_size;
+  const int64_t etp = p.expert_tensor_parallel_size.value_or(tp);
   KEEL_RETURN_IF_ERROR(
       Require(ep > 0, "distributed.expert_model_parallel_size", ep, "must be > 0"));
   if (m.num_moe_experts == 0) {
+    KEEL_RETURN_IF_ERROR(Require(etp == tp, "distributed.expert_tensor_parallel_size", etp,
+                                 "needs model.num_moe_experts > 0 (experts to split); allowed: "
+                                 "unset"));
     return Require(ep == 1, "distributed.expert_model_parallel_size", ep,
                    "needs model.num_moe_experts > 0 (experts to split); allowed: 1");
+  }
+  if (tp > 0 && (etp <= 0 || tp % etp != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed.expert_tensor_parallel_size (", etp,
+        ") must divide distributed.tensor_model_parallel_size (", tp,
+        "): an expert's ranks hold the same tokens, those of one tensor-parallel group; sizes "
+        "that do: ",
+        Working(tp, [tp](int64_t n) { return tp % n == 0; })));
   }
   KEEL_RETURN_IF_ERROR(
       Require(m.moe_layer_freq > 0, "model.moe_layer_freq", m.moe_layer_freq, "must be > 0"));

@@ -53,6 +53,10 @@ StepScaling ScaleStep(int64_t label_tokens, int64_t micro_batches, const TrainRu
   scaling.gradients.num_label_tokens = label_tokens;
   scaling.gradients.dp_group_size = averaged_over;
   scaling.gradients.ep_shard_size = base::GroupSize(runtime.expert_data_group());
+  // Experts split over fewer ranks than the dense layers (expert tp < tp): the tensor-parallel
+  // ranks' identical tokens each reach the experts, tp / expert tp copies of every token.
+  scaling.gradients.expert_tp_replication_factor =
+      base::GroupSize(runtime.tensor_group()) / base::GroupSize(runtime.expert_tensor_group());
   scaling.gradients.ep_axis_name = parallel::kExpertDim;
   return scaling;
 }
