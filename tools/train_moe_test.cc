@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/manifest.h"
 #include "gmock/gmock.h"
@@ -212,6 +213,35 @@ TEST(TrainMoeTest, KillNineAndResumeIsBitIdentical) {
   ExpectSameTrace(Metrics(reference), Metrics(run_dir));
   ExpectSameWeights(LatestCheckpoint(reference), LatestCheckpoint(run_dir));
   ExpectRngRowPerRank(LatestCheckpoint(run_dir), 2);
+}
+
+// LoRA on a mixture-of-experts model: adapters on the attention's linear layers, the router and
+// the experts frozen with the rest. ep=2 follows the one-rank run, and the checkpoint holds the
+// adapters alone.
+TEST(TrainMoeTest, LoraAdaptsTheAttentionAndFreezesTheExperts) {
+  constexpr int64_t kSteps = 10;
+  const std::vector<std::string> lora =
+      Moe({"peft.dim=4", "peft.target_modules=*.qkv,*.proj", LocalBatch(4)});
+  const std::string reference = NewTempDir("moe_lora_reference");
+  Subprocess one = StartTrain(SameSamplesRun(reference, kSteps, lora), reference + "/stderr");
+  ASSERT_EQ(one.Wait(), 0) << one.Stderr();
+  EXPECT_THAT(one.DrainStdout(),
+              HasSubstr("model: 8 LoRA adapter tensors (the rest frozen), 3072 trainable "
+                        "parameters"));
+  std::vector<std::string> ep2 = lora;
+  ep2.push_back(kEp2);
+  const std::string run_dir = NewTempDir("moe_lora");
+  Subprocess two = LaunchTrain(2, SameSamplesRun(run_dir, kSteps, ep2), run_dir + "/stderr");
+  ASSERT_EQ(two.Wait(), 0) << two.Stderr();
+  ExpectLayoutInvariant(reference, run_dir);
+  KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::Manifest manifest,
+                            checkpoint::ReadManifest(LatestCheckpoint(run_dir)));
+  std::vector<std::string> model_tensors;
+  for (const auto& tensor : manifest.tensors()) {
+    if (absl::StartsWith(tensor.name(), "model/")) model_tensors.push_back(tensor.name());
+  }
+  EXPECT_EQ(model_tensors.size(), 8u);
+  for (const std::string& name : model_tensors) EXPECT_THAT(name, HasSubstr("lora_"));
 }
 
 TEST(TrainMoeTest, BadGeometryExitsTwoNamingTheNumbers) {

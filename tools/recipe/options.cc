@@ -467,12 +467,6 @@ absl::StatusOr<TrainOptions> ReadOptions(const TrainConfig& config) {
     }
     KEEL_RETURN_IF_ERROR(peft::CheckLoraOptions(lora));
     KEEL_RETURN_IF_ERROR(CheckAdapterCount(lora.dim, options.model));
-    if (options.model.num_moe_experts > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "peft with model.num_moe_experts (", options.model.num_moe_experts,
-          "): the experts' grouped weights take no LoRA adapters; allowed: no peft section, or "
-          "model.num_moe_experts 0"));
-    }
   }
   KEEL_RETURN_IF_ERROR(CheckSettingsApply(config, options));
   KEEL_RETURN_IF_ERROR(CheckRecordedText(ConfigFingerprint(options), ""));
