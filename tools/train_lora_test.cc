@@ -288,10 +288,6 @@ TEST(TrainLoraTest, WhatLoraCannotDoIsNamed) {
                 "peft.target_modules pattern \"*.qkv\" matches none of the model's 15 linear "
                 "layers, which are named like: model.layers.0.self_attn.q_proj",
                 run_dir + "/pattern");
-  ExpectRefused(1, {"peft.dim=4", "model.num_moe_experts=4"},
-                "peft with model.num_moe_experts (4): the experts' grouped weights take no LoRA "
-                "adapters",
-                run_dir + "/moe");
   // A checkpoint of other adapters (or of the whole model) is another model: refused, kept.
   const std::string resumed = NewTempDir("other_adapters");
   Subprocess first = StartTrain(SameSamplesRun(resumed, 3, Lora()), resumed + "/stderr");
