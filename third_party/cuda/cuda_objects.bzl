@@ -4,9 +4,16 @@ that a cc_library takes as srcs, for sm_90 and sm_80 with PTX of compute_90 for 
     cuda_objects(name = "kernels_cuda", srcs = ["kernels.cu"], hdrs = ["kernels.h"])
     cc_library(
         name = "kernels",
-        srcs = select({"//third_party/cuda:enabled": [":kernels_cuda"], "//conditions:default": []}),
-        deps = select({"//third_party/cuda:enabled": ["@local_cuda//:cudart"], ...}),
+        srcs = ["kernels.h", ...] + select({
+            "//third_party/cuda:enabled": [":kernels_cuda"],
+            "//conditions:default": [],
+        }),
+        deps = ["@libtorch//:torch"],  # with CUDA, it brings @local_cuda//:cudart
     )
+
+The cc_library's headers and deps are the same in both builds: a header set that differs under
+--config=cuda changes the compile actions of every target above it, and the switch from the
+plain build then compiles them all again (only the objects and the links may differ).
 
 The sources include the toolkit's headers and headers of this workspace (from its root), not
 LibTorch's: a kernel takes raw pointers, and a .cc beside it adapts tensors.
