@@ -46,6 +46,27 @@ TEST(ActivationMemoryTest, AGptLayerKeepsKorthikantisTermsWithoutMasksOrSquares)
             2 * kTokens * (4 * 64 + 5 * 64 + 2 * 256) / 2);
 }
 
+TEST(ActivationMemoryTest, AGptExpertLayerKeepsTheRoutersInputsAndTheRoutedTokens) {
+  ModelOptions options = Gpt();
+  options.num_moe_experts = 4;
+  options.moe_router_topk = 2;
+  const int64_t attention_and_norms = 4 * 64 + 5 * 64;
+  // float32: the router's logits (4 experts) and, for the 2 x T routed tokens, each expert's
+  // input and GELU's input and output; the router reads the norm's output itself.
+  const int64_t routed = 2 * (64 + 2 * 256);
+  EXPECT_EQ(EstimateActivations(options, Shape(1)).layer_bytes,
+            4 * kTokens * (attention_and_norms + 4 + routed));
+  // bf16: the router keeps a float32 copy of its input (h) beside its float32 logits.
+  EXPECT_EQ(EstimateActivations(options, Shape(1, 1, 2)).layer_bytes,
+            2 * kTokens * (attention_and_norms + routed) + 4 * kTokens * (4 + 64));
+  // Sequence parallelism at tp = 2: the norms hold half of the sequence, the expert layer takes
+  // it whole (the router's gathered input too).
+  ActivationShape sequence_parallel = Shape(1, 2, 2);
+  sequence_parallel.sequence_parallel = true;
+  EXPECT_EQ(EstimateActivations(options, sequence_parallel).layer_bytes,
+            2 * kTokens * (4 * 64 / 2 + 5 * 64 / 2 + 2 * (64 + 256)) + 4 * kTokens * (4 + 64));
+}
+
 TEST(ActivationMemoryTest, ALlamaLayerKeepsItsNormsFloat32AndItsGroupedHeads) {
   ModelOptions options = Gpt();
   options.family = ModelFamily::kLlama;

@@ -41,7 +41,7 @@ class BlockImpl : public torch::nn::Module, public parallel::SequenceSplit {
  public:
   // A block whose MLP is a mixture of experts over `groups.ep` and `groups.expert_tp` if `moe`;
   // `moe_stats` (the model's) gathers its routing statistics and gives the load-balancing
-  // loss's gradient weight. `sequence_parallel`: the model's (not with `moe`).
+  // loss's gradient weight. `sequence_parallel`: the model's.
   BlockImpl(const ModelOptions& options, const ModelGroups& groups, bool sequence_parallel,
             bool moe, MoeStats* moe_stats)
       : ln_1_(register_module("ln_1", Norm(options.hidden_size))),
@@ -52,6 +52,7 @@ class BlockImpl : public torch::nn::Module, public parallel::SequenceSplit {
                 parallel::RecomputesModule(options.recompute, parallel::kCoreAttn)))),
         ln_2_(register_module("ln_2", Norm(options.hidden_size))),
         sequence_parallel_(sequence_parallel),
+        tp_(groups.tp),
         ep_(groups.ep),
         moe_stats_(moe_stats),
         recompute_mlp_(parallel::RecomputesModule(options.recompute, parallel::kMlp)),
@@ -115,22 +116,30 @@ class BlockImpl : public torch::nn::Module, public parallel::SequenceSplit {
 
   at::Tensor Mlp(const at::Tensor& y) {
     if (router_.is_empty()) return mlp_proj_->forward(at::gelu(fc_->forward(y)));
-    const at::Tensor tokens = y.reshape({-1, y.size(-1)});
+    // With sequence parallelism the experts take the whole sequence, routed as without it; the
+    // gradient of the gathered tokens is whole on every rank (the sums over expert_tp are made
+    // inside), so backward keeps this rank's chunk of it.
+    const at::Tensor whole = sequence_parallel_ ? parallel::GatherFromSequenceParallelRegion(
+                                                      y, tp_, /*tensor_parallel_output_grad=*/false)
+                                                : y;
+    const at::Tensor tokens = whole.reshape({-1, whole.size(-1)});
     const parallel::Routing routing = router_->forward(tokens);
-    at::Tensor out = parallel::DispatchToExperts(tokens, routing, *experts_, ep_);
+    at::Tensor parts = parallel::DispatchToExperts(tokens, routing, *experts_, ep_);
     if (at::GradMode::is_enabled()) {  // training, not validation
       moe_stats_->Add(routing.aux_loss.detach(), routing.tokens_per_expert);
       if (router_->options().moe_aux_loss_coeff != 0.0) {
-        out = parallel::AttachAuxLoss(out, routing.aux_loss, moe_stats_->aux_loss_scale);
+        parts = parallel::AttachAuxLoss(parts, routing.aux_loss, moe_stats_->aux_loss_scale);
       }
     }
-    return out.view_as(y);
+    return parallel::SumExpertParts(parts.view_as(whole), *experts_,
+                                    sequence_parallel_ ? tp_ : nullptr);
   }
 
   torch::nn::LayerNorm ln_1_;
   parallel::ParallelSelfAttention attn_;
   torch::nn::LayerNorm ln_2_;
   bool sequence_parallel_;
+  c10d::ProcessGroup* tp_;
   parallel::ColumnParallelLinear fc_{nullptr};
   parallel::RowParallelLinear mlp_proj_{nullptr};
   parallel::TopKRouter router_{nullptr};
@@ -209,7 +218,6 @@ GptImpl::GptImpl(const ModelOptions& options, const ModelGroups& groups, int64_t
       pipelined_(!(first && last)),
       recompute_(options.recompute),
       cross_entropy_chunk_len_(CrossEntropyChunkLen(options)) {
-  TORCH_INTERNAL_ASSERT(!sequence_parallel() || options.num_moe_experts == 0);
   c10d::ProcessGroup* tp = groups.tp;
   // The last stage holds its own copy of the word embedding for the tied head.
   if (first || last) {

@@ -50,10 +50,10 @@ class GptImpl : public LanguageModel, public parallel::SequenceSplit {
   // initialisation: N(0, 0.02) for embeddings and projection weights, zero biases, LayerNorms
   // at (1, 0)) and keeps this rank's slice of them. Requires: all sizes positive; tp's size
   // divides num_attention_heads, which divides hidden_size, and ffn_hidden_size; pp's size
-  // divides num_layers (checked by the caller's config validation); no experts with
-  // groups.sequence_parallel. The experts of
+  // divides num_layers (checked by the caller's config validation). The experts of
   // mixture-of-experts blocks are split over `ep` by index and each over `expert_tp`
-  // (parallel::SequentialMlp).
+  // (parallel::SequentialMlp); with groups.sequence_parallel those blocks take the whole
+  // sequence, gathered (parallel::SumExpertParts).
   GptImpl(const ModelOptions& options, const ModelGroups& groups);
 
   at::Tensor StageForward(const at::Tensor& tokens, const at::Tensor& input,

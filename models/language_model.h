@@ -40,7 +40,8 @@ struct ModelGroups {
   // Megatron's sequence_parallel, with a tp of more than one rank (nothing otherwise): the
   // embedding's output, the norms and the residual stream between the tensor-parallel layers,
   // and the activations between pipeline stages hold this rank's 1/tp of the sequence; the
-  // output layer gathers it. No mixture of experts. Default: false.
+  // output layer gathers it; mixture-of-experts blocks gather the whole sequence. Default:
+  // false.
   bool sequence_parallel = false;
 };
 

@@ -1,7 +1,8 @@
 // The router against Megatron's formulas computed independently here, and the experts split
 // over 2 Gloo ranks (threads) against the same layer on one rank: each rank's outputs, and
-// slice for slice the gradients, including a rank whose experts receive no tokens; over a
-// device group (the NCCL-like group of a fake GPU's tensors) nothing goes over the host.
+// slice for slice the gradients, including a rank whose experts receive no tokens; with
+// sequence parallelism each rank gets its half of the sequence; over a device group (the
+// NCCL-like group of a fake GPU's tensors) nothing goes over the host.
 #include <cmath>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "parallel/layout.h"
 #include "parallel/moe/router.h"
 #include "parallel/moe/token_dispatcher.h"
+#include "parallel/tensor_parallel/mappings.h"
 #include "testing/ranks.h"
 #include "testing/status_matchers.h"
 #include "torch/csrc/autograd/function.h"
@@ -139,46 +141,77 @@ Routing RouteOf(const at::Tensor& tokens, bool onto_first_half) {
   return routing;
 }
 
-// The one-rank layer's output and token gradients for `tokens` routed by `routing`, the loss
-// sum(out^2); its weights' gradients accumulate in `whole`.
+// `routing` with its probabilities a leaf of their own, whose gradient a test reads.
+Routing WithLeafProbabilities(Routing routing) {
+  routing.probs = routing.probs.detach().clone().requires_grad_(true);
+  return routing;
+}
+
+// The one-rank layer's output and its tokens' and probabilities' gradients for `tokens` routed
+// by `routing`, the loss sum(out^2); its weights' gradients accumulate in `whole`.
 struct Expected {
-  at::Tensor output, token_grads;
+  at::Tensor output, token_grads, prob_grads;
 };
 Expected OneRank(Whole& whole, const at::Tensor& tokens, const Routing& routing) {
   const at::Tensor x = tokens.clone().requires_grad_(true);
-  const at::Tensor out = DispatchToExperts(x, routing, *whole.experts, nullptr);
+  const Routing leaf = WithLeafProbabilities(routing);
+  const at::Tensor out =
+      SumExpertParts(DispatchToExperts(x, leaf, *whole.experts, nullptr), *whole.experts, nullptr);
   (out * out).sum().backward();
-  return {out.detach(), x.grad()};
+  return {out.detach(), x.grad(), leaf.probs.grad()};
+}
+
+// `experts`' block of `whole_tensor`, the whole of one of `whole`'s tensors of weight `name`
+// (itself where `experts` holds the weight whole).
+at::Tensor BlockFor(const SequentialMlpImpl& experts, const std::string& name,
+                    const at::Tensor& whole_tensor) {
+  const auto layouts = experts.LocalLayouts();
+  const auto layout = layouts.find(name);
+  if (layout == layouts.end()) return whole_tensor;
+  return BlockOf(whole_tensor, layout->second, experts.named_parameters()[name].sizes());
+}
+
+// Copies into `experts` its blocks of `whole`'s weights.
+void CopyBlocks(SequentialMlpImpl& experts, const Whole& whole) {
+  const auto whole_params = whole.experts->named_parameters();
+  at::NoGradGuard no_grad;
+  for (auto& item : experts.named_parameters()) {
+    item.value().copy_(BlockFor(experts, item.key(), whole_params[item.key()]));
+  }
+}
+
+// The names of `experts`' weights whose gradients differ from their blocks of `whole`'s.
+std::vector<std::string> WeightsDifferingFrom(SequentialMlpImpl& experts, const Whole& whole) {
+  const auto whole_params = whole.experts->named_parameters();
+  std::vector<std::string> differing;
+  for (const auto& item : experts.named_parameters()) {
+    const at::Tensor block = BlockFor(experts, item.key(), whole_params[item.key()].grad());
+    if (!at::allclose(item.value().grad(), block, 1e-5, 1e-6)) differing.push_back(item.key());
+  }
+  return differing;
 }
 
 // A split of the layer (`experts`, over `ep`) given the blocks of `whole`'s weights, run on
-// `tokens`: what differs from `expected` ("output", "token gradients") and, for each weight,
-// from its block of `whole`'s gradients (by name).
+// `tokens`: what differs from `expected` ("output", "token gradients", "probability
+// gradients") and, for each weight, from its block of `whole`'s gradients (by name).
 std::vector<std::string> DifferencesFromOneRank(SequentialMlpImpl& experts, const Whole& whole,
                                                 const at::Tensor& tokens, const Routing& routing,
                                                 c10d::ProcessGroup* ep, const Expected& expected) {
-  const auto whole_params = whole.experts->named_parameters();
-  const auto layouts = experts.LocalLayouts();
-  {
-    at::NoGradGuard no_grad;
-    for (auto& item : experts.named_parameters()) {
-      item.value().copy_(
-          BlockOf(whole_params[item.key()], layouts.at(item.key()), item.value().sizes()));
-    }
-  }
+  CopyBlocks(experts, whole);
   const at::Tensor x = tokens.clone().requires_grad_(true);
-  const at::Tensor out = DispatchToExperts(x, routing, experts, ep);
+  const Routing leaf = WithLeafProbabilities(routing);
+  const at::Tensor out =
+      SumExpertParts(DispatchToExperts(x, leaf, experts, ep), experts, /*sequence_group=*/nullptr);
   (out * out).sum().backward();
   std::vector<std::string> differing;
   if (!at::allclose(out, expected.output, 1e-5, 1e-6)) differing.push_back("output");
   if (!at::allclose(x.grad(), expected.token_grads, 1e-5, 1e-6)) {
     differing.push_back("token gradients");
   }
-  for (const auto& item : experts.named_parameters()) {
-    const at::Tensor block =
-        BlockOf(whole_params[item.key()].grad(), layouts.at(item.key()), item.value().sizes());
-    if (!at::allclose(item.value().grad(), block, 1e-5, 1e-6)) differing.push_back(item.key());
+  if (!at::allclose(leaf.probs.grad(), expected.prob_grads, 1e-5, 1e-6)) {
+    differing.push_back("probability gradients");
   }
+  for (const std::string& name : WeightsDifferingFrom(experts, whole)) differing.push_back(name);
   return differing;
 }
 
@@ -228,6 +261,54 @@ TEST(DispatchToExpertsTest, TwoExpertTensorParallelRanksComputeTheOneRankLayer) 
   }
 }
 
+// With sequence parallelism over 2 ranks, each holding half of every row's sequence: the
+// gathered tokens through the experts, split over the group (their parts reduce-scattered) or
+// whole on each rank (each keeping its half of the outputs), give each rank its half of the
+// one-rank layer's output and of its tokens' gradients, and the one-rank gradients of the
+// probabilities and of the weights' blocks.
+TEST(SumExpertPartsTest, SequenceParallelRanksGetTheirHalfOfTheOneRankLayer) {
+  const at::Tensor rows = Draw({2, 64, kHidden}, 9);  // [batch, seq, hidden]
+  const at::Tensor tokens = rows.reshape({-1, kHidden});
+  const Routing routing = RouteOf(tokens, /*onto_first_half=*/false);
+  for (const bool split : {true, false}) {
+    SCOPED_TRACE(split ? "the experts split over the group" : "whole experts on each rank");
+    Whole whole;
+    const Expected expected = OneRank(whole, tokens, routing);
+    std::vector<std::vector<std::string>> differing(2);
+    KEEL_ASSERT_OK(RunOnRanks(2, [&](Rank& r) -> absl::Status {
+      c10d::ProcessGroup* group = r.group.get();
+      SequentialMlp experts(kExperts, kHidden, kFfn, nullptr, split ? group : nullptr);
+      CopyBlocks(*experts, whole);
+      const at::Tensor x = rows.chunk(2, 1)[r.rank].clone().requires_grad_(true);
+      const at::Tensor gathered =
+          GatherFromSequenceParallelRegion(x, group, /*tensor_parallel_output_grad=*/false);
+      const Routing leaf = WithLeafProbabilities(routing);
+      const at::Tensor parts =
+          DispatchToExperts(gathered.reshape({-1, kHidden}), leaf, *experts, nullptr);
+      const at::Tensor out = SumExpertParts(parts.view_as(gathered), *experts, group);
+      (out * out).sum().backward();
+      const auto half = [&](const at::Tensor& whole_rows) {
+        return whole_rows.view_as(rows).chunk(2, 1)[r.rank];
+      };
+      if (!at::allclose(out, half(expected.output), 1e-5, 1e-6)) {
+        differing[r.rank].push_back("output");
+      }
+      if (!at::allclose(x.grad(), half(expected.token_grads), 1e-5, 1e-6)) {
+        differing[r.rank].push_back("token gradients");
+      }
+      if (!at::allclose(leaf.probs.grad(), expected.prob_grads, 1e-5, 1e-6)) {
+        differing[r.rank].push_back("probability gradients");
+      }
+      for (const std::string& name : WeightsDifferingFrom(*experts, whole)) {
+        differing[r.rank].push_back(name);
+      }
+      return absl::OkStatus();
+    }));
+    EXPECT_THAT(differing[0], ::testing::IsEmpty());
+    EXPECT_THAT(differing[1], ::testing::IsEmpty());
+  }
+}
+
 // Over a device group (an NcclLikeGroup: tensors on the fake GPU, host tensors refused as NCCL
 // refuses them), the counts and the tokens go to the experts' ranks and back on the device,
 // forward and backward, and the layer computes what it computes over Gloo (the fake GPU runs
@@ -239,15 +320,7 @@ TEST(DispatchToExpertsTest, OverADeviceGroupNoHostTensorIsExchanged) {
   const auto layer = [&](std::vector<std::map<std::string, at::Tensor>>& results) {
     return [&](Rank& r) -> absl::Status {
       SequentialMlp experts(kExperts, kHidden, kFfn, r.group.get());
-      {
-        at::NoGradGuard no_grad;
-        const auto whole_params = whole.experts->named_parameters();
-        const auto layouts = experts->LocalLayouts();
-        for (auto& item : experts->named_parameters()) {
-          item.value().copy_(
-              BlockOf(whole_params[item.key()], layouts.at(item.key()), item.value().sizes()));
-        }
-      }
+      CopyBlocks(*experts, whole);
       experts->to(r.device);
       Routing routing = RouteOf(tokens[r.rank], /*onto_first_half=*/true);
       routing.indices = routing.indices.to(r.device);

@@ -161,15 +161,30 @@ at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
   // at a time: an expert's gradient is then the sum of each rank's part, as where each rank's
   // tokens are a micro-batch of one rank (float sums in the same order), rather than one
   // product over all of them. Over expert_tp every rank holds the same tokens and its part of
-  // each expert: one sum of the parts (and of the parts of the tokens' gradients, backward) for
-  // all the experts.
-  at::Tensor expert_out = ReduceFromTensorParallelRegion(
-      experts.forward(CopyToTensorParallelRegion(received, experts.expert_tp()), host.received),
-      experts.expert_tp());
+  // each expert: the outputs stay parts until SumExpertParts (a token's, not each of its k
+  // pairs'), and backward sums the parts of the tokens' gradients here, and of the
+  // probabilities' (each part weighs its own part of the output) below.
+  c10d::ProcessGroup* expert_tp = experts.expert_tp();
+  at::Tensor expert_out =
+      experts.forward(CopyToTensorParallelRegion(received, expert_tp), host.received);
   if (ranks > 1) expert_out = AllToAll::apply(expert_out, host.receive_rows, host.send_rows, ep);
   // Unpermute: each pair's output weighted by its probability, summed per token.
-  const at::Tensor weights = routing.probs.reshape({-1}).index_select(0, order).unsqueeze(1);
+  const at::Tensor weights = CopyToTensorParallelRegion(routing.probs, expert_tp)
+                                 .reshape({-1})
+                                 .index_select(0, order)
+                                 .unsqueeze(1);
   return at::zeros_like(tokens).index_add(0, token_of, expert_out * weights.to(expert_out.dtype()));
+}
+
+at::Tensor SumExpertParts(const at::Tensor& parts, const SequentialMlpImpl& experts,
+                          c10d::ProcessGroup* sequence_group) {
+  c10d::ProcessGroup* expert_tp = experts.expert_tp();
+  if (sequence_group == nullptr) return ReduceFromTensorParallelRegion(parts, expert_tp);
+  if (base::GroupSize(expert_tp) == base::GroupSize(sequence_group)) {
+    return ReduceScatterToSequenceParallelRegion(parts, sequence_group);
+  }
+  return ScatterToSequenceParallelRegion(ReduceFromTensorParallelRegion(parts, expert_tp),
+                                         sequence_group);
 }
 
 }  // namespace keel::parallel

@@ -3,10 +3,12 @@
 // (MoEAlltoAllTokenDispatcher, dropless): the experts are split over the expert-parallel
 // group by index, each token's hidden state goes to the ranks of its k experts with an
 // all-to-all, and the experts' outputs come back the same way, weighted by the routing
-// probabilities and summed per token.
+// probabilities and summed per token. With Megatron's sequence parallelism the layer takes the
+// whole sequence (the caller gathers it) and gives back this rank's share.
 //
 //   keel::parallel::SequentialMlp experts(num_experts, hidden, ffn, ep);  // this rank's experts
-//   at::Tensor out = keel::parallel::DispatchToExperts(tokens, routing, *experts, ep);
+//   at::Tensor parts = keel::parallel::DispatchToExperts(tokens, routing, *experts, ep);
+//   at::Tensor out = keel::parallel::SumExpertParts(parts.view_as(x), *experts, nullptr);
 #ifndef KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_
 #define KEEL_PARALLEL_MOE_TOKEN_DISPATCHER_H_
 
@@ -72,19 +74,31 @@ class SequentialMlpImpl : public torch::nn::Module, public LaidOut {
 TORCH_MODULE(SequentialMlp);
 
 // Each token of `tokens` ([T, hidden]) through its experts (`routing`, over all of the
-// layer's experts), the outputs summed with the routing probabilities as weights: [T, hidden].
-// Over `ep` the tokens of each rank travel to the ranks of their experts and back (two
-// all-to-alls each way with their counts); a rank whose experts receive no tokens runs the
-// same collectives. Over the experts' expert_tp, whose ranks hold the same tokens, one
-// all-reduce sums the parts of the experts' outputs (and one the parts of the tokens'
-// gradients). Differentiable (the backward pass runs the all-to-alls in reverse). The counts
-// are read to the host once a call (the one wait for the device: the token exchange and the
-// experts' slices need their sizes). The all-to-alls (the counts and the tokens, both ways,
-// forward and backward) count as CommKind::kExpertDispatch (comm_timers.h).
+// layer's experts), the outputs summed with the routing probabilities as weights: [T, hidden],
+// this rank's part over the experts' expert_tp (SumExpertParts adds the parts up; without
+// expert_tp, the output itself). Over `ep` the tokens of each rank travel to the ranks of their
+// experts and back (two all-to-alls each way with their counts); a rank whose experts receive no
+// tokens runs the same collectives. Over expert_tp, whose ranks hold the same tokens and
+// routing, one all-reduce sums the parts of the tokens' gradients and one those of the
+// probabilities' (backward). Differentiable (the backward pass runs the all-to-alls in reverse).
+// The counts are read to the host once a call (the one wait for the device: the token exchange
+// and the experts' slices need their sizes). The all-to-alls (the counts and the tokens, both
+// ways, forward and backward) count as CommKind::kExpertDispatch (comm_timers.h).
 // Collective: over `ep` and expert_tp, forward and backward; nothing on one rank. Throws c10::Error
 // when a collective fails, as LibTorch does (callers wrap forward and backward in base::CallTorch).
 at::Tensor DispatchToExperts(const at::Tensor& tokens, const Routing& routing,
                              SequentialMlpImpl& experts, c10d::ProcessGroup* ep);
+
+// The layer's output from DispatchToExperts' parts (viewed as [batch, seq, hidden]), summed over
+// the experts' expert_tp: whole (`sequence_group` nullptr), or with Megatron's sequence
+// parallelism over `sequence_group` (the tensor-parallel group; the tokens were the whole
+// sequence, gathered) this rank's share of the sequence. Where expert_tp is that group, one
+// reduce-scatter does both, as after a row-parallel layer; otherwise an all-reduce over
+// expert_tp (none on one rank) and this rank's chunk. Differentiable: backward hands every rank
+// the whole gradient. Requires: expert_tp's groups lie within `sequence_group`'s (the mesh's
+// order); its size divides the sequence.
+at::Tensor SumExpertParts(const at::Tensor& parts, const SequentialMlpImpl& experts,
+                          c10d::ProcessGroup* sequence_group);
 
 }  // namespace keel::parallel
 

@@ -116,7 +116,7 @@ absl::Status CheckModelParallelModel(const TrainOptions& options) {
 }
 
 // Sequence parallelism splits each row's sequence over the tensor-parallel ranks between their
-// layers, whose mixture-of-experts blocks take the whole sequence.
+// layers.
 absl::Status CheckSequenceParallel(const TrainOptions& options) {
   if (!options.distributed.sequence_parallel) return absl::OkStatus();
   const int64_t tp = options.distributed.parallel.tensor_model_parallel_size;
@@ -125,13 +125,6 @@ absl::Status CheckSequenceParallel(const TrainOptions& options) {
         "distributed.sequence_parallel (true) splits the sequence over the tensor-parallel ranks, "
         "and distributed.tensor_model_parallel_size is 1; allowed: sequence_parallel false, or "
         "tensor_model_parallel_size > 1");
-  }
-  if (options.model.num_moe_experts > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "distributed.sequence_parallel (true) with model.num_moe_experts (",
-        options.model.num_moe_experts,
-        "): Keel's mixture-of-experts blocks take the whole sequence; allowed: sequence_parallel "
-        "false, or num_moe_experts 0"));
   }
   const int64_t packed = options.packed_sequence.packed_sequence_size;
   const auto [field, length] =

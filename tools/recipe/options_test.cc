@@ -196,11 +196,6 @@ TEST(ReadOptionsTest, BadConfigsNameTheProblem) {
        "and distributed.tensor_model_parallel_size is 1; allowed: sequence_parallel false, or "
        "tensor_model_parallel_size > 1"},
       {{"distributed.sequence_parallel=true", "distributed.tensor_model_parallel_size=2",
-        "model.num_moe_experts=4"},
-       "distributed.sequence_parallel (true) with model.num_moe_experts (4): Keel's "
-       "mixture-of-experts blocks take the whole sequence; allowed: sequence_parallel false, or "
-       "num_moe_experts 0"},
-      {{"distributed.sequence_parallel=true", "distributed.tensor_model_parallel_size=2",
         "data.sequence_length=127"},
        "data.sequence_length (127) must be divisible by distributed.tensor_model_parallel_size "
        "(2) with distributed.sequence_parallel: each tensor-parallel rank holds an equal share "

@@ -65,10 +65,12 @@ absl::StatusOr<at::Tensor> RunStages(models::LanguageModel& model,
                                      const std::vector<TokenBatch>& batches,
                                      const TrainRuntime& runtime, const StageRunOptions& options) {
   // Expert-parallel ranks exchange tokens in every MoE block: a rank without a batch runs an
-  // empty one, so that it joins its peers' all-to-alls.
+  // empty one, so that it joins its peers' all-to-alls. Its rows have as many positions as
+  // there are tensor-parallel ranks, which sequence parallelism splits evenly.
   const bool expert_parallel = base::GroupSize(runtime.expert_group()) > 1;
   TokenBatch empty;
-  empty.inputs = at::zeros({0, 1}, at::TensorOptions().dtype(at::kLong).device(runtime.device));
+  empty.inputs = at::zeros({0, base::GroupSize(runtime.tensor_group())},
+                           at::TensorOptions().dtype(at::kLong).device(runtime.device));
   empty.labels = empty.inputs;
   std::vector<const TokenBatch*> defined;
   for (const TokenBatch& batch : batches) {
