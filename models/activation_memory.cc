@@ -49,7 +49,7 @@ LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
     const bool router_input = a != kFloat32 || shape.sequence_parallel;
     parts.mlp = options.num_moe_experts > 0
                     ? kFloat32 * tokens * (options.num_moe_experts + (router_input ? h : 0)) +
-                          a * options.moe_router_topk * tokens * (h + 2 * f / t)
+                          a * options.moe_router_topk * tokens * (2 * h + 2 * f / t)
                     : 2 * a * tokens * f / t;
     return parts;
   }

@@ -20,8 +20,9 @@
 //   a GPT mixture-of-experts layer keeps, in place of GELU's, its router's float32 logits
 //   (4·T·experts) and input (4·T·h, where it is not the norm's float32 output itself: in bf16,
 //   and with sequence parallelism, whose MoE layers take the whole sequence) and, for the
-//   topk x T routed tokens (on average a rank's after the all-to-all), each expert's input and
-//   GELU's input and output: a·topk·T·(h + 2f/t)
+//   topk x T routed tokens (on average a rank's after the all-to-all), each expert's input,
+//   GELU's input and output, and the expert's output, which the routing probability's
+//   gradient reads: a·topk·T·(2h + 2f/t)
 // Sequence parallelism divides the norms' terms (the 4h and the RMSNorms') and a layer's input
 // by t (Korthikanti et al.'s 34/t). "selective" drops what its modules keep beyond their
 // inputs; "full" keeps a chunk's input alone and holds one chunk's activations while it runs

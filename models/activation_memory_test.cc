@@ -52,8 +52,9 @@ TEST(ActivationMemoryTest, AGptExpertLayerKeepsTheRoutersInputsAndTheRoutedToken
   options.moe_router_topk = 2;
   const int64_t attention_and_norms = 4 * 64 + 5 * 64;
   // float32: the router's logits (4 experts) and, for the 2 x T routed tokens, each expert's
-  // input and GELU's input and output; the router reads the norm's output itself.
-  const int64_t routed = 2 * (64 + 2 * 256);
+  // input, GELU's input and output and the expert's output; the router reads the norm's output
+  // itself.
+  const int64_t routed = 2 * (2 * 64 + 2 * 256);
   EXPECT_EQ(EstimateActivations(options, Shape(1)).layer_bytes,
             4 * kTokens * (attention_and_norms + 4 + routed));
   // bf16: the router keeps a float32 copy of its input (h) beside its float32 logits.
@@ -64,7 +65,7 @@ TEST(ActivationMemoryTest, AGptExpertLayerKeepsTheRoutersInputsAndTheRoutedToken
   ActivationShape sequence_parallel = Shape(1, 2, 2);
   sequence_parallel.sequence_parallel = true;
   EXPECT_EQ(EstimateActivations(options, sequence_parallel).layer_bytes,
-            2 * kTokens * (4 * 64 / 2 + 5 * 64 / 2 + 2 * (64 + 256)) + 4 * kTokens * (4 + 64));
+            2 * kTokens * (4 * 64 / 2 + 5 * 64 / 2 + 2 * (2 * 64 + 256)) + 4 * kTokens * (4 + 64));
 }
 
 TEST(ActivationMemoryTest, ALlamaLayerKeepsItsNormsFloat32AndItsGroupedHeads) {

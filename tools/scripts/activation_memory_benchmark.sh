@@ -9,8 +9,10 @@
 #   with a --large_vocab (65,536) vocabulary: the whole logits (loss_fn.chunk_len=0); the
 #   chunked loss (its default there, 1,024 positions); the chunked loss with full recomputation;
 #   on 2 ranks at tp=2 (one thread each): without and with distributed.sequence_parallel (rank
-#   0's peak of live tensors, the larger rank's peak RSS).
-# --parts=recompute,loss,sp picks the groups of runs; --parts=automodel runs AutoModel's three
+#   0's peak of live tensors, the larger rank's peak RSS);
+#   --parts=moe: the same at tp=2 for a GPT of the same sizes whose MLPs are 4 experts (2 a
+#   token, split over tp), whose blocks gather the whole sequence under sequence parallelism.
+# --parts=recompute,loss,sp (the default) picks the groups of runs; --parts=automodel runs AutoModel's three
 # configurations at --large_vocab instead: no recomputation with the whole logits; full
 # recomputation (uniform, 1 layer a chunk); and that with the chunked loss.
 # --device=cuda trains on GPU 0 in Megatron's bf16 (distributed.backend nccl, model.bf16), where
@@ -62,8 +64,9 @@ if [[ "${device}" != cpu && "${device}" != cuda ]]; then
   echo "${bench}: --device (${device}) must be cpu or cuda" >&2
   exit 2
 fi
-shape=(--set model.family=llama --set "model.num_query_groups=${num_query_groups}"
-  --set "data.sequence_length=${sequence_length}" --set data.validation_every_n_samples=0
+# The model of the runs that follow.
+family=(--set model.family=llama --set "model.num_query_groups=${num_query_groups}")
+shape=(--set "data.sequence_length=${sequence_length}" --set data.validation_every_n_samples=0
   --set "step_scheduler.local_batch_size=${micro_batch_size}"
   --set "step_scheduler.global_batch_size=${micro_batch_size}" --set logging.log_every_steps=1)
 full=(--set model.recompute_granularity=full --set model.recompute_method=uniform
@@ -75,10 +78,12 @@ selective=(--set model.recompute_granularity=selective
 large=(--set "model.vocab_size=${large_vocab}")
 [[ "${device}" == cpu ]] || shape+=(--set distributed.backend=nccl --set model.bf16=true)
 
-# measure NAME RANKS [--set ...]: the run, and the dry run's memory lines in NAME.dry.
+# measure NAME RANKS [--set ...]: the run of `family`, and the dry run's memory lines in
+# NAME.dry.
 measure() {
   local name=$1 ranks=$2
   shift 2
+  set -- "${family[@]}" "$@"
   echo "${bench}: ${name}" >&2
   run "${name}" 1 "${ranks}" "$((ranks == 1 ? threads : 1))" "${shape[@]}" "$@"
   "${launch_bin}" --nproc_per_node="${ranks}" --master_port=0 -- "${train_bin}" "${common[@]}" \
@@ -105,6 +110,12 @@ fi
 if wants sp; then
   measure tp2 2 --set distributed.tensor_model_parallel_size=2
   measure tp2_sequence_parallel 2 --set distributed.tensor_model_parallel_size=2 \
+    --set distributed.sequence_parallel=true
+fi
+if wants moe; then
+  family=(--set model.family=gpt --set model.num_moe_experts=4 --set model.moe_router_topk=2)
+  measure tp2_moe 2 --set distributed.tensor_model_parallel_size=2
+  measure tp2_moe_sequence_parallel 2 --set distributed.tensor_model_parallel_size=2 \
     --set distributed.sequence_parallel=true
 fi
 
@@ -143,7 +154,9 @@ rows_ = [("none", "none", "byte vocabulary, no recomputation"),
          ("automodel_full", "automodel_none", "full recomputation (uniform, 1), whole logits"),
          ("automodel_full_chunked", "automodel_none", "full recomputation and the chunked loss"),
          ("tp2", "tp2", "tp=2 (2 ranks x 1 thread; rank 0)"),
-         ("tp2_sequence_parallel", "tp2", "tp=2 with sequence parallelism")]
+         ("tp2_sequence_parallel", "tp2", "tp=2 with sequence parallelism"),
+         ("tp2_moe", "tp2_moe", "GPT, 4 experts a block (2 a token): tp=2 (rank 0)"),
+         ("tp2_moe_sequence_parallel", "tp2_moe", "GPT with experts: tp=2 with sequence parallelism")]
 rows_ = [row for row in rows_ if os.path.exists(f"{work_dir}/{row[0]}.1.rss")]
 runs = {name: measure(name) for name, _, _ in rows_}
 
