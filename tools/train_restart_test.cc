@@ -29,6 +29,14 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kSteps = 20;
 
+// The run of `run_dir`, its checkpoints saved synchronously: once a rank prints step N, the
+// checkpoint of every step before it is on disk, so the steps the ranks resume at are known
+// (an asynchronous save may still be writing when the kill lands, and the ranks then resume
+// from the one before, as train_test's kill tests check).
+std::vector<std::string> SynchronousSavesRun(const std::string& run_dir) {
+  return SameSamplesRun(run_dir, kSteps, {"checkpoint.is_async=false"});
+}
+
 // The launcher's children (its ranks), in the order it started them.
 std::vector<pid_t> Children(pid_t launcher) {
   std::ifstream in(absl::StrCat("/proc/", launcher, "/task/", launcher, "/children"));
@@ -43,13 +51,12 @@ std::vector<pid_t> Children(pid_t launcher) {
 
 TEST(TrainRestartTest, KilledRanksRestartAndEndBitIdentical) {
   const std::string reference = NewTempDir("restart_reference");
-  Subprocess uninterrupted =
-      LaunchTrain(2, SameSamplesRun(reference, kSteps), reference + "/stderr");
+  Subprocess uninterrupted = LaunchTrain(2, SynchronousSavesRun(reference), reference + "/stderr");
   ASSERT_EQ(uninterrupted.Wait(), 0) << uninterrupted.Stderr();
 
   const std::string run_dir = NewTempDir("restart");
   Subprocess launch =
-      LaunchTrain(2, SameSamplesRun(run_dir, kSteps), run_dir + "/stderr", {"--max_restarts=3"});
+      LaunchTrain(2, SynchronousSavesRun(run_dir), run_dir + "/stderr", {"--max_restarts=3"});
   // Checkpoints every 3 steps: killed after step 7, the ranks resume after step 6; killed
   // after step 14 (counted again from 7), after step 12.
   for (const int64_t kill_after : {7, 14}) {
