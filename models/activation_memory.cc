@@ -44,8 +44,9 @@ LayerParts Parts(const ModelOptions& options, const ActivationShape& shape) {
     parts.attention_inputs = 3 * a * tokens * h / t;
     parts.attention_rest = a * tokens * h / t;
     parts.projection_input = a * tokens * h / t;
-    // The router keeps its float32 input: the norm's output itself (counted above) unless a
-    // bf16 copy or the sequence gathered.
+    // The router keeps its float32 input: the norm's output itself in a float32 run (counted
+    // above); a float32 copy in bf16, or the whole sequence, gathered, with sequence
+    // parallelism (counted here).
     const bool router_input = a != kFloat32 || shape.sequence_parallel;
     parts.mlp = options.num_moe_experts > 0
                     ? kFloat32 * tokens * (options.num_moe_experts + (router_input ? h : 0)) +
