@@ -228,10 +228,9 @@ TEST(TrainMoeTest, LoraAdaptsTheAttentionAndFreezesTheExperts) {
   EXPECT_THAT(one.DrainStdout(),
               HasSubstr("model: 8 LoRA adapter tensors (the rest frozen), 3072 trainable "
                         "parameters"));
-  std::vector<std::string> ep2 = lora;
-  ep2.push_back(kEp2);
   const std::string run_dir = NewTempDir("moe_lora");
-  Subprocess two = LaunchTrain(2, SameSamplesRun(run_dir, kSteps, ep2), run_dir + "/stderr");
+  Subprocess two =
+      LaunchTrain(2, SameSamplesRun(run_dir, kSteps, cli::With(lora, {kEp2})), run_dir + "/stderr");
   ASSERT_EQ(two.Wait(), 0) << two.Stderr();
   ExpectLayoutInvariant(reference, run_dir);
   KEEL_ASSERT_OK_AND_ASSIGN(checkpoint::Manifest manifest,

@@ -40,6 +40,7 @@ namespace {
 
 using ::keel::testing::NewTempDir;
 using ::keel::tools::cli::Subprocess;
+using ::keel::tools::cli::With;
 using ::testing::HasSubstr;
 
 constexpr char kPp2[] = "distributed.pipeline_model_parallel_size=2";
@@ -48,12 +49,6 @@ constexpr char kTp2[] = "distributed.tensor_model_parallel_size=2";
 // their optimizer state sharded (Megatron's distributed optimizer).
 const std::vector<std::string> kDp2Sharded = {"step_scheduler.local_batch_size=2",
                                               "distributed.use_distributed_optimizer=true"};
-
-std::vector<std::string> With(std::vector<std::string> assignments,
-                              const std::vector<std::string>& more) {
-  assignments.insert(assignments.end(), more.begin(), more.end());
-  return assignments;
-}
 
 TEST(TrainPipelineParallelTest, TheLayoutDoesNotChangeTheNumbers) {
   constexpr int64_t kSteps = 30;
